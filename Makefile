@@ -1,0 +1,54 @@
+# Two-command set-up: `make demo` runs the main job, `make test` runs the suite.
+# Each bootstraps .venv itself; installs are pinned through constraints.txt so pip never
+# resolves an unpinned torch (which would pull a multi-GB CUDA build).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Private IPython/Jupyter state: tests, demos and CI never touch ~/.ipython or ~/.jupyter.
+STATE := $(CURDIR)/.state
+export IPYTHONDIR := $(STATE)/ipython
+export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
+export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
+export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
+export JUPYTER_PLATFORM_DIRS := 1
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: venv demo test test-fast lint lab bench gpu-check browser-test clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 numpy
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/workbench demo --out reports/demo
+
+test: $(STAMP)
+	$(PY) -m ruff check workbench tests benchmarks
+	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -x -m "not slow and not browser" tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check workbench tests benchmarks
+	$(PY) -m ruff format --check workbench tests benchmarks
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 notebooks
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run_all
+
+gpu-check: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests
+
+clean:
+	rm -rf $(VENV) $(STATE) reports .pytest_cache

@@ -1,0 +1,73 @@
+"""workbench: a JupyterLab workbench for distributed PyTorch training.
+
+``%load_ext workbench`` registers the ``%wb`` magics; everything they do is also a plain
+Python API here. Heavy modules load lazily so ``import workbench`` stays cheap and the core
+layers (trace, planner, parallel) never pull in the notebook stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from workbench.errors import (
+    CheckpointError,
+    ClusterError,
+    CollectiveTimeout,
+    ConfigError,
+    EngineDied,
+    ParallelError,
+    RankError,
+    WorkbenchError,
+)
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; resolved on first attribute access.
+_LAZY: dict[str, str] = {
+    "Cluster": "workbench.cluster",
+    "Stepper": "workbench.ui.stepper",
+    "Dashboard": "workbench.ui.dashboard",
+    "PlannerWidget": "workbench.ui.planner",
+    "plan": "workbench.planner",
+}
+
+__all__ = [
+    "CheckpointError",
+    "Cluster",
+    "ClusterError",
+    "CollectiveTimeout",
+    "ConfigError",
+    "Dashboard",
+    "EngineDied",
+    "ParallelError",
+    "PlannerWidget",
+    "RankError",
+    "Stepper",
+    "WorkbenchError",
+    "__version__",
+    "load_ipython_extension",
+    "plan",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext workbench``: register the ``%wb`` line and cell magics."""
+    from workbench.magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from workbench.magics import unload_ipython_extension as _unload
+
+    _unload(ipython)
