@@ -1,0 +1,276 @@
+"""Memory per rank: stacked bytes by category over the step, peak marked, OOM line optional.
+
+One subplot per rank (rank 0 on top), one stacked area per category. The x axis is either the
+sample number on that rank (every sample equally wide, so a short optimizer phase is as
+readable as a long backward) or the time since the first event. Phase, step and module label
+of each sample are in the hover text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import plotly.graph_objects as go
+
+from workbench.errors import ConfigError, choices_error
+from workbench.plots._common import (
+    FigureLike,
+    Patch,
+    coerce_events,
+    figure_state,
+    initial_meta,
+    validate_ranks,
+)
+from workbench.plots.style import CATEGORIES, MIB, category_color, format_bytes
+from workbench.trace.events import Event, MemorySample
+
+__all__ = ["X_MODES", "memory_figure", "update_memory_figure"]
+
+X_MODES = ("sample", "time")
+KIND = "memory"
+_ALWAYS = CATEGORIES[:4]  # "other" gets a trace only once a rank reports some
+_OOM_COLOR = "#D62728"
+_GAP = 0.08  # vertical gap between rank subplots, as a fraction of the plot height
+
+
+def memory_figure(
+    events: Iterable[Event | Mapping[str, Any]] = (),
+    *,
+    capacity: int | None = None,
+    ranks: Iterable[int] | None = None,
+    x: str = "sample",
+    t0: int | None = None,
+) -> go.Figure:
+    """Stacked memory by category per rank.
+
+    ``capacity`` (bytes per device) draws the OOM line on every rank; ``ranks`` limits the
+    figure to those ranks (and lays them out before any event arrives); ``x`` is "sample"
+    or "time"; ``t0`` (ns) pins the time origin, which otherwise is the earliest event of the
+    first batch, so figures that should line up can share it. Non-memory events are ignored.
+    """
+    if x not in X_MODES:
+        raise choices_error("x", x, X_MODES)
+    if capacity is not None and (isinstance(capacity, bool) or capacity <= 0):
+        raise ConfigError(f"capacity={capacity!r} is not valid; give bytes per device (> 0)")
+    wanted = validate_ranks(ranks)
+    title = "Memory per rank by category"
+    if capacity is not None:
+        title += f" (device capacity {format_bytes(capacity)})"
+    fig = go.Figure()
+    fig.update_layout(
+        title=title,
+        template="plotly_white",
+        hovermode="closest",
+        legend={"title": {"text": "category"}, "traceorder": "normal"},
+        margin={"l": 70, "r": 30, "t": 60, "b": 50},
+        height=_height(max(len(wanted or ()), 1)),
+        meta=initial_meta(
+            {
+                "kind": KIND,
+                "x": x,
+                "t0": t0,
+                "capacity": capacity,
+                "ranks": wanted,
+                "axes": {},  # rank -> axis number (1 = "x"/"y", 2 = "x2"/"y2", ...)
+                "count": {},  # rank -> samples so far (the next sample's x in "sample" mode)
+                "peak": {},  # rank -> [x, total bytes, step, phase]
+            }
+        ),
+    )
+    fig.update_xaxes(title_text=_x_title(x))
+    fig.update_yaxes(title_text="MiB")
+    if wanted:
+        patch = Patch(fig)
+        state = figure_state(fig, KIND)
+        for rank in wanted:
+            _add_rank(patch, state, rank)
+        _layout_ranks(patch, state)
+        patch.layout["meta"] = initial_meta(state)
+        patch.apply(fig)
+    return update_memory_figure(fig, events)
+
+
+def update_memory_figure(
+    fig: FigureLike, events: Iterable[Event | Mapping[str, Any]]
+) -> FigureLike:
+    """Append NEW memory samples to ``fig`` in place (one batch); returns ``fig``."""
+    state = figure_state(fig, KIND)
+    wanted = state["ranks"]
+    samples = [
+        e
+        for e in coerce_events(events)
+        if isinstance(e, MemorySample) and (wanted is None or e.rank in wanted)
+    ]
+    if not samples:
+        return fig
+    if state["t0"] is None:
+        state["t0"] = min(s.t for s in samples)
+    patch = Patch(fig)
+    added_rank = False
+    new_peaks: set[str] = set()
+    for s in samples:
+        rank = str(s.rank)
+        if rank not in state["axes"]:
+            _add_rank(patch, state, s.rank)
+            added_rank = True
+        xv = state["count"][rank] if state["x"] == "sample" else (s.t - state["t0"]) / 1e6
+        state["count"][rank] += 1
+        total = s.total
+        where = f"rank {s.rank} · step {s.step} · {s.phase or '?'}"
+        if s.label:
+            where += f" · {s.label}"
+        if not patch.has(_key(s.rank, CATEGORIES[0])):
+            # Fixed stacking order: params at the bottom, activations on top.
+            for category in _ALWAYS:
+                patch.create(_key(s.rank, category), _area(s.rank, category, state, patch))
+            patch.create(_key(s.rank, "peak"), _peak(s.rank, state))
+        for category in CATEGORIES:
+            value = getattr(s, category)
+            key = _key(s.rank, category)
+            if not patch.has(key):
+                if value == 0:
+                    continue  # "other" gets a trace (on top) at its first bytes
+                patch.create(key, _area(s.rank, category, state, patch))
+            patch.add(
+                key,
+                x=xv,
+                y=value / MIB,
+                hovertext=f"{where}<br>{category}: {format_bytes(value)}"
+                f" · total {format_bytes(total)}",
+            )
+        peak = state["peak"].get(rank)
+        if peak is None or total > peak[1]:
+            state["peak"][rank] = [xv, total, s.step, s.phase]
+            new_peaks.add(rank)
+    for rank in sorted(new_peaks, key=int):
+        px, total, step, phase = state["peak"][rank]
+        over = state["capacity"] is not None and total > state["capacity"]
+        label = f"peak {format_bytes(total)}" + (" > capacity (OOM)" if over else "")
+        patch.set(
+            _key(int(rank), "peak"),
+            x=[px],
+            y=[total / MIB],
+            text=[label],
+            hovertext=[f"rank {rank} · step {step} · {phase}<br>{label}"],
+            marker={"color": _OOM_COLOR if over else "#222222"},
+        )
+    if added_rank:
+        _layout_ranks(patch, state)
+    patch.layout["meta"] = initial_meta(state)
+    return patch.apply(fig)
+
+
+def _key(rank: int, what: str) -> str:
+    return f"memory/{rank}/{what}"
+
+
+def _axis_names(n: int) -> tuple[str, str]:
+    return ("x", "y") if n == 1 else (f"x{n}", f"y{n}")
+
+
+def _area(rank: int, category: str, state: dict[str, Any], patch: Patch) -> go.Scatter:
+    xa, ya = _axis_names(state["axes"][str(rank)])
+    color = category_color(category)
+    # One legend entry per category, shared by all ranks through the legend group.
+    first = not any(k.endswith(f"/{category}") for k in (*patch.index, *patch.new))
+    return go.Scatter(
+        name=category,
+        legendgroup=category,
+        showlegend=first,
+        mode="lines",
+        stackgroup=f"rank{rank}",
+        line={"width": 0.5, "color": color},
+        fillcolor=color,
+        xaxis=xa,
+        yaxis=ya,
+        hoverinfo="text",
+        meta={"rank": rank, "category": category},
+    )
+
+
+def _peak(rank: int, state: dict[str, Any]) -> go.Scatter:
+    xa, ya = _axis_names(state["axes"][str(rank)])
+    return go.Scatter(
+        name="peak",
+        legendgroup="peak",
+        showlegend=state["axes"][str(rank)] == 1,
+        mode="markers+text",
+        marker={"symbol": "triangle-down", "size": 11, "color": "#222222"},
+        textposition="top center",
+        hoverinfo="text",
+        xaxis=xa,
+        yaxis=ya,
+        meta={"rank": rank, "category": "peak"},
+    )
+
+
+def _add_rank(patch: Patch, state: dict[str, Any], rank: int) -> None:
+    """Give a new rank its axes and, with a capacity, its OOM line."""
+    number = len(state["axes"]) + 1
+    state["axes"][str(rank)] = number
+    state["count"][str(rank)] = 0
+    xa, ya = _axis_names(number)
+    capacity = state["capacity"]
+    if capacity is not None:
+        patch.shapes.append(
+            {
+                "type": "line",
+                "name": f"capacity rank {rank}",
+                "xref": f"{xa} domain",
+                "x0": 0,
+                "x1": 1,
+                "yref": ya,
+                "y0": capacity / MIB,
+                "y1": capacity / MIB,
+                "line": {"color": _OOM_COLOR, "width": 2, "dash": "dash"},
+            }
+        )
+        patch.annotations.append(
+            {
+                "name": f"capacity rank {rank}",
+                "xref": f"{xa} domain",
+                "x": 1,
+                "xanchor": "right",
+                "yref": ya,
+                "y": capacity / MIB,
+                "yanchor": "bottom",
+                "text": f"capacity {format_bytes(capacity)}: OOM above",
+                "showarrow": False,
+                "font": {"color": _OOM_COLOR, "size": 11},
+            }
+        )
+
+
+def _layout_ranks(patch: Patch, state: dict[str, Any]) -> None:
+    """Stack the rank subplots top to bottom in rank order; x axes zoom together."""
+    order = sorted(state["axes"], key=int)
+    n = len(order)
+    height = (1 - _GAP * (n - 1)) / n
+    for row, rank in enumerate(order):
+        number = state["axes"][rank]
+        top = 1 - row * (height + _GAP)
+        suffix = "" if number == 1 else str(number)
+        patch.layout[f"xaxis{suffix}"] = {
+            "anchor": f"y{suffix}",
+            "domain": [0, 1],
+            "matches": None if number == 1 else "x",
+            "title": {"text": _x_title(state["x"]) if row == n - 1 else ""},
+        }
+        patch.layout[f"yaxis{suffix}"] = {
+            "anchor": f"x{suffix}",
+            "domain": [max(top - height, 0), top],
+            "title": {"text": f"rank {rank}<br>MiB"},
+            "rangemode": "tozero",
+        }
+    patch.layout["height"] = _height(n)
+
+
+def _height(ranks: int) -> int:
+    return 140 + 220 * ranks
+
+
+def _x_title(mode: str) -> str:
+    if mode == "sample":
+        return "memory sample on the rank (hover: step · phase · module)"
+    return "time since first event (ms)"

@@ -1,0 +1,145 @@
+"""Timeline (Gantt) of compute phases and collectives, two lanes per rank.
+
+Each rank has a compute lane (``PhaseSpan``, colored by base phase, so "forward[mb=1]" and
+"forward[mb=2]" share the forward color) and, right under it, a comm lane (``CommEvent``,
+colored by op). Overlap of backward with DDP bucket all-reduces, TP's per-layer all-reduces,
+FSDP's all-gathers / reduce-scatters and pipeline bubbles (gaps in the compute lane) are then
+visible at a glance; hovering a collective shows op, bytes, duration and bus bandwidth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import plotly.graph_objects as go
+
+from workbench.plots._common import (
+    FigureLike,
+    Patch,
+    coerce_events,
+    event_time,
+    figure_state,
+    initial_meta,
+    validate_ranks,
+)
+from workbench.plots.style import GB, base_phase, format_bytes, op_color, phase_color
+from workbench.trace.events import CommEvent, Event, PhaseSpan
+
+__all__ = ["comm_timeline_figure", "lane_names", "update_comm_timeline"]
+
+KIND = "timeline"
+_CATEGORICAL = frozenset({"y"})
+
+
+def lane_names(rank: int) -> tuple[str, str]:
+    """The (compute, comm) lane labels of a rank on the y axis."""
+    return f"rank {rank} compute", f"rank {rank} comm"
+
+
+def comm_timeline_figure(
+    events: Iterable[Event | Mapping[str, Any]] = (),
+    *,
+    ranks: Iterable[int] | None = None,
+    t0: int | None = None,
+) -> go.Figure:
+    """Gantt chart of phases and collectives per rank; times in ms since ``t0``.
+
+    ``t0`` (ns) pins the origin; otherwise it is the earliest event of the first batch.
+    ``ranks`` limits the figure to those ranks and lays out their lanes up front. Memory
+    samples and metrics are ignored.
+    """
+    wanted = validate_ranks(ranks)
+    fig = go.Figure()
+    state = {"kind": KIND, "t0": t0, "ranks": wanted, "lanes": wanted or []}
+    fig.update_layout(
+        title="Compute phases and collectives per rank",
+        template="plotly_white",
+        barmode="overlay",
+        bargap=0.25,
+        hovermode="closest",
+        legend={"title": {"text": "phase / collective"}},
+        margin={"l": 120, "r": 30, "t": 60, "b": 50},
+        xaxis={"title": {"text": "time since first event (ms)"}, "zeroline": False},
+        yaxis={"title": {"text": "rank · lane"}, "type": "category", "autorange": "reversed"},
+        meta=initial_meta(state),
+    )
+    fig.update_layout(_lane_layout(state["lanes"]))
+    return update_comm_timeline(fig, events)
+
+
+def update_comm_timeline(
+    fig: FigureLike, events: Iterable[Event | Mapping[str, Any]]
+) -> FigureLike:
+    """Append NEW phase spans and collectives to ``fig`` in place (one batch); returns ``fig``."""
+    state = figure_state(fig, KIND)
+    wanted = state["ranks"]
+    spans = [
+        e
+        for e in coerce_events(events)
+        if isinstance(e, PhaseSpan | CommEvent) and (wanted is None or e.rank in wanted)
+    ]
+    if not spans:
+        return fig
+    if state["t0"] is None:
+        state["t0"] = min(event_time(e) for e in spans)
+    t0 = state["t0"]
+    patch = Patch(fig, categorical=_CATEGORICAL)
+    lanes_before = len(state["lanes"])
+    for e in spans:
+        if e.rank not in state["lanes"]:
+            state["lanes"].append(e.rank)
+        compute, comm = lane_names(e.rank)
+        start_ms = (e.start - t0) / 1e6
+        length_ms = (e.end - e.start) / 1e6
+        if isinstance(e, PhaseSpan):
+            base = base_phase(e.phase)
+            key = f"timeline/phase/{base}"
+            if not patch.has(key):
+                patch.create(key, _bar(base, phase_color(base), "phase"))
+            text = f"<b>{e.phase}</b> · {length_ms:.3f} ms<br>rank {e.rank} · step {e.step}"
+            patch.add(key, y=compute, base=start_ms, x=length_ms, hovertext=text)
+        else:
+            key = f"timeline/op/{e.op}"
+            if not patch.has(key):
+                patch.create(key, _bar(e.op, op_color(e.op), "comm"))
+            patch.add(key, y=comm, base=start_ms, x=length_ms, hovertext=comm_hover(e))
+    if len(state["lanes"]) != lanes_before:
+        state["lanes"].sort()
+        patch.layout.update(_lane_layout(state["lanes"]))
+    patch.layout["meta"] = initial_meta(state)
+    return patch.apply(fig)
+
+
+def comm_hover(e: CommEvent) -> str:
+    """Hover text of one collective: op, size, time, bandwidths, where it ran."""
+    where = f"rank {e.rank} · step {e.step}"
+    if e.phase:
+        where += f" · during {e.phase}"
+    return (
+        f"<b>{e.op}</b> · {format_bytes(e.bytes)} ({e.bytes} bytes) · "
+        f"{(e.end - e.start) / 1e6:.3f} ms<br>"
+        f"busbw {e.busbw / GB:.3f} GB/s · algbw {e.algbw / GB:.3f} GB/s<br>"
+        f"{where} · {e.source} · group of {e.group_size}"
+    )
+
+
+def _bar(name: str, color: str, group: str) -> go.Bar:
+    return go.Bar(
+        name=name,
+        orientation="h",
+        marker={"color": color, "line": {"width": 0.5, "color": "white"}},
+        opacity=0.9 if group == "phase" else 0.85,
+        legendgroup=group,
+        legendgrouptitle={"text": "compute" if group == "phase" else "collectives"},
+        hoverinfo="text",
+        meta={"lane": group},
+    )
+
+
+def _lane_layout(ranks: list[int]) -> dict[str, Any]:
+    lanes = [name for rank in sorted(ranks) for name in lane_names(rank)]
+    return {
+        "yaxis": {"categoryorder": "array", "categoryarray": lanes},
+        "height": 160 + 48 * max(len(lanes), 2),
+    }
