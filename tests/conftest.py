@@ -14,3 +14,29 @@ if "IPYTHONDIR" not in os.environ:
     os.environ["JUPYTER_DATA_DIR"] = str(_state / "jupyter" / "data")
     os.environ["JUPYTER_RUNTIME_DIR"] = str(_state / "jupyter" / "runtime")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cluster():  # type: ignore[no-untyped-def]
+    """One 2-rank gloo cluster shared by every test that needs engines; always stopped."""
+    from workbench.cluster import Cluster
+
+    c = Cluster(n=2, backend="gloo", init_timeout=60)
+    c.start_sync()
+    try:
+        yield c
+    finally:
+        c.stop_sync()
+
+
+@pytest.fixture(scope="session")
+def ipython_shell():  # type: ignore[no-untyped-def]
+    """A real IPython shell with the workbench extension loaded."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "workbench")
+    return shell

@@ -6,6 +6,7 @@ User input is validated with these, never with ``assert``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 __all__ = [
@@ -52,6 +53,29 @@ class RankError(ClusterError):
         super().__init__(message)
         self.failures = dict(failures or {})
 
+    @classmethod
+    def from_failures(cls, failures: dict[int, str]) -> RankError:
+        """Message: the failing ranks, then each distinct traceback once (no colour codes)."""
+        error = cls(f"failed on ranks {sorted(failures)}", failures=failures)
+        body = "\n".join(_ANSI.sub("", line) for line in error._render_traceback_())
+        error.args = (f"failed on ranks {sorted(failures)}:\n{body}",)
+        return error
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows this instead of the local traceback: the remote tracebacks, each
+        distinct one once, headed by the ranks that raised it."""
+        if not self.failures:
+            return [str(self)]
+        groups: dict[str, tuple[str, list[int]]] = {}
+        for rank, tb in sorted(self.failures.items()):
+            groups.setdefault(_traceback_key(tb), (tb, []))[1].append(rank)
+        lines: list[str] = []
+        for tb, ranks in groups.values():
+            label = "rank" if len(ranks) == 1 else "ranks"
+            lines.append(f"[{label} {', '.join(map(str, ranks))}]")
+            lines.extend(tb.splitlines())
+        return lines
+
 
 class CollectiveTimeout(ClusterError):
     """A cell or step did not finish in time; ``report`` says who waited where."""
@@ -63,6 +87,15 @@ class CollectiveTimeout(ClusterError):
 
 class CheckpointError(WorkbenchError):
     """A checkpoint is missing, incomplete or does not match the run."""
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CELL_COUNT = re.compile(r"In\s*\[\d+\]")
+
+
+def _traceback_key(tb: str) -> str:
+    """Tracebacks that differ only in colour codes or the engine's cell counter are equal."""
+    return _CELL_COUNT.sub("In[*]", _ANSI.sub("", tb))
 
 
 def choices_error(

@@ -1,0 +1,117 @@
+"""The shared 2-rank cluster: running functions and cells, errors, status, timeouts."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from workbench.cluster import Cluster
+from workbench.errors import ClusterError, CollectiveTimeout, ConfigError, RankError
+
+
+def _all_reduce_rank() -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(3) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _whoami() -> tuple[int, int, int, str]:
+    import torch
+    import torch.distributed as dist
+
+    return dist.get_rank(), dist.get_world_size(), torch.get_num_threads(), os.environ["RANK"]
+
+
+def _fail_on_rank1() -> int:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("only rank 1 fails")
+    return dist.get_rank()
+
+
+def test_process_group_is_ready(cluster: Cluster) -> None:
+    assert cluster.world_size == 2
+    assert cluster.backend == "gloo"
+    assert cluster.run(_all_reduce_rank) == [[3.0] * 3, [3.0] * 3]
+    assert cluster.run(_whoami) == [(0, 2, 1, "0"), (1, 2, 1, "1")]
+    assert {r.master_addr for r in cluster.ranks} == {"127.0.0.1"}
+
+
+def test_run_subset_and_arguments(cluster: Cluster) -> None:
+    assert cluster.run(pow, 3, 2, ranks=[1]) == [9]
+    assert cluster.run(pow, 2, 5, ranks=0) == [32]
+
+
+def test_run_failure_names_ranks(cluster: Cluster) -> None:
+    with pytest.raises(RankError, match=r"failed on ranks \[1\]") as info:
+        cluster.run(_fail_on_rank1)
+    assert set(info.value.failures) == {1}
+    assert "only rank 1 fails" in str(info.value)
+
+
+def test_identical_failures_render_once(cluster: Cluster) -> None:
+    with pytest.raises(RankError) as info:
+        cluster.run(divmod, 1, 0)
+    rendered = info.value._render_traceback_()
+    assert rendered[0] == "[ranks 0, 1]"
+    assert sum("ZeroDivisionError" in line for line in rendered) >= 1
+    assert not any(line.startswith("[rank 1]") for line in rendered)
+
+
+def test_execute_collects_outputs_in_rank_order(cluster: Cluster) -> None:
+    results = cluster.execute("print('hello from', rank)\nrank * 10")
+    assert [r.rank for r in results] == [0, 1]
+    assert [r.stdout for r in results] == ["hello from 0\n", "hello from 1\n"]
+    assert [r.execute_result["data"]["text/plain"] for r in results] == ["0", "10"]
+    failed = cluster.execute("raise KeyError(rank)", ranks=[1])
+    assert [(r.rank, r.ename) for r in failed] == [(1, "KeyError")]
+
+
+def test_bad_ranks_are_config_errors(cluster: Cluster) -> None:
+    with pytest.raises(ConfigError, match=r"ranks=\[7\].*0\.\.1"):
+        cluster.run(int, ranks=[7])
+    with pytest.raises(ConfigError):
+        cluster.execute("1", ranks=[])
+
+
+def test_timeout_reports_pending_ranks(cluster: Cluster) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeout, match=r"ranks \[1\]") as info:
+        cluster.execute("import time\nif rank == 1: time.sleep(1.5)", timeout=0.3)
+    assert time.monotonic() - t0 < 1.4
+    assert info.value.report == {"pending": [1], "finished": [0]}
+    # the cluster stays usable once the slow rank is done
+    assert cluster.run(_all_reduce_rank, timeout=30) == [[3.0] * 3, [3.0] * 3]
+
+
+def test_status_and_repr(cluster: Cluster) -> None:
+    rows = cluster.status()
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert {r["state"] for r in rows} <= {"idle", "busy"}
+    assert {r["backend"] for r in rows} == {"gloo"}
+    assert all(isinstance(r["pid"], int) and r["pid"] > 0 for r in rows)
+    text = repr(cluster)
+    assert "state='running'" in text and "world_size=2" in text and "gloo" in text
+    assert Cluster.current() is cluster
+
+
+def test_not_running_is_a_clear_error() -> None:
+    idle = Cluster(n=2)
+    assert "state='stopped'" in repr(idle)
+    with pytest.raises(ClusterError, match="not running"):
+        idle.run(int)
+
+
+def test_bad_settings_name_choices() -> None:
+    with pytest.raises(ConfigError, match="'tcp'.*'gloo'"):
+        Cluster(n=2, backend="tcp")
+    with pytest.raises(ConfigError, match="'k8s'.*'slurm'"):
+        Cluster(n=2, launcher="k8s")
+    with pytest.raises(ConfigError, match="n=0"):
+        Cluster(n=0)

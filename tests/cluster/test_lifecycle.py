@@ -1,0 +1,32 @@
+"""A cluster of its own: start, stop, and nothing left running afterwards."""
+
+from __future__ import annotations
+
+import psutil
+
+from workbench.cluster import Cluster
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def test_start_stop_leaves_no_processes() -> None:
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    with Cluster(n=2, backend="gloo") as cluster:
+        assert cluster.state == "running"
+        assert cluster.timings["total_s"] > 0
+        started = [p.pid for p in me.children(recursive=True) if p.pid not in before]
+        engine_pids = [r.pid for r in cluster.ranks]
+        assert set(engine_pids) <= set(started)
+        assert len(started) >= 3  # controller + 2 engines (+ schedulers, nannies)
+    assert cluster.state == "stopped"
+    assert _alive(started) == []

@@ -1,0 +1,127 @@
+"""``%wb`` and ``%%wb`` through a real IPython shell."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from workbench.cluster import Cluster
+from workbench.errors import RankError
+
+
+def _magics(shell: Any) -> Any:
+    return shell._workbench_magics
+
+
+@pytest.fixture
+def attached(ipython_shell: Any, cluster: Cluster) -> Iterator[Any]:
+    """The shell with the shared session cluster attached as the notebook's cluster."""
+    _magics(ipython_shell).cluster = cluster
+    yield ipython_shell
+    _magics(ipython_shell).cluster = None
+
+
+def test_cell_runs_on_every_rank_in_rank_order(attached: Any, capsys: Any) -> None:
+    attached.run_cell_magic(
+        "wb", "", "t = torch.ones(3) * (rank + 1)\ndist.all_reduce(t)\nprint(t.tolist())"
+    )
+    out = capsys.readouterr().out
+    assert out == "[rank 0]\n[3.0, 3.0, 3.0]\n[rank 1]\n[3.0, 3.0, 3.0]\n"
+
+
+def test_cell_on_a_subset(attached: Any, capsys: Any) -> None:
+    attached.run_cell_magic("wb", "--ranks 1", "print('only', rank)")
+    assert capsys.readouterr().out == "[rank 1]\nonly 1\n"
+    attached.run_cell_magic("wb", "--ranks 0 --no-labels", "print('plain')")
+    assert capsys.readouterr().out == "plain\n"
+
+
+def test_errors_fail_the_cell_grouped_by_rank(attached: Any) -> None:
+    result = attached.run_cell("%%wb\nraise ValueError('same everywhere')")
+    assert isinstance(result.error_in_exec, RankError)
+    rendered = result.error_in_exec._render_traceback_()
+    assert rendered[0] == "[ranks 0, 1]"
+    result = attached.run_cell("%%wb\nif rank == 1: raise KeyError('one')\nprint('fine')")
+    assert isinstance(result.error_in_exec, RankError)
+    assert set(result.error_in_exec.failures) == {1}
+
+
+def test_status_table(attached: Any, capsys: Any) -> None:
+    attached.run_line_magic("wb", "status")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["rank", "engine", "host", "pid", "device", "backend", "state"]
+    assert [line.split()[0] for line in lines[1:]] == ["0", "1"]
+    rows = attached.run_line_magic("wb", "status --json")
+    assert [r["rank"] for r in rows] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("line", "cell", "message"),
+    [
+        ("", "--ranks 7", "outside this cluster; valid ranks are 0..1"),
+        ("", "--ranks x", "use 'all'"),
+        ("", "--timeout -1", "positive number of seconds"),
+        ("", "--bogus", "unrecognized arguments"),
+    ],
+)
+def test_bad_cell_arguments(attached: Any, line: str, cell: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        attached.run_cell_magic("wb", cell, "print(1)")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("start -n 0", "must be >= 1"),
+        ("start -n two", "not a whole number"),
+        ("start --backend mpi", "invalid choice: 'mpi'.*gloo"),
+        ("start --launcher k8s", "invalid choice: 'k8s'.*slurm"),
+        ("frobnicate", "unknown command 'frobnicate'; valid commands: start"),
+    ],
+)
+def test_bad_line_arguments(ipython_shell: Any, line: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        ipython_shell.run_line_magic("wb", line)
+
+
+def test_cell_before_start_is_a_usage_error(ipython_shell: Any) -> None:
+    _magics(ipython_shell).cluster = None
+    with pytest.raises(UsageError, match="start one first with `%wb start"):
+        ipython_shell.run_cell_magic("wb", "", "print(1)")
+    with pytest.raises(UsageError, match="start one first"):
+        ipython_shell.run_line_magic("wb", "status")
+
+
+def test_help_everywhere(ipython_shell: Any, capsys: Any) -> None:
+    ipython_shell.run_line_magic("wb", "--help")
+    assert "commands:" in capsys.readouterr().out
+    ipython_shell.run_line_magic("wb", "start --help")
+    assert "--backend" in capsys.readouterr().out
+    ipython_shell.run_cell_magic("wb", "--help", "print(1)")
+    assert "--ranks" in capsys.readouterr().out
+
+
+def test_start_and_stop_through_magics(ipython_shell: Any, capsys: Any) -> None:
+    magics = _magics(ipython_shell)
+    magics.cluster = None
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    ipython_shell.run_line_magic("wb", "start -n 2 --backend gloo")
+    try:
+        assert "2 ranks on 1 host(s), backend gloo" in capsys.readouterr().out
+        started = [p.pid for p in me.children(recursive=True) if p.pid not in before]
+        with pytest.raises(UsageError, match="already running"):
+            ipython_shell.run_line_magic("wb", "start -n 2")
+        ipython_shell.run_cell_magic("wb", "--ranks 1", "print(world_size, device)")
+        assert capsys.readouterr().out == "[rank 1]\n2 cpu\n"
+    finally:
+        ipython_shell.run_line_magic("wb", "stop")
+    assert magics.cluster is None
+    _gone, alive = psutil.wait_procs(
+        [psutil.Process(p) for p in started if psutil.pid_exists(p)], timeout=5
+    )
+    assert [p.pid for p in alive] == []

@@ -1,0 +1,623 @@
+"""``Cluster``: ipyparallel engines joined into one torch.distributed process group.
+
+ipyparallel is the engine (launchers, controller, client); the workbench adds rank
+assignment, rendezvous, a bounded process-group init, rank-ordered results and clean stops.
+Control is async-first (``start``/``stop``) with ``*_sync`` twins, like ipyparallel's own
+``Cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import signal
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipyparallel as ipp
+import psutil
+
+from workbench.cluster import engine as engine_fns
+from workbench.cluster.loop import run_sync
+from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
+from workbench.cluster.results import CellResult
+from workbench.config import ClusterConfig
+from workbench.errors import (
+    ClusterError,
+    CollectiveTimeout,
+    ConfigError,
+    EngineDied,
+    RankError,
+)
+
+__all__ = ["Cluster", "ProgressCallback"]
+
+log = logging.getLogger("workbench.cluster")
+
+# (stage, done, total): "engines" while engines register, "rendezvous" while ranks join.
+ProgressCallback = Callable[[str, int, int], None]
+
+# The controller's default heartbeat (3 s) dominates start-up; 500 ms keeps engine-death
+# detection fast and start-up near 3 s for 2 local engines (measured, see DESIGN.md).
+_CONTROLLER_ARGS = ["--HeartMonitor.period=500"]
+_MULTI_NODE = {"mpi", "ssh", "slurm"}
+
+_live: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_current: list[weakref.ref[Cluster]] = []  # the most recently started cluster, if alive
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    """Stop every cluster this process started (a normal kernel shutdown or restart)."""
+    for cluster in list(_live):
+        try:
+            cluster.stop_sync()
+        except Exception:  # exit path: never mask the interpreter's own shutdown
+            log.debug("atexit stop failed for %r", cluster, exc_info=True)
+
+
+class Cluster:
+    """Engines + process group. Use as a context manager or call ``start_sync``/``stop_sync``.
+
+    >>> with Cluster(n=2) as cluster:                # doctest: +SKIP
+    ...     cluster.run(lambda: torch.distributed.get_rank())
+    [0, 1]
+    """
+
+    def __init__(
+        self,
+        n: int = 2,
+        *,
+        backend: str = "auto",
+        launcher: str = "local",
+        hosts: Sequence[str] = (),
+        profile: str | None = None,
+        cluster_id: str | None = None,
+        init_timeout: float = 60.0,
+        start_timeout: float = 60.0,
+        threads_per_engine: int | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self.config = ClusterConfig(
+            n=n,
+            backend=backend,
+            launcher=launcher,
+            hosts=tuple(hosts),
+            profile=profile,
+            cluster_id=cluster_id,
+            init_timeout=init_timeout,
+            start_timeout=start_timeout,
+            threads_per_engine=threads_per_engine,
+        )
+        self.progress = progress
+        self.state = "stopped"
+        self.ranks: list[RankAssignment] = []
+        self.timings: dict[str, float] = {}
+        self._ipp: ipp.Cluster | None = None
+        self._client: ipp.Client | None = None
+        self._owns_engines = profile is None and cluster_id is None
+        self._info_futures: dict[int, Any] = {}
+
+    @classmethod
+    def current(cls) -> Cluster:
+        """The most recently started cluster that is still running (e.g. by ``%wb start``)."""
+        cluster = _current[0]() if _current else None
+        if cluster is None or cluster.state not in ("running", "degraded"):
+            raise ClusterError(
+                "no running cluster; start one with `%wb start -n 2` or "
+                "`workbench.Cluster(n=2).start_sync()`"
+            )
+        return cluster
+
+    # ----------------------------------------------------------------- introspection
+    def __repr__(self) -> str:
+        c = self.config
+        parts = [f"n={c.n}", f"launcher={c.launcher!r}", f"state={self.state!r}"]
+        if self.ranks:
+            r0 = self.ranks[0]
+            hosts = len({r.host for r in self.ranks})
+            parts += [
+                f"backend={r0.backend!r}",
+                f"world_size={r0.world_size}",
+                f"hosts={hosts}",
+                f"master={r0.master_addr}:{r0.master_port}",
+            ]
+        return f"<workbench.Cluster {' '.join(parts)}>"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def backend(self) -> str | None:
+        return self.ranks[0].backend if self.ranks else None
+
+    @property
+    def client(self) -> ipp.Client:
+        if self._client is None or self.state not in ("running", "degraded"):
+            raise ClusterError("the cluster is not running; start it with start_sync()")
+        return self._client
+
+    @property
+    def ipp_cluster(self) -> ipp.Cluster | None:
+        """The underlying ipyparallel cluster (None when connected to an external one)."""
+        return self._ipp
+
+    def _process_tree(self) -> list[psutil.Process]:
+        """Controller, engines, nannies and every process they spawned (schedulers...)."""
+        tree: dict[int, psutil.Process] = {}
+        for pid in self.pids():
+            try:
+                proc = psutil.Process(pid)
+                tree[pid] = proc
+                tree.update((c.pid, c) for c in proc.children(recursive=True))
+            except psutil.Error:
+                continue
+        return list(tree.values())
+
+    def pids(self) -> list[int]:
+        """Process ids of the controller, engines and their nannies started by this cluster."""
+        pids: list[int] = []
+        if self._ipp is None:
+            return pids
+        ctrl = getattr(self._ipp, "controller", None)
+        proc = getattr(ctrl, "process", None)
+        if proc is not None:
+            pids.append(proc.pid)
+        for engine_set in getattr(self._ipp, "engines", {}).values():
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                proc = getattr(launcher, "process", None)
+                if proc is not None:
+                    pids.append(proc.pid)
+        pids += [r.pid for r in self.ranks if r.pid not in pids]
+        return pids
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> Cluster:
+        return self.start_sync()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_sync()
+
+    async def __aenter__(self) -> Cluster:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def start_sync(self) -> Cluster:
+        return run_sync(self.start())
+
+    def stop_sync(self) -> None:
+        run_sync(self.stop())
+
+    def restart_sync(self) -> Cluster:
+        return run_sync(self.restart())
+
+    async def start(self) -> Cluster:
+        """Start (or connect to) engines, assign ranks and initialise the process group."""
+        if self.state in ("running", "degraded"):
+            return self
+        self.state = "starting"
+        t0 = time.perf_counter()
+        try:
+            await self._start_engines()
+            t1 = time.perf_counter()
+            await self._init_process_group()
+        except BaseException:
+            await self._shutdown(quiet=True)
+            self.state = "stopped"
+            raise
+        self.timings = {
+            "engines_s": t1 - t0,
+            "process_group_s": time.perf_counter() - t1,
+            "total_s": time.perf_counter() - t0,
+        }
+        self.state = "running"
+        _live.add(self)
+        _current[:] = [weakref.ref(self)]
+        return self
+
+    async def stop(self) -> None:
+        """Leave the process group; stop controller and engines if this cluster started them."""
+        if self.state == "stopped" and self._ipp is None and self._client is None:
+            return
+        self.state = "stopping"
+        await self._shutdown(quiet=False)
+        self.state = "stopped"
+        _live.discard(self)
+
+    async def restart(self) -> Cluster:
+        """Stop everything and start again with the same settings (fresh ranks and port)."""
+        await self.stop()
+        return await self.start()
+
+    # ----------------------------------------------------------------- internals
+    def _report(self, stage: str, done: int, total: int) -> None:
+        if self.progress is not None:
+            try:
+                self.progress(stage, done, total)
+            except Exception:  # a broken progress display must never break start-up
+                log.debug("progress callback failed", exc_info=True)
+
+    def _make_ipp_cluster(self) -> ipp.Cluster:
+        c = self.config
+        kwargs: dict[str, Any] = {
+            "n": c.n,
+            "log_level": logging.ERROR,
+            "controller_args": list(_CONTROLLER_ARGS),
+            # Loopback unless the user asked for a multi-node launcher.
+            "controller_ip": "*" if c.launcher in _MULTI_NODE else "127.0.0.1",
+            "engines": c.launcher if c.launcher != "local" else "local",
+            "shutdown_atexit": True,
+        }
+        if c.launcher == "ssh":
+            from traitlets.config import Config
+
+            cfg = Config()
+            per_host: dict[str, int] = {}
+            for i in range(c.n):
+                host = c.hosts[i % len(c.hosts)]
+                per_host[host] = per_host.get(host, 0) + 1
+            cfg.SSHEngineSetLauncher.engines = per_host
+            kwargs["config"] = cfg
+        return ipp.Cluster(**kwargs)
+
+    async def _start_engines(self) -> None:
+        c = self.config
+        if self._owns_engines:
+            self._ipp = self._make_ipp_cluster()
+            await self._ipp.start_controller()
+            await self._ipp.start_engines(c.n)
+            self._client = await self._ipp.connect_client()
+        else:
+            self._client = ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "")
+        await self._wait_for_engines()
+
+    async def _wait_for_engines(self) -> None:
+        client = self._client
+        if client is None:
+            raise ClusterError("no ipyparallel client")
+        n = self.config.n
+        deadline = time.monotonic() + self.config.start_timeout
+        seen = -1
+        self._info_futures = {}
+        while True:
+            # Ask each engine for its facts as soon as it registers: importing torch there
+            # overlaps with the other engines still starting.
+            for eid in client.ids:
+                if eid not in self._info_futures:
+                    self._info_futures[eid] = client[eid].apply_async(engine_fns.engine_info)
+            count = len(client.ids)
+            if count != seen:
+                self._report("engines", min(count, n), n)
+                seen = count
+            if count >= n:
+                return
+            if self._owns_engines and self._engines_exited():
+                raise ClusterError(
+                    f"engines exited during start-up ({count} of {n} registered); "
+                    "run `ipengine --debug` by hand to see why"
+                )
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"only {count} of {n} engines registered within "
+                    f"start_timeout={self.config.start_timeout}s; raise start_timeout or "
+                    "check the launcher"
+                )
+            await asyncio.sleep(0.02)
+
+    def _engines_exited(self) -> bool:
+        if self._ipp is None:
+            return False
+        for engine_set in self._ipp.engines.values():
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                # ipyparallel launchers move from "running" to "after" when the process exits
+                if getattr(launcher, "state", "running") == "after":
+                    return True
+        return False
+
+    async def _init_process_group(self) -> None:
+        client = self.client_unchecked()
+        ids = sorted(client.ids)[: self.config.n]
+        futures = [self._info_futures[eid] for eid in ids]
+        infos = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        # Clock offsets to rank 0 from one quick round trip per engine (torch is loaded now).
+        sent = time.time_ns()
+        clocks = await asyncio.wrap_future(client[ids].apply_async(time.time_ns))
+        received = time.time_ns()
+        engines = [
+            EngineInfo(
+                engine_id=eid,
+                host=info["host"],
+                pid=info["pid"],
+                address=info["address"],
+                cuda_devices=info["cuda_devices"],
+                cpus=info["cpus"],
+            )
+            for eid, info in zip(ids, infos, strict=True)
+        ]
+        draft = assign_ranks(
+            engines,
+            backend=self.config.backend,
+            threads_per_engine=self.config.threads_per_engine,
+        )
+        # The rendezvous port is chosen on rank 0's own host, bound where it will listen.
+        r0 = draft[0]
+        port = await asyncio.wrap_future(
+            client[r0.engine_id].apply_async(
+                engine_fns.pick_free_port,
+                r0.master_addr if r0.master_addr == "127.0.0.1" else "0.0.0.0",
+            )
+        )
+        ranks = assign_ranks(
+            engines,
+            backend=self.config.backend,
+            master_port=int(port),
+            threads_per_engine=self.config.threads_per_engine,
+        )
+        # Clock offsets to rank 0: midpoint estimate of each engine's wall clock vs ours.
+        midpoint = (sent + received) // 2
+        offsets = {eid: midpoint - t for eid, t in zip(ids, clocks, strict=True)}
+        base = offsets[ranks[0].engine_id]
+        self._report("rendezvous", 0, len(ranks))
+        futures = [
+            client[r.engine_id].apply_async(
+                engine_fns.setup_rank,
+                r.as_dict(),
+                self.config.init_timeout,
+                # Engines on rank 0's host share its clock; others get the measured offset.
+                0 if r.host == ranks[0].host else offsets[r.engine_id] - base,
+            )
+            for r in ranks
+        ]
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
+                timeout=self.config.init_timeout + 10,
+            )
+        except asyncio.TimeoutError as exc:
+            raise ClusterError(
+                f"process group did not form within init_timeout={self.config.init_timeout}s"
+            ) from exc
+        except ipp.error.RemoteError as exc:
+            raise ClusterError(f"init_process_group failed on an engine: {exc}") from exc
+        self.ranks = ranks
+        self._report("rendezvous", len(ranks), len(ranks))
+
+    def client_unchecked(self) -> ipp.Client:
+        if self._client is None:
+            raise ClusterError("no ipyparallel client; the cluster has not started")
+        return self._client
+
+    async def _shutdown(self, *, quiet: bool) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            if self.ranks and self._owns_engines:
+                try:  # leave the process group cleanly so engines exit without noise
+                    ar = client[[r.engine_id for r in self.ranks if r.engine_id in client.ids]]
+                    ar.apply_async(engine_fns.teardown_rank).get(timeout=5)
+                except Exception:
+                    log.debug("teardown on engines failed", exc_info=True)
+            client.close()
+        processes = self._process_tree()
+        cluster, self._ipp = self._ipp, None
+        if cluster is not None:
+            try:
+                await cluster.stop_cluster()
+            except Exception:
+                if not quiet:
+                    raise
+        self.ranks = []
+        await asyncio.to_thread(_reap, processes)
+
+    # ----------------------------------------------------------------- running code
+    def _targets(self, ranks: int | Sequence[int] | None) -> list[RankAssignment]:
+        if not self.ranks or self.state not in ("running", "degraded"):
+            raise ClusterError("the cluster is not running; start it first (%wb start)")
+        if ranks is None:
+            return list(self.ranks)
+        wanted = [ranks] if isinstance(ranks, int) else list(ranks)
+        valid = range(self.world_size)
+        bad = [r for r in wanted if isinstance(r, bool) or not isinstance(r, int) or r not in valid]
+        if bad or not wanted:
+            raise ConfigError(
+                f"ranks={wanted!r} is not valid; choose from 0..{self.world_size - 1}"
+            )
+        return [self.ranks[r] for r in sorted(set(wanted))]
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        ranks: int | Sequence[int] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Call ``fn(*args, **kwargs)`` on the chosen ranks; results in rank order.
+
+        A failure on any rank raises ``RankError`` with every failing rank's traceback; an
+        engine that died raises ``EngineDied``; ``timeout`` raises ``CollectiveTimeout``.
+        """
+        targets = self._targets(ranks)
+        client = self.client
+        futures = [client[r.engine_id].apply_async(fn, *args, **kwargs) for r in targets]
+        return self._collect(targets, futures, timeout)
+
+    async def run_async(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        ranks: int | Sequence[int] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        return await asyncio.to_thread(self.run, fn, *args, ranks=ranks, timeout=timeout, **kwargs)
+
+    def _wait_all(
+        self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
+    ) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            for future in futures:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                future.wait(remaining)
+        except KeyboardInterrupt:
+            self.interrupt([r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()])
+            raise
+        pending = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+        if pending:
+            done = [r.rank for r in targets if r.rank not in pending]
+            raise CollectiveTimeout(
+                f"not finished within timeout={timeout}s on ranks {pending} "
+                f"(finished: {done}); the ranks may be waiting in a collective for a peer",
+                report={"pending": pending, "finished": done},
+            )
+
+    def _collect(
+        self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
+    ) -> list[Any]:
+        self._wait_all(targets, futures, timeout)
+        results: list[Any] = []
+        failures: dict[int, str] = {}
+        dead: list[int] = []
+        for r, future in zip(targets, futures, strict=True):
+            try:
+                results.append(future.get(0))
+            except ipp.error.EngineError:
+                dead.append(r.rank)
+            except ipp.error.RemoteError as exc:
+                failures[r.rank] = _format_remote(exc)
+        if dead:
+            self.state = "degraded"
+            raise EngineDied(self._describe_dead(dead), ranks=dead)
+        if failures:
+            raise RankError.from_failures(failures)
+        return results
+
+    def _describe_dead(self, dead: list[int]) -> str:
+        parts = [
+            f"rank {r} (engine {self.ranks[r].engine_id} on {self.ranks[r].host}, "
+            f"pid {self.ranks[r].pid})"
+            for r in dead
+        ]
+        return (
+            f"engine died: {', '.join(parts)}; the process group is broken on every rank. "
+            "Recover with `%wb restart` (or cluster.restart_sync())."
+        )
+
+    def execute(
+        self,
+        code: str,
+        *,
+        ranks: int | Sequence[int] | None = None,
+        timeout: float | None = None,
+    ) -> list[CellResult]:
+        """Run cell source in each chosen rank's namespace; per-rank outputs in rank order.
+
+        Failures are returned in the results (``CellResult.ename``), not raised, so the caller
+        can show every rank's output before failing; a dead engine raises ``EngineDied``.
+        """
+        targets = self._targets(ranks)
+        client = self.client
+        futures = [client[r.engine_id].execute(code, silent=False, block=False) for r in targets]
+        self._wait_all(targets, futures, timeout)
+        out: list[CellResult] = []
+        dead: list[int] = []
+        for r, future in zip(targets, futures, strict=True):
+            md = future.metadata[0] if isinstance(future.metadata, list) else future.metadata
+            result = CellResult(
+                rank=r.rank,
+                engine_id=r.engine_id,
+                stdout=md.get("stdout", ""),
+                stderr=md.get("stderr", ""),
+                outputs=list(md.get("outputs", [])),
+                execute_result=md.get("execute_result"),
+            )
+            try:
+                future.get(0)
+            except ipp.error.EngineError:
+                dead.append(r.rank)
+            except ipp.error.RemoteError as exc:
+                result.ename, result.evalue = exc.ename, str(exc.evalue)
+                result.traceback = _format_remote(exc)
+            except ipp.error.CompositeError as exc:
+                ename, evalue, tb, _ = exc.elist[0]
+                result.ename, result.evalue, result.traceback = ename, str(evalue), tb
+            out.append(result)
+        if dead:
+            self.state = "degraded"
+            raise EngineDied(self._describe_dead(dead), ranks=dead)
+        return out
+
+    def interrupt(self, ranks: Sequence[int] | None = None) -> None:
+        """Send SIGINT to the engines of ``ranks`` (default: all) to stop running code."""
+        if self._ipp is None:
+            return
+        targets = self._targets(ranks)
+        for r in targets:
+            try:
+                run_sync(self._ipp.signal_engine(signal.SIGINT, r.engine_id), timeout=5)
+            except Exception:
+                try:
+                    os.kill(r.pid, signal.SIGINT)
+                except OSError:
+                    log.debug("could not interrupt rank %s", r.rank, exc_info=True)
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per rank: rank, engine id, host, pid, device, backend, state."""
+        rows = []
+        alive: set[int] = set()
+        queues: dict[int, Any] = {}
+        if self._client is not None:
+            alive = set(self._client.ids)
+            try:
+                queues = self._client.queue_status(verbose=False)
+            except Exception:
+                queues = {}
+        for r in self.ranks:
+            if r.engine_id not in alive:
+                state = "dead"
+            else:
+                q = queues.get(r.engine_id, {}) if isinstance(queues, dict) else {}
+                busy = isinstance(q, dict) and (q.get("queue", 0) or q.get("tasks", 0))
+                state = "busy" if busy else "idle"
+            rows.append(
+                {
+                    "rank": r.rank,
+                    "engine": r.engine_id,
+                    "host": r.host,
+                    "pid": r.pid,
+                    "device": r.device,
+                    "backend": r.backend,
+                    "state": state,
+                }
+            )
+        return rows
+
+
+def _reap(processes: list[psutil.Process], grace: float = 5.0) -> None:
+    """Wait for processes to exit after a stop; kill any that outlive ``grace`` seconds."""
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def _format_remote(exc: ipp.error.RemoteError) -> str:
+    """The remote traceback without ipyparallel's "[engine:apply]" header line, so identical
+    failures on different ranks compare equal."""
+    try:
+        lines = list(exc.render_traceback())
+    except Exception:
+        return f"{exc.ename}: {exc.evalue}"
+    if lines and lines[0].startswith("[") and lines[0].rstrip().endswith("]"):
+        lines = lines[1:]
+    return "\n".join(lines)

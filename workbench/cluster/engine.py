@@ -1,0 +1,133 @@
+"""Functions that run *on the engines*.
+
+The client ships these by reference (module name + function name), so engines import
+``workbench.cluster.engine`` from the installed package instead of unpickling code that was
+defined in a notebook cell. Each engine keeps its workbench state in its user namespace under
+``STATE_KEY`` (one engine process = one rank, so this is per-rank state, not a global).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+__all__ = [
+    "STATE_KEY",
+    "engine_info",
+    "engine_state",
+    "pick_free_port",
+    "setup_rank",
+    "teardown_rank",
+    "user_namespace",
+]
+
+STATE_KEY = "_wb_state"
+
+
+def user_namespace() -> dict[str, Any]:
+    """The engine's interactive namespace (where ``%%wb`` cells run)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:  # plain process (tests, torchrun): fall back to this module's dict
+        return globals().setdefault("_fallback_ns", {})  # type: ignore[no-any-return]
+    return shell.user_ns  # type: ignore[no-any-return]
+
+
+def engine_state() -> dict[str, Any]:
+    """Per-rank workbench state kept in the engine's namespace."""
+    return user_namespace().setdefault(STATE_KEY, {})  # type: ignore[no-any-return]
+
+
+def _host_address(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return "127.0.0.1"
+
+
+def engine_info() -> dict[str, Any]:
+    """Facts the client needs to assign a rank; also the engine's clock for offsets."""
+    import torch
+
+    host = socket.gethostname()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return {
+        "host": host,
+        "pid": os.getpid(),
+        "address": _host_address(host),
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "cpus": cpus,
+        "time_ns": time.time_ns(),
+    }
+
+
+def pick_free_port(bind: str = "127.0.0.1") -> int:
+    """A free TCP port on this host for the rendezvous store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((bind, 0))
+        return int(s.getsockname()[1])
+
+
+def setup_rank(assignment: dict[str, Any], timeout_s: float, clock_offset_ns: int = 0) -> dict:
+    """Join the process group and predefine ``rank, world_size, device, dist, torch``.
+
+    Every engine calls this concurrently; ``timeout_s`` bounds the rendezvous so a peer
+    that never arrives is an error, not a hang.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from workbench.trace import Clock
+
+    teardown_rank()  # a re-init (restart, new port) starts from a clean slate
+    os.environ.update(
+        {
+            "RANK": str(assignment["rank"]),
+            "WORLD_SIZE": str(assignment["world_size"]),
+            "LOCAL_RANK": str(assignment["local_rank"]),
+            "LOCAL_WORLD_SIZE": str(assignment["local_world_size"]),
+            "GROUP_RANK": str(assignment["node_rank"]),
+            "MASTER_ADDR": assignment["master_addr"],
+            "MASTER_PORT": str(assignment["master_port"]),
+        }
+    )
+    torch.set_num_threads(int(assignment["threads"]))
+    device = torch.device(assignment["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    started = time.perf_counter()
+    dist.init_process_group(
+        backend=assignment["backend"],
+        init_method=f"tcp://{assignment['master_addr']}:{assignment['master_port']}",
+        rank=int(assignment["rank"]),
+        world_size=int(assignment["world_size"]),
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    state = engine_state()
+    state.clear()
+    state.update(assignment=dict(assignment), clock=Clock(offset_ns=clock_offset_ns))
+    user_namespace().update(
+        rank=int(assignment["rank"]),
+        world_size=int(assignment["world_size"]),
+        local_rank=int(assignment["local_rank"]),
+        device=device,
+        dist=dist,
+        torch=torch,
+    )
+    return {"rank": assignment["rank"], "init_s": time.perf_counter() - started}
+
+
+def teardown_rank() -> None:
+    """Leave the process group (if any) so a new one can be created."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

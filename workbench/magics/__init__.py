@@ -1,0 +1,24 @@
+"""IPython adapters: ``%wb`` and ``%%wb``. Imported only by ``load_ipython_extension``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.magics.core import COMMANDS, WorkbenchMagics
+
+__all__ = ["COMMANDS", "WorkbenchMagics", "load_ipython_extension", "unload_ipython_extension"]
+
+_KEY = "_workbench_magics"
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    magics = WorkbenchMagics(ipython)
+    ipython.register_magics(magics)
+    setattr(ipython, _KEY, magics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    magics: WorkbenchMagics | None = getattr(ipython, _KEY, None)
+    if magics is not None and magics.cluster is not None:
+        magics.cluster.stop_sync()
+        magics.cluster = None

@@ -1,0 +1,106 @@
+"""``%wb start | stop | status | restart``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from workbench.cluster import Cluster
+from workbench.config import BACKENDS, LAUNCHERS
+from workbench.errors import ConfigError
+from workbench.magics.args import MagicParser
+from workbench.magics.core import WorkbenchMagics, command
+from workbench.magics.progress import notebook_progress
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"-n {text!r} is not a whole number; use e.g. -n 2") from None
+    if value < 1:
+        raise UsageError(f"-n {value} is not valid; the number of engines must be >= 1")
+    return value
+
+
+def _start_args(p: MagicParser) -> None:
+    p.add_argument("-n", type=_positive_int, default=2, help="number of engines (ranks)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="local", help="engine launcher")
+    p.add_argument("--hosts", default="", help="comma-separated hosts for --launcher ssh")
+    p.add_argument("--profile", default=None, help="connect to a running ipyparallel profile")
+    p.add_argument("--cluster-id", default=None, help="connect to a running cluster id")
+    p.add_argument("--timeout", type=float, default=60.0, help="process-group init timeout (s)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per engine")
+
+
+@command("start", "start engines and join them into a process group", _start_args)
+def start(magics: WorkbenchMagics, args: Any) -> None:
+    if magics.cluster is not None and magics.cluster.state in ("running", "degraded"):
+        raise UsageError(
+            f"a cluster is already running ({magics.cluster!r}); `%wb stop` or `%wb restart` first"
+        )
+    try:
+        cluster = Cluster(
+            n=args.n,
+            backend=args.backend,
+            launcher=args.launcher,
+            hosts=[h for h in args.hosts.split(",") if h],
+            profile=args.profile,
+            cluster_id=args.cluster_id,
+            init_timeout=args.timeout,
+            threads_per_engine=args.threads,
+        )
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    callback, close = notebook_progress(args.n)
+    cluster.progress = callback
+    try:
+        cluster.start_sync()
+    finally:
+        close()
+        cluster.progress = None
+    magics.cluster = cluster
+    r0 = cluster.ranks[0]
+    hosts = len({r.host for r in cluster.ranks})
+    print(
+        f"workbench: {cluster.world_size} ranks on {hosts} host(s), "
+        f"backend {r0.backend}, device {'cuda' if r0.device.startswith('cuda') else 'cpu'}"
+    )
+
+
+@command("stop", "stop the engines and the controller", lambda p: None)
+def stop(magics: WorkbenchMagics, args: Any) -> None:
+    if magics.cluster is None:
+        print("workbench: no cluster to stop")
+        return
+    magics.cluster.stop_sync()
+    magics.cluster = None
+    print("workbench: cluster stopped")
+
+
+@command("restart", "stop and start again with the same settings", lambda p: None)
+def restart(magics: WorkbenchMagics, args: Any) -> None:
+    cluster = magics.cluster
+    if cluster is None:
+        raise UsageError("no cluster to restart; start one with `%wb start -n 2`")
+    cluster.restart_sync()
+    print(f"workbench: restarted, {cluster.world_size} ranks ready")
+
+
+def _status_args(p: MagicParser) -> None:
+    p.add_argument("--json", action="store_true", help="return the rows instead of a table")
+
+
+@command("status", "table of ranks: engine, host, pid, device, backend, state", _status_args)
+def status(magics: WorkbenchMagics, args: Any) -> Any:
+    rows = magics.require_cluster().status()
+    if args.json:
+        return rows
+    columns = ["rank", "engine", "host", "pid", "device", "backend", "state"]
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
+    return None
