@@ -1,0 +1,95 @@
+"""Parameter counts from transformer dimensions, and how TP/PP split them across ranks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from workbench.planner.specs import ModelSpec
+
+__all__ = ["ParamCount", "count_params", "largest_unit", "params_per_rank"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCount:
+    """Parameters by place. ``layer_sharded`` is what Megatron TP splits (weight matrices
+    and column-parallel biases); ``layer_replicated`` stays whole on every TP rank (norms,
+    row-parallel biases)."""
+
+    embedding: int
+    positions: int
+    layer_sharded: int
+    layer_replicated: int
+    layers: int
+    final_norm: int
+    head: int  # 0 when tied to the embedding
+
+    @property
+    def per_layer(self) -> int:
+        return self.layer_sharded + self.layer_replicated
+
+    @property
+    def total(self) -> int:
+        return (
+            self.embedding
+            + self.positions
+            + self.layers * self.per_layer
+            + self.final_norm
+            + self.head
+        )
+
+
+def count_params(model: ModelSpec) -> ParamCount:
+    h, kv, f, v = model.hidden, model.kv_hidden, model.ffn_size, model.vocab_size
+    attn = 2 * h * h + 2 * h * kv  # q, o: h×h; k, v: h×kv
+    mlp = (3 if model.gated_mlp else 2) * h * f
+    sharded = attn + mlp
+    norm = (2 if model.norm == "layernorm" else 1) * h
+    replicated = 2 * norm
+    if model.bias:
+        sharded += h + 2 * kv + (2 * f if model.gated_mlp else f)  # column-parallel biases
+        replicated += 2 * h  # attention-out and MLP-out (row-parallel) biases
+    return ParamCount(
+        embedding=v * h,
+        positions=(model.seq or 0) * h if model.learned_positions else 0,
+        layer_sharded=sharded,
+        layer_replicated=replicated,
+        layers=model.layers,
+        final_norm=norm,
+        head=0 if model.tied_embeddings else v * h,
+    )
+
+
+def params_per_rank(model: ModelSpec, tp: int = 1, pp: int = 1) -> int:
+    """Parameters held by the most loaded rank before ZeRO sharding.
+
+    Stage 0 holds the (vocab-parallel) embedding and positions, the last stage the final
+    norm and the head; a tied head needs its own copy on the last stage when pp > 1. An
+    explicit ``model.params`` is scaled by the derived per-rank fraction, so with tp = pp = 1
+    it is returned exactly.
+    """
+    if tp == 1 and pp == 1:
+        return model.n_params
+    c = count_params(model)
+    layer = c.layer_sharded // tp + c.layer_replicated
+    per_stage = math.ceil(c.layers / pp)
+    head = (c.embedding if c.head == 0 else c.head) // tp
+    if pp == 1:
+        rank = c.embedding // tp + c.positions + per_stage * layer + c.final_norm + c.head // tp
+    else:
+        first = c.embedding // tp + c.positions + per_stage * layer
+        last = per_stage * layer + c.final_norm + head
+        rank = max(first, last)
+    if model.params is None:
+        return rank
+    return math.ceil(model.params * rank / c.total)
+
+
+def largest_unit(model: ModelSpec, tp: int = 1) -> int:
+    """Parameters of the largest unit ZeRO-3/FSDP gathers at once (a block, or the
+    embedding/head when those are bigger, as for Llama-3's 128k vocabulary)."""
+    c = count_params(model)
+    unit = max(c.layer_sharded // tp + c.layer_replicated, c.embedding // tp, c.head // tp)
+    if model.params is None:
+        return unit
+    return math.ceil(model.params * unit / c.total)

@@ -1,0 +1,140 @@
+"""Published model configurations, GPUs and interconnects.
+
+Model dimensions come from the published configs (GPT-2 ``config.json``; Llama 2/3
+``params.json`` / Hugging Face configs); ``published_params`` is the parameter count those
+releases report, so a test can check that the dimensions reproduce it.
+
+GPU memory is the total the driver reports (nvidia-smi MiB); ``peak_flops`` is dense
+bf16 tensor-core peak and ``peak_flops_fp32`` plain fp32 (no TF32), from NVIDIA data
+sheets (SXM parts). Links are nominal per-GPU, per-direction rates; α is an
+order-of-magnitude start-up cost. Measure your own with ``workbench calibrate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.errors import choices_error
+from workbench.planner.specs import HardwareSpec, LinkSpec, ModelSpec
+
+__all__ = [
+    "GPUS",
+    "LINKS",
+    "MODELS",
+    "hardware_preset",
+    "link_preset",
+    "model_preset",
+]
+
+_MIB = 2**20
+_GIB = 2**30
+
+MODELS: dict[str, ModelSpec] = {
+    "gpt2-small": ModelSpec(
+        name="gpt2-small", layers=12, hidden=768, heads=12, vocab=50257, seq=1024,
+        tied_embeddings=True, bias=True, learned_positions=True,
+        published_params=124_439_808,
+    ),
+    "gpt2-xl": ModelSpec(
+        name="gpt2-xl", layers=48, hidden=1600, heads=25, vocab=50257, seq=1024,
+        tied_embeddings=True, bias=True, learned_positions=True,
+        published_params=1_557_611_200,
+    ),
+    "llama2-7b": ModelSpec(
+        name="llama2-7b", layers=32, hidden=4096, heads=32, ffn=11008, vocab=32000,
+        seq=4096, gated_mlp=True, norm="rmsnorm", published_params=6_740_000_000,
+    ),
+    "llama2-13b": ModelSpec(
+        name="llama2-13b", layers=40, hidden=5120, heads=40, ffn=13824, vocab=32000,
+        seq=4096, gated_mlp=True, norm="rmsnorm", published_params=13_000_000_000,
+    ),
+    "llama2-70b": ModelSpec(
+        name="llama2-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672,
+        vocab=32000, seq=4096, gated_mlp=True, norm="rmsnorm",
+        published_params=69_000_000_000,
+    ),
+    "llama3-8b": ModelSpec(
+        name="llama3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
+        vocab=128256, seq=8192, gated_mlp=True, norm="rmsnorm",
+        published_params=8_030_000_000,
+    ),
+    "llama3-70b": ModelSpec(
+        name="llama3-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672,
+        vocab=128256, seq=8192, gated_mlp=True, norm="rmsnorm",
+        published_params=70_600_000_000,
+    ),
+    "llama3-405b": ModelSpec(
+        name="llama3-405b", layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248,
+        vocab=128256, seq=8192, gated_mlp=True, norm="rmsnorm",
+        published_params=405_000_000_000,
+    ),
+}  # fmt: skip
+
+LINKS: dict[str, LinkSpec] = {
+    "pcie4": LinkSpec(name="pcie4", bandwidth=32e9, latency=5e-6),
+    "pcie5": LinkSpec(name="pcie5", bandwidth=64e9, latency=5e-6),
+    "nvlink3": LinkSpec(name="nvlink3", bandwidth=300e9, latency=2e-6),
+    "nvlink4": LinkSpec(name="nvlink4", bandwidth=450e9, latency=2e-6),
+    "ib-hdr": LinkSpec(name="ib-hdr", bandwidth=25e9, latency=5e-6),
+    "ib-ndr": LinkSpec(name="ib-ndr", bandwidth=50e9, latency=5e-6),
+    "25gbe": LinkSpec(name="25gbe", bandwidth=3.125e9, latency=20e-6),
+    "100gbe": LinkSpec(name="100gbe", bandwidth=12.5e9, latency=10e-6),
+}
+
+# name -> (memory, bf16 peak, fp32 peak, GPUs per node, intra link, inter link)
+_GPU_TABLE: dict[str, tuple[int, float, float, int, str, str]] = {
+    "rtx4090": (24564 * _MIB, 165.2e12, 82.6e12, 4, "pcie4", "25gbe"),
+    "a100-40gb": (40960 * _MIB, 312e12, 19.5e12, 8, "nvlink3", "ib-hdr"),
+    "a100-80gb": (81920 * _MIB, 312e12, 19.5e12, 8, "nvlink3", "ib-hdr"),
+    "h100-80gb": (81559 * _MIB, 989e12, 67e12, 8, "nvlink4", "ib-ndr"),
+    "h200-141gb": (143771 * _MIB, 989e12, 67e12, 8, "nvlink4", "ib-ndr"),
+}
+
+GPUS: tuple[str, ...] = tuple(_GPU_TABLE)
+
+
+def model_preset(name: str, **changes: Any) -> ModelSpec:
+    """The published configuration ``name`` (see ``MODELS``), optionally changed."""
+    spec = MODELS.get(name)
+    if spec is None:
+        raise choices_error("model", name, MODELS)
+    return spec.with_(**changes) if changes else spec
+
+
+def link_preset(name: str) -> LinkSpec:
+    link = LINKS.get(name)
+    if link is None:
+        raise choices_error("link", name, LINKS)
+    return link
+
+
+def hardware_preset(
+    name: str,
+    *,
+    intra: str | LinkSpec | None = None,
+    inter: str | LinkSpec | None = None,
+    gpus_per_node: int | None = None,
+    reserved: int = _GIB,
+) -> HardwareSpec:
+    """GPU preset ``name`` with its usual node (links and GPUs per node), overridable.
+
+    ``reserved`` (default 1 GiB) is memory the CUDA context and allocator keep.
+    """
+    row = _GPU_TABLE.get(name)
+    if row is None:
+        raise choices_error("gpu", name, GPUS)
+    memory, bf16, fp32, per_node, intra_name, inter_name = row
+    return HardwareSpec(
+        name=name,
+        memory=memory,
+        peak_flops=bf16,
+        peak_flops_fp32=fp32,
+        gpus_per_node=gpus_per_node or per_node,
+        intra=_link(intra if intra is not None else intra_name),
+        inter=_link(inter if inter is not None else inter_name),
+        reserved=reserved,
+    )
+
+
+def _link(link: str | LinkSpec) -> LinkSpec:
+    return link if isinstance(link, LinkSpec) else link_preset(link)

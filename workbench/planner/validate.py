@@ -1,0 +1,205 @@
+"""Predicted vs measured: hold a plan against the events a real run recorded.
+
+Events are ``workbench.trace`` objects (MemorySample, PhaseSpan, CommEvent) or their
+``to_record`` dicts; nothing here imports torch. Model state must match to the byte, since
+both sides count storages; activations within 10% (the planner's per-layer formula vs the
+saved-tensor hooks); communication bytes within 1%; times are reported for information.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.planner.plan import Plan
+
+__all__ = ["Comparison", "ValidationReport", "validate"]
+
+_DP_SOURCES = ("ddp-bucket", "fsdp")
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    category: str
+    predicted: float
+    measured: float
+    tolerance: float | None  # relative; None: shown for information, never fails
+    unit: str = "bytes"
+
+    @property
+    def ratio(self) -> float:
+        return self.measured / self.predicted if self.predicted else float("inf")
+
+    @property
+    def error(self) -> float:
+        """Relative error of the prediction against the measurement."""
+        if self.measured == self.predicted:
+            return 0.0
+        return abs(self.predicted - self.measured) / max(abs(self.measured), 1e-300)
+
+    @property
+    def ok(self) -> bool:
+        return self.tolerance is None or self.error <= self.tolerance
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationReport:
+    rows: tuple[Comparison, ...]
+    rank: int
+    steps: tuple[int, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def row(self, category: str) -> Comparison:
+        for r in self.rows:
+            if r.category == category:
+                return r
+        raise KeyError(f"{category!r}; categories: {[r.category for r in self.rows]}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "rank": self.rank,
+            "steps": list(self.steps),
+            "rows": [
+                {
+                    "category": r.category,
+                    "predicted": r.predicted,
+                    "measured": r.measured,
+                    "error": r.error,
+                    "tolerance": r.tolerance,
+                    "ok": r.ok,
+                    "unit": r.unit,
+                }
+                for r in self.rows
+            ],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"{'category':<22}{'predicted':>16}{'measured':>16}{'error':>9}  verdict"]
+        for r in self.rows:
+            tol = "info" if r.tolerance is None else f"<= {r.tolerance:.0%}"
+            verdict = ("ok" if r.ok else "MISMATCH") + f" ({tol})"
+            lines.append(
+                f"{r.category:<22}{_fmt(r.predicted, r.unit):>16}{_fmt(r.measured, r.unit):>16}"
+                f"{r.error:>9.1%}  {verdict}"
+            )
+        return "\n".join(lines)
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "s":
+        return f"{value * 1e3:.2f} ms"
+    return f"{value:,.0f}"
+
+
+def _get(event: Any, name: str, default: Any = None) -> Any:
+    if isinstance(event, dict):
+        return event.get(name, default)
+    return getattr(event, name, default)
+
+
+def validate(
+    events: Iterable[Any],
+    plan: Plan,
+    *,
+    rank: int = 0,
+    steps: Iterable[int] | None = None,
+    activation_tol: float = 0.10,
+    state_tol: float = 0.0,
+    comm_bytes_tol: float = 0.01,
+) -> ValidationReport:
+    """Compare ``plan`` with what rank ``rank`` measured (over ``steps``, default all).
+
+    Memory categories use the largest sample (optimizer state appears after the first
+    step, activations peak at the end of the forward). Data-parallel bytes and seconds per
+    step come from CommEvents of DDP buckets or FSDP; compute seconds from PhaseSpans.
+    """
+    wanted = set(steps) if steps is not None else None
+    mem: dict[str, int] = defaultdict(int)
+    comm_bytes: dict[int, int] = defaultdict(int)
+    comm_secs: dict[int, float] = defaultdict(float)
+    phase_secs: dict[int, float] = defaultdict(float)
+    seen: set[int] = set()
+    for e in events:
+        if _get(e, "rank") != rank:
+            continue
+        step = int(_get(e, "step", 0))
+        if wanted is not None and step not in wanted:
+            continue
+        kind = _get(e, "kind")
+        if kind == "memory":
+            seen.add(step)
+            for cat in ("params", "grads", "optimizer", "activations"):
+                mem[cat] = max(mem[cat], int(_get(e, cat, 0)))
+        elif kind == "comm" and _get(e, "source") in _DP_SOURCES:
+            seen.add(step)
+            comm_bytes[step] += int(_get(e, "bytes", 0))
+            comm_secs[step] += max(int(_get(e, "end")) - int(_get(e, "start")), 1) / 1e9
+        elif kind == "phase" and str(_get(e, "phase", "")).split("[")[0] in (
+            "forward",
+            "backward",
+        ):
+            seen.add(step)
+            phase_secs[step] += (int(_get(e, "end")) - int(_get(e, "start"))) / 1e9
+
+    m = plan.memory
+    rows: list[Comparison] = []
+    if mem:
+        rows += [
+            Comparison("weights", m.weights, mem["params"], state_tol),
+            Comparison("grads", m.grads, mem["grads"], state_tol),
+            Comparison("optimizer", m.optimizer, mem["optimizer"], state_tol),
+            Comparison(
+                "model state",
+                m.model_state,
+                mem["params"] + mem["grads"] + mem["optimizer"],
+                state_tol,
+            ),
+            Comparison("activations", m.activations, mem["activations"], activation_tol),
+        ]
+    if comm_bytes:
+        n = len(comm_bytes)
+        rows.append(
+            Comparison(
+                "dp bytes/step",
+                _dp_bytes(plan),
+                sum(comm_bytes.values()) / n,
+                comm_bytes_tol,
+            )
+        )
+        rows.append(
+            Comparison("dp comm s/step", plan.time.dp_comm, sum(comm_secs.values()) / n, None, "s")
+        )
+    if phase_secs:
+        n = len(phase_secs)
+        compute = plan.time.compute + plan.time.bubble
+        rows.append(Comparison("compute s/step", compute, sum(phase_secs.values()) / n, None, "s"))
+    return ValidationReport(rows=tuple(rows), rank=rank, steps=tuple(sorted(seen)))
+
+
+def _dp_bytes(plan: Plan) -> float:
+    """Bytes one rank hands to data-parallel collectives per step (buffer sizes, as the
+    tracer records them: the gradient buffer for all-reduce / reduce-scatter, the
+    gathered weights for all-gather)."""
+    from workbench.planner.params import params_per_rank
+
+    p, t = plan.parallel, plan.training
+    if p.dp == 1:
+        return 0.0
+    n = params_per_rank(plan.model, p.tp, p.pp)
+    trainable = n * t.trainable
+    grads = trainable * (4 if t.fp32_grads else t.dtype_bytes)
+    weights = n * t.dtype_bytes
+    m = plan.micro_batches
+    if p.zero == 0:
+        return grads
+    if p.zero == 1:
+        return grads + trainable * t.dtype_bytes
+    if p.zero == 2:
+        return m * grads + trainable * t.dtype_bytes
+    return m * (2 * weights + grads)
