@@ -1,0 +1,266 @@
+"""From a ``RunSpec`` to a ready ``TrainStep``, the single-device reference, full parameters.
+
+``build_train_step`` uses the already-initialised default process group (none for
+``strategy='single'``): gloo on CPU, or NCCL with ``cuda:LOCAL_RANK``. Every rank builds the
+same full model from the seed, then the strategy shards or wraps it, so all strategies start
+from identical parameters and the single-device run is a true reference.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from workbench.errors import ConfigError, ParallelError
+from workbench.parallel.collectives import gather_objects
+from workbench.parallel.data import batches, make_dataset, make_loader
+from workbench.parallel.dims import ParallelDims
+from workbench.parallel.dp import apply_dp
+from workbench.parallel.fsdp import apply_fsdp, zero_optimizer
+from workbench.parallel.megatron import (
+    ColumnParallelLinear,
+    apply_megatron,
+    megatron_full_state_dict,
+)
+from workbench.parallel.models import build_model, get_config, loss_fn_for
+from workbench.parallel.options import apply_checkpointing, check_precision, compute_dtype
+from workbench.parallel.pp import PipelineModule, apply_pp
+from workbench.parallel.spec import RunSpec
+from workbench.parallel.step import TrainStep
+from workbench.parallel.tp import apply_tp
+from workbench.trace.recorder import Recorder
+
+__all__ = [
+    "SAMPLES_PER_EPOCH_IN_BATCHES",
+    "build_train_step",
+    "full_state_dict",
+    "reference_losses_and_params",
+]
+
+# The synthetic data set holds this many global batches: an epoch is that many steps.
+SAMPLES_PER_EPOCH_IN_BATCHES = 32
+
+
+def _default_device() -> torch.device:
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def build_train_step(
+    spec: RunSpec,
+    *,
+    recorder: Recorder | None = None,
+    device: torch.device | str | None = None,
+) -> TrainStep:
+    """A ``TrainStep`` for ``spec`` on this rank (call on every rank of the process group)."""
+    distributed = spec.strategy != "single"
+    if distributed and not dist.is_initialized():
+        raise ParallelError(
+            f"strategy={spec.strategy!r} needs an initialised process group "
+            "(torch.distributed.init_process_group, torchrun or %wb start); "
+            "use strategy='single' without one"
+        )
+    dev = torch.device(device) if device is not None else _default_device()
+    if not distributed and device is None:
+        dev = torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    check_precision(spec.precision, dev)
+    world = dist.get_world_size() if distributed else 1
+    dims = spec.dims(world)
+    dims.device_type = dev.type
+    config = get_config(spec.model, seed=spec.seed)
+    dims.validate_for(config)
+    spec.check_batch(dims)
+    rank = dist.get_rank() if distributed else 0
+    recorder = recorder if recorder is not None else Recorder(rank)
+
+    model = build_model(config)
+    if spec.checkpointing:
+        apply_checkpointing(model)
+    model = model.to(dev)
+    loss_fn = loss_fn_for(config)
+    model, loss_group, loss_reduce = _apply_strategy(spec, model, dims, loss_fn, recorder)
+    optimizer = _make_optimizer(spec, model, dims)
+
+    dp_rank = dims.mesh.get_local_rank("dp") if dims.dp > 1 else 0
+    dataset = make_dataset(config, spec.batch_size * SAMPLES_PER_EPOCH_IN_BATCHES, seed=spec.seed)
+    loader = make_loader(
+        dataset, spec.batch_size // dims.dp, num_replicas=dims.dp, rank=dp_rank, seed=spec.seed
+    )
+    memory_tracer, comm_tracer = (
+        _make_tracers(spec, model, optimizer, recorder) if spec.trace else (None, None)
+    )
+    step = TrainStep(
+        model=model,
+        optimizer=optimizer,
+        batches=batches(loader),
+        loss_fn=loss_fn,
+        device=dev,
+        recorder=recorder,
+        grad_accum=spec.grad_accum,
+        precision=spec.precision,
+        loss_group=loss_group,
+        loss_reduce=loss_reduce,
+        memory_tracer=memory_tracer,
+        comm_tracer=comm_tracer,
+        strategy=spec.strategy,
+    )
+    step.spec = spec
+    return step
+
+
+def _apply_strategy(
+    spec: RunSpec, model: nn.Module, dims: ParallelDims, loss_fn: Any, recorder: Recorder
+) -> tuple[nn.Module, dist.ProcessGroup | None, str]:
+    """The wrapped model, the group the loss is reduced over for reporting, and how."""
+    s = spec.strategy
+    if s == "single":
+        return model, None, "none"
+    mesh = dims.mesh
+    dp_group = mesh.get_group("dp") if mesh.ndim > 1 else mesh.get_group()
+    if s == "dp":
+        return apply_dp(model, mesh, overlap=spec.overlap), dp_group, "mean"
+    if s in ("zero1", "zero2", "fsdp"):
+        stage = {"zero1": 1, "zero2": 2, "fsdp": 3}[s]
+        wrapped = apply_fsdp(model, mesh, stage=stage, param_dtype=_fsdp_dtype(spec))
+        return wrapped, dp_group, "mean"
+    if s == "tp":
+        return apply_tp(model, mesh), None, "none"
+    if s == "megatron":
+        return apply_megatron(model, mesh.get_group()), None, "none"
+    if s == "pp":
+        pipe = apply_pp(
+            model,
+            mesh,
+            loss_fn=loss_fn,
+            microbatches=spec.microbatches,
+            schedule=spec.schedule,
+            recorder=recorder,
+        )
+        return pipe, mesh.get_group(), "sum"
+    # dp_tp: TP inside pairs of neighbouring ranks, FSDP (ZeRO-3) across them (torchtitan 2-D).
+    model = apply_tp(model, dims.submesh("tp"))
+    model = apply_fsdp(model, dims.submesh("dp"), stage=3, param_dtype=_fsdp_dtype(spec))
+    return model, dp_group, "mean"
+
+
+def _fsdp_dtype(spec: RunSpec) -> torch.dtype | None:
+    return compute_dtype(spec.precision) if spec.precision != "fp32" else None
+
+
+def _make_optimizer(spec: RunSpec, model: nn.Module, dims: ParallelDims) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec.optimizer == "sgd":
+        cls: type[torch.optim.Optimizer] = torch.optim.SGD
+        kwargs: dict[str, Any] = {"lr": spec.learning_rate, "momentum": 0.9}
+    else:
+        cls, kwargs = torch.optim.AdamW, {"lr": spec.learning_rate}
+    if spec.strategy == "zero1":
+        return zero_optimizer(params, cls, dims.mesh, **kwargs)
+    return cls(params, **kwargs)
+
+
+def _make_tracers(
+    spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: Recorder
+) -> tuple[Any, Any]:
+    try:
+        from workbench.trace.comm import CommTracer
+        from workbench.trace.memory import MemoryTracer
+    except ImportError as exc:
+        raise ConfigError(
+            f"trace=True needs workbench.trace.memory and workbench.trace.comm ({exc}); "
+            "pass trace=False to run without tracing"
+        ) from exc
+    inner = _inner_module(model)
+    memory = MemoryTracer(inner, optimizer, recorder, per_module=spec.per_module)
+    comm = CommTracer(recorder)
+    memory.start()
+    comm.start()
+    if isinstance(model, DistributedDataParallel) and model.require_backward_grad_sync:
+        comm.attach_ddp(model)  # overlapped DDP: see the buckets through a comm hook
+    return memory, comm
+
+
+def _inner_module(model: nn.Module) -> nn.Module:
+    if isinstance(model, DistributedDataParallel):
+        return model.module
+    if isinstance(model, PipelineModule):
+        return model.stage_module
+    return model
+
+
+def reference_losses_and_params(
+    spec: RunSpec, steps: int, *, device: torch.device | str | None = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and final parameters of the single-device run on the same global batches.
+
+    No accumulation, no checkpointing, no tracing: the plain run every strategy must match.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ConfigError(f"steps={steps!r} is not valid; it must be an integer >= 0")
+    single = replace(spec, strategy="single", grad_accum=1, checkpointing=False, trace=False)
+    train_step = build_train_step(single, device=device)
+    losses = [train_step.run_step() for _ in range(steps)]
+    params = full_state_dict(train_step)
+    if params is None:  # pragma: no cover - single always returns
+        raise RuntimeError("single-device run returned no parameters")
+    return losses, params
+
+
+def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
+    """Full (unsharded) parameters by their single-model names, on CPU.
+
+    Collective for distributed strategies (call on every rank): the dict on global rank 0,
+    None elsewhere. For ``single`` every process gets its own. A tied weight appears once,
+    under its first name (``tok_emb.weight``).
+    """
+    model = train_step.model
+    if train_step.strategy == "single":
+        return _named_full(model)
+    if isinstance(model, PipelineModule):
+        local = _named_full(model.stage_module)
+        parts = gather_objects(local, dst=0)
+        if parts is None:
+            return None
+        merged: dict[str, torch.Tensor] = {}
+        for part in parts:
+            merged.update(part)
+        if model.tied_group is not None or _tied(model.stage_module):
+            merged.pop("head.weight", None)  # the last stage's copy of tok_emb.weight
+        return dict(sorted(merged.items(), key=lambda kv: _order(kv[0])))
+    if any(isinstance(m, ColumnParallelLinear) for m in model.modules()):
+        full = {k: v.cpu() for k, v in megatron_full_state_dict(model).items()}
+    else:
+        full = _named_full(_inner_module(model))
+    return full if dist.get_rank() == 0 else None
+
+
+def _tied(module: nn.Module) -> bool:
+    return bool(getattr(getattr(module, "config", None), "tie_head", False))
+
+
+def _named_full(module: nn.Module) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for name, p in module.named_parameters():  # de-duplicates tied parameters
+        value = p.detach()
+        if isinstance(value, DTensor):
+            value = value.full_tensor()  # collective: every rank takes part
+        out[name] = value.cpu().clone()
+    return out
+
+
+def _order(name: str) -> tuple[int, str]:
+    """Input end first, blocks by index, output end last (stable, human order)."""
+    head = name.split(".")[0]
+    if head == "layers":
+        return (1, f"{int(name.split('.')[1]):06d}{name}")
+    return (2 if head in ("out", "ln_f", "head") else 0, name)

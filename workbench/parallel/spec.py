@@ -1,0 +1,137 @@
+"""``RunSpec``: everything that defines one training run, validated when it is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.errors import ConfigError, ParallelError, choices_error
+from workbench.parallel.dims import ParallelDims
+from workbench.parallel.models import PRESETS
+from workbench.parallel.options import PRECISIONS
+from workbench.parallel.pp import SCHEDULES
+
+__all__ = ["DEFAULT_LR", "OPTIMIZERS", "STRATEGIES", "RunSpec"]
+
+# single: one device, no communication.  dp: DDP.  zero1: DDP + ZeroRedundancyOptimizer.
+# zero2 / fsdp: fully_shard without / with resharding after forward (ZeRO-2 / ZeRO-3).
+# tp: DTensor tensor parallel.  megatron: hand-written f/g tensor parallel (MLP blocks).
+# pp: pipeline.  dp_tp: 2-D mesh, TP over pairs of ranks, FSDP over the rest.
+STRATEGIES: tuple[str, ...] = (
+    "single",
+    "dp",
+    "zero1",
+    "zero2",
+    "fsdp",
+    "tp",
+    "megatron",
+    "pp",
+    "dp_tp",
+)
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+DEFAULT_LR: dict[str, float] = {"sgd": 1e-2, "adamw": 1e-3}
+
+
+def _int_at_least(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name}={value!r} is not valid; it must be an integer >= {low}")
+
+
+@dataclass(kw_only=True, frozen=True)
+class RunSpec:
+    """One run. ``batch_size`` is the *global* batch: samples per optimizer step, all ranks.
+
+    ``overlap`` applies to ``dp``: True is DDP as shipped (bucket all-reduce during
+    backward), False defers the all-reduce to the sync phase. ``microbatches`` and
+    ``schedule`` apply to ``pp``; ``grad_accum`` splits each rank's batch into that many
+    forward/backward passes before one optimizer step (``pp`` uses ``microbatches``).
+    ``lr=None`` takes the optimizer's default (``DEFAULT_LR``: AdamW 1e-3, SGD 1e-2 with
+    momentum 0.9).
+    """
+
+    model: str = "gpt-tiny"
+    strategy: str = "dp"
+    batch_size: int = 8
+    optimizer: str = "adamw"
+    lr: float | None = None
+    overlap: bool = False
+    checkpointing: bool = False
+    precision: str = "fp32"
+    microbatches: int = 2
+    schedule: str = "gpipe"
+    grad_accum: int = 1
+    seed: int = 0
+    trace: bool = True
+    per_module: bool = False
+
+    def __post_init__(self) -> None:
+        if self.model not in PRESETS:
+            raise choices_error("model", self.model, sorted(PRESETS))
+        if self.strategy not in STRATEGIES:
+            raise choices_error("strategy", self.strategy, STRATEGIES)
+        if self.optimizer not in OPTIMIZERS:
+            raise choices_error("optimizer", self.optimizer, OPTIMIZERS)
+        if self.precision not in PRECISIONS:
+            raise choices_error("precision", self.precision, PRECISIONS)
+        if self.schedule not in SCHEDULES:
+            raise choices_error("schedule", self.schedule, sorted(SCHEDULES))
+        _int_at_least("batch_size", self.batch_size, 1)
+        _int_at_least("microbatches", self.microbatches, 1)
+        _int_at_least("grad_accum", self.grad_accum, 1)
+        _int_at_least("seed", self.seed, 0)
+        lr = self.lr
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or lr <= 0):
+            raise ConfigError(f"lr={lr!r} is not valid; it must be a number > 0 or None (default)")
+        if self.strategy == "pp" and self.grad_accum != 1:
+            raise ConfigError(
+                f"grad_accum={self.grad_accum} is not valid with strategy='pp': a pipeline "
+                "already accumulates over its micro-batches; set microbatches instead"
+            )
+
+    @property
+    def learning_rate(self) -> float:
+        """``lr``, or the optimizer's default when ``lr`` is None."""
+        return float(self.lr) if self.lr is not None else DEFAULT_LR[self.optimizer]
+
+    def dims(self, world_size: int) -> ParallelDims:
+        """The parallel layout this strategy uses on ``world_size`` ranks."""
+        s, w = self.strategy, world_size
+        if s == "single":
+            return ParallelDims(world_size=1)
+        if w < 2:
+            raise ParallelError(
+                f"strategy={s!r} needs at least 2 ranks, got world_size={w}; "
+                "use strategy='single' on one process"
+            )
+        if s in ("dp", "zero1", "zero2", "fsdp"):
+            return ParallelDims(dp=w, world_size=w)
+        if s in ("tp", "megatron"):
+            return ParallelDims(tp=w, world_size=w)
+        if s == "pp":
+            return ParallelDims(pp=w, world_size=w)
+        if w % 2:
+            raise ParallelError(
+                f"strategy='dp_tp' uses tp=2 and needs an even world_size, got {w}; "
+                "valid world sizes: 2, 4, 6, ..."
+            )
+        return ParallelDims(dp=w // 2, tp=2, world_size=w)
+
+    def check_batch(self, dims: ParallelDims) -> None:
+        """The global batch must split evenly over dp ranks, accumulation and micro-batches."""
+        if self.batch_size % dims.dp:
+            raise ConfigError(
+                f"batch_size={self.batch_size} does not split over dp={dims.dp} ranks; "
+                f"choose a multiple of {dims.dp}"
+            )
+        per_rank = self.batch_size // dims.dp
+        if per_rank % self.grad_accum:
+            raise ConfigError(
+                f"grad_accum={self.grad_accum} does not divide the per-rank batch {per_rank} "
+                f"(batch_size={self.batch_size} / dp={dims.dp}); choose among "
+                f"{[d for d in range(1, per_rank + 1) if per_rank % d == 0]}"
+            )
+        if self.strategy == "pp" and self.batch_size % self.microbatches:
+            raise ConfigError(
+                f"microbatches={self.microbatches} does not divide batch_size="
+                f"{self.batch_size}; choose among "
+                f"{[d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]}"
+            )

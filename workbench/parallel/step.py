@@ -1,0 +1,256 @@
+"""The engine-side step machine: one training step, whole or phase by phase.
+
+Phases, in order: ``data`` (next batch, to device), ``forward``, ``backward``, ``sync``,
+``optimizer``. Each runs inside ``recorder.phase_span`` (a ``PhaseSpan``) and ends with a
+memory sample; the loss is emitted as ``Metric(name="loss")`` after the optimizer.
+
+Where the communication happens, per strategy (phases are always all present, so every
+rank and every strategy shows the same five columns; a phase with nothing to do is an
+empty span, not a missing one):
+
+- dp, ``overlap=False``: backward computes local gradients only; ``sync`` all-reduces them.
+- dp, ``overlap=True`` and zero1: DDP all-reduces gradient buckets *during* backward;
+  ``sync`` holds no gradient traffic.
+- zero2 / fsdp: parameters are all-gathered in forward (and again in backward for fsdp),
+  gradients reduce-scattered during backward; ``sync`` holds no gradient traffic.
+- tp / megatron: all-reduces of activations inside forward and backward.
+- pp: the schedule interleaves forward and backward of the micro-batches, so ``forward``
+  runs the whole schedule (nested spans ``forward[mb=i]`` / ``backward[mb=i]``) and
+  ``backward`` is empty; ``sync`` sums the tied embedding/head gradient of the end stages.
+
+With ``grad_accum = k > 1`` the forward/backward pair repeats k times as
+``forward[mb=i]``, ``backward[mb=i]``; DDP and FSDP communicate only on the last one.
+
+Every strategy's ``sync`` also averages the loss over the ranks that hold different parts
+of the batch (a 4-byte all-reduce), so the reported loss is the global batch's loss on
+every rank, comparable with a single-device run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from workbench.errors import ConfigError
+from workbench.parallel.collectives import all_reduce
+from workbench.parallel.dp import DeferredSyncDDP
+from workbench.parallel.options import autocast
+from workbench.parallel.pp import PipelineModule
+from workbench.trace.events import PHASES, Metric
+from workbench.trace.recorder import Recorder
+
+__all__ = ["PHASES", "TrainStep"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class TrainStep:
+    """Holds model, optimizer, data iterator, recorder and tracers; runs steps by phase."""
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        batches: Iterator[tuple[torch.Tensor, ...]],
+        loss_fn: LossFn,
+        device: torch.device | str = "cpu",
+        recorder: Recorder | None = None,
+        grad_accum: int = 1,
+        precision: str = "fp32",
+        loss_group: dist.ProcessGroup | None = None,
+        loss_reduce: str = "mean",
+        memory_tracer: Any | None = None,
+        comm_tracer: Any | None = None,
+        strategy: str = "single",
+    ) -> None:
+        if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
+            raise ConfigError(f"grad_accum={grad_accum!r} is not valid; it must be an integer >= 1")
+        if loss_reduce not in ("mean", "sum", "none"):
+            raise ConfigError(
+                f"loss_reduce={loss_reduce!r} is not valid; choose 'mean', 'sum' or 'none'"
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.batches = batches
+        self.loss_fn = loss_fn
+        self.device = torch.device(device)
+        self.recorder = recorder if recorder is not None else Recorder(_global_rank())
+        self.grad_accum = grad_accum
+        self.precision = precision
+        self.loss_group = loss_group
+        self.loss_reduce = loss_reduce
+        self.memory_tracer = memory_tracer
+        self.comm_tracer = comm_tracer
+        self.strategy = strategy
+        self.spec: Any | None = None  # the RunSpec, when built by build_train_step
+        self.last_loss: float | None = None
+        self._step = 0
+        self._cursor = 0
+        self._plan = self._phase_plan()
+        self._micro: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._loss: torch.Tensor | None = None
+        self._loss_sum = torch.zeros((), device=self.device)
+
+    def __repr__(self) -> str:
+        return (
+            f"TrainStep(strategy={self.strategy!r}, step={self._step}, phase={self.phase!r}, "
+            f"last_loss={self.last_loss})"
+        )
+
+    @property
+    def pipeline(self) -> PipelineModule | None:
+        return self.model if isinstance(self.model, PipelineModule) else None
+
+    @property
+    def step(self) -> int:
+        """Number of completed optimizer steps (the index of the step in progress)."""
+        return self._step
+
+    @property
+    def phase(self) -> str:
+        """The phase that ``run_phase`` will run next."""
+        return self._plan[self._cursor]
+
+    @property
+    def phases(self) -> list[str]:
+        """This machine's phase sequence for one step."""
+        return list(self._plan)
+
+    def _phase_plan(self) -> list[str]:
+        if self.grad_accum == 1 or isinstance(self.model, PipelineModule):
+            return list(PHASES)
+        pairs = [f"{p}[mb={i}]" for i in range(self.grad_accum) for p in ("forward", "backward")]
+        return ["data", *pairs, "sync", "optimizer"]
+
+    # -- driving -------------------------------------------------------------------------
+
+    def run_phase(self) -> str:
+        """Run the next phase; returns its name."""
+        name = self._plan[self._cursor]
+        with self.recorder.phase_span(name, step=self._step):
+            self._dispatch(name)
+            if self.memory_tracer is not None:
+                self.memory_tracer.sample(label=name)
+        if name == "optimizer":
+            self._emit_loss()
+            self._step += 1
+            self.recorder.step = self._step
+        self._cursor = (self._cursor + 1) % len(self._plan)
+        return name
+
+    def run_step(self) -> float:
+        """Run the rest of the current step (all of it when at a step boundary); the loss."""
+        while True:
+            if self.run_phase() == "optimizer":
+                break
+        if self.last_loss is None:  # pragma: no cover - set by the optimizer phase
+            raise RuntimeError("step finished without a loss")
+        return self.last_loss
+
+    def close(self) -> None:
+        """Stop the tracers (idempotent)."""
+        for tracer in (self.memory_tracer, self.comm_tracer):
+            if tracer is not None:
+                tracer.stop()
+        self.memory_tracer = self.comm_tracer = None
+
+    def __enter__(self) -> TrainStep:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- phases --------------------------------------------------------------------------
+
+    def _dispatch(self, name: str) -> None:
+        base, _, rest = name.partition("[mb=")
+        index = int(rest.rstrip("]")) if rest else 0
+        if base == "data":
+            self._data()
+        elif base == "forward":
+            self._forward(index)
+        elif base == "backward":
+            self._backward(index)
+        elif base == "sync":
+            self._sync()
+        else:
+            self._optimizer_step()
+
+    def _data(self) -> None:
+        x, y = next(self.batches)[:2]
+        x, y = x.to(self.device), y.to(self.device)
+        if self.pipeline is not None:
+            self._micro = [(x, y)]  # the schedule cuts micro-batches itself
+        else:
+            self._micro = list(zip(x.chunk(self.grad_accum), y.chunk(self.grad_accum), strict=True))
+        self._loss_sum = torch.zeros((), device=self.device)
+
+    def _forward(self, index: int) -> None:
+        pipe = self.pipeline
+        if pipe is not None:
+            x, y = self._micro[0]
+            with autocast(self.precision, self.device):
+                losses = pipe.run(x, y)
+            if losses:
+                self._loss_sum = torch.stack([loss.detach().float() for loss in losses]).mean()
+            return
+        last = index == self.grad_accum - 1
+        self._set_gradient_sync(last)
+        x, y = self._micro[index]
+        with autocast(self.precision, self.device):
+            out = self.model(x)
+        loss = self.loss_fn(out, y)
+        self._loss = loss / self.grad_accum
+        self._loss_sum = self._loss_sum + loss.detach().float() / self.grad_accum
+
+    def _set_gradient_sync(self, last: bool) -> None:
+        """With accumulation, communicate only in the last micro-batch's backward."""
+        if isinstance(self.model, DeferredSyncDDP):
+            return  # never syncs in backward
+        if isinstance(self.model, DistributedDataParallel):
+            self.model.require_backward_grad_sync = last  # what no_sync() toggles
+        elif hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2
+            self.model.set_requires_gradient_sync(last)
+
+    def _backward(self, index: int) -> None:
+        if self.pipeline is not None or self._loss is None:
+            return  # pipeline: backward ran inside the schedule (see the module docstring)
+        self._loss.backward()
+        self._loss = None
+
+    def _sync(self) -> None:
+        if isinstance(self.model, DeferredSyncDDP):
+            self.model.sync()
+        pipe = self.pipeline
+        if pipe is not None:
+            pipe.sync_tied()
+        if self.loss_reduce != "none" and self.loss_group is not None:
+            all_reduce(self._loss_sum, self.loss_group, average=self.loss_reduce == "mean")
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
+        # Gradients freed here, so memory samples show them appear in backward and go.
+        self.optimizer.zero_grad(set_to_none=True)
+        self.last_loss = float(self._loss_sum)
+
+    def _emit_loss(self) -> None:
+        if self.last_loss is not None:
+            self.recorder.emit(
+                Metric(
+                    rank=self.recorder.rank,
+                    step=self._step,
+                    name="loss",
+                    value=self.last_loss,
+                    t=self.recorder.now(),
+                )
+            )
+
+
+def _global_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
