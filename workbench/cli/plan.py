@@ -1,0 +1,221 @@
+"""``workbench plan``: memory, OOM, step time and a recommendation from the command line.
+
+workbench plan --model llama2-7b --gpu a100-80gb --gpus 8 --dp 8 --zero 3
+workbench plan --model llama2-7b --gpu h100-80gb --gpus 64 --recommend
+workbench plan --params 10e9 --gpu rtx4090 --gpus 4 --zero 3 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import ConfigError, ParallelError
+from workbench.planner import (
+    GPUS,
+    LINKS,
+    MODELS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    HardwareSpec,
+    ModelSpec,
+    ParallelSpec,
+    TrainingSpec,
+    evaluate,
+    format_plan,
+    hardware_preset,
+    model_preset,
+    recommend,
+)
+from workbench.planner.specs import SCHEDULES
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="predict per-GPU memory, OOM, step time; recommend a layout",
+        description="Predict per-GPU memory (weights, gradients, optimizer state, "
+        "activations, buffers), whether it fits, the step time and throughput.",
+    )
+    m = p.add_argument_group("model")
+    m.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
+    m.add_argument("--params", type=float, help="parameter count, e.g. 10e9")
+    for dim in ("layers", "hidden", "heads", "kv-heads", "ffn", "vocab"):
+        m.add_argument(f"--{dim}", type=int)
+    t = p.add_argument_group("training")
+    t.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    t.add_argument("--micro-batch", type=int, default=1)
+    t.add_argument("--global-batch", type=int)
+    t.add_argument("--grad-accum", type=int)
+    t.add_argument("--precision", default="bf16-mixed", help=" | ".join(PRECISIONS))
+    t.add_argument("--optimizer", default="adamw", help=" | ".join(OPTIMIZERS))
+    t.add_argument("--recompute", default="none", help=" | ".join(RECOMPUTE))
+    t.add_argument("--trainable", type=float, default=1.0, help="fraction (LoRA: ~0.01)")
+    t.add_argument("--fp32-grads", action="store_true")
+    t.add_argument("--no-dropout", action="store_true")
+    t.add_argument("--mfu", type=float, default=0.4)
+    t.add_argument("--overlap", type=float, default=1.0)
+    h = p.add_argument_group("hardware")
+    h.add_argument("--gpu", default="a100-80gb", help=f"preset: {', '.join(GPUS)}")
+    h.add_argument("--hardware-json", type=Path, help="a profile saved by workbench calibrate")
+    h.add_argument("--gpus", type=int, help="total GPUs (default dp·tp·pp)")
+    h.add_argument("--gpus-per-node", type=int)
+    h.add_argument("--intra", help=f"intra-node link: {', '.join(LINKS)}")
+    h.add_argument("--inter", help=f"inter-node link: {', '.join(LINKS)}")
+    h.add_argument("--reserve-gb", type=float, help="memory kept by the runtime (default 1 GiB)")
+    x = p.add_argument_group("parallelism")
+    x.add_argument("--dp", type=int)
+    x.add_argument("--tp", type=int, default=1)
+    x.add_argument("--pp", type=int, default=1)
+    x.add_argument("--zero", type=int, default=0)
+    x.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")
+    x.add_argument("--micro-batches", type=int)
+    x.add_argument("--schedule", default="1f1b", help=" | ".join(SCHEDULES))
+    x.add_argument("--virtual-stages", type=int, default=1)
+    o = p.add_argument_group("output")
+    o.add_argument("--recommend", action="store_true", help="search layouts for --gpus")
+    o.add_argument("--json", action="store_true", help="machine-readable output")
+    o.add_argument("--list", action="store_true", help="list model, GPU and link presets")
+    p.set_defaults(handler=run)
+
+
+def _model(args: argparse.Namespace) -> ModelSpec:
+    dims = {
+        k: getattr(args, k)
+        for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+        if getattr(args, k) is not None
+    }
+    params = round(args.params) if args.params is not None else None
+    if args.model:
+        spec = model_preset(args.model)
+        changes: dict[str, Any] = dict(dims)
+        if params is not None:
+            changes["params"] = params
+        return spec.with_(**changes) if changes else spec
+    if params is None and not dims:
+        raise ConfigError(f"give --model (one of: {', '.join(MODELS)}) or --params <count>")
+    name = f"{params / 1e9:g}B" if params is not None else "custom"
+    dims.setdefault("vocab", 32000)
+    return ModelSpec(name=name, params=params, seq=2048, **dims)
+
+
+def _hardware(args: argparse.Namespace) -> HardwareSpec:
+    if args.hardware_json is not None:
+        try:
+            data = json.loads(args.hardware_json.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--hardware-json {args.hardware_json}: {exc}") from exc
+        hw = HardwareSpec.from_dict(data.get("hardware", data))
+        if args.gpus_per_node:
+            hw = hw.with_(gpus_per_node=args.gpus_per_node)
+        return hw
+    kwargs: dict[str, Any] = {
+        "intra": args.intra,
+        "inter": args.inter,
+        "gpus_per_node": args.gpus_per_node,
+    }
+    if args.reserve_gb is not None:
+        kwargs["reserved"] = round(args.reserve_gb * 1e9)
+    return hardware_preset(args.gpu, **kwargs)
+
+
+def _training(args: argparse.Namespace) -> TrainingSpec:
+    return TrainingSpec(
+        micro_batch=args.micro_batch,
+        global_batch=args.global_batch,
+        grad_accum=args.grad_accum,
+        seq=args.seq,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        recompute=args.recompute,
+        dropout=not args.no_dropout,
+        fp32_grads=args.fp32_grads,
+        trainable=args.trainable,
+        mfu=args.mfu,
+        overlap=args.overlap,
+    )
+
+
+def _parallel(args: argparse.Namespace) -> ParallelSpec:
+    dp = args.dp
+    if dp is None:
+        if args.gpus is None:
+            dp = 1
+        elif args.gpus % (args.tp * args.pp):
+            raise ParallelError(f"--gpus {args.gpus} is not divisible by tp·pp={args.tp}·{args.pp}")
+        else:
+            dp = args.gpus // (args.tp * args.pp)
+    layout = ParallelSpec(
+        dp=dp,
+        tp=args.tp,
+        pp=args.pp,
+        zero=args.zero,
+        sequence_parallel=args.sp,
+        micro_batches=args.micro_batches,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+    )
+    if args.gpus is not None and layout.world != args.gpus:
+        raise ParallelError(
+            f"--gpus {args.gpus} but dp·tp·pp={layout.dp}·{layout.tp}·{layout.pp}={layout.world}"
+        )
+    return layout
+
+
+def _presets() -> dict[str, Any]:
+    return {
+        "models": {k: v.n_params for k, v in MODELS.items()},
+        "gpus": list(GPUS),
+        "links": {k: {"bandwidth": v.bandwidth, "latency": v.latency} for k, v in LINKS.items()},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    if args.list:
+        presets = _presets()
+        if args.json:
+            json.dump(presets, out, indent=2)
+            out.write("\n")
+        else:
+            out.write(
+                "models: "
+                + ", ".join(f"{k} ({v / 1e9:.3g}B)" for k, v in presets["models"].items())
+            )
+            out.write("\ngpus:   " + ", ".join(presets["gpus"]))
+            out.write("\nlinks:  " + ", ".join(presets["links"]) + "\n")
+        return 0
+    model = _model(args)
+    hardware = _hardware(args)
+    training = _training(args)
+    if args.recommend:
+        gpus = args.gpus or (args.dp or 1) * args.tp * args.pp
+        rec = recommend(model, hardware, gpus, training)
+        if args.json:
+            data: dict[str, Any] = {
+                "recommended": rec.best.to_dict() if rec.best else None,
+                "reasons": list(rec.reasons),
+                "considered": rec.considered,
+                "fitting": len(rec.ranked),
+                "min_gpus": rec.min_gpus,
+            }
+            json.dump(data, out, indent=2, default=str)
+            out.write("\n")
+        else:
+            out.write("\n".join(rec.reasons) + "\n")
+            if rec.best is not None:
+                out.write("\n" + format_plan(rec.best) + "\n")
+        return 0
+    result = evaluate(model, training, _parallel(args), hardware)
+    if args.json:
+        json.dump(result.to_dict(), out, indent=2, default=str)
+        out.write("\n")
+    else:
+        out.write(format_plan(result) + "\n")
+    return 0
