@@ -32,7 +32,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check workbench tests benchmarks
 	$(PY) -m pytest -q -p no:cacheprovider tests
-	$(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks
+	@if ls notebooks/*.ipynb >/dev/null 2>&1; then \
+	  $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks; \
+	fi
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x -m "not slow and not browser" tests

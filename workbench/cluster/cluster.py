@@ -526,6 +526,9 @@ class Cluster:
         client = self.client
         futures = [client[r.engine_id].execute(code, silent=False, block=False) for r in targets]
         self._wait_all(targets, futures, timeout)
+        for future in futures:
+            # A reply can arrive before the engine's last stdout/display messages.
+            future.wait_for_output(5)
         out: list[CellResult] = []
         dead: list[int] = []
         for r, future in zip(targets, futures, strict=True):
