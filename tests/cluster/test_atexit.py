@@ -1,0 +1,39 @@
+"""A process that exits without stopping its cluster still leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import psutil
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, psutil
+    from IPython.testing.globalipapp import start_ipython
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "workbench")
+    shell.run_line_magic("wb", "start -n 2")
+    me = psutil.Process()
+    print(json.dumps([p.pid for p in me.children(recursive=True)]))
+    # no %wb stop: the interpreter exits as a kernel does on shutdown or restart
+    """
+)
+
+
+def test_normal_exit_stops_the_cluster() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True
+    )
+    pids = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(pids) >= 3
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    assert [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
