@@ -1,0 +1,237 @@
+"""CommTracer on 2 gloo ranks: DDP buckets, plain collectives, DTensor, in-flight, timing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.harness import run_ranks
+from tests.trace.models import make_mlp
+from workbench.errors import WorkbenchError
+from workbench.trace import CommEvent, CommTracer, MemoryTracer, Recorder, gradient_bytes
+
+STEPS = 3
+
+
+def _comm(events: list[Any]) -> list[CommEvent]:
+    return [e for e in events if isinstance(e, CommEvent)]
+
+
+def _ddp_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """Train the same model with untraced and traced DDP; report params and events."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def train(traced: bool) -> tuple[list[torch.Tensor], Recorder, list[int], list[str]]:
+        torch.manual_seed(0)
+        model = make_mlp(16, 64, 8, layers=4)
+        # Small buckets so one step has several bucket all-reduces.
+        ddp = DDP(model, bucket_cap_mb=0.01)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+        rec = Recorder(rank)
+        grads: list[int] = []
+        comm = mem = None
+        if traced:
+            comm = CommTracer(rec).start()
+            comm.attach_ddp(ddp)
+            mem = MemoryTracer(model, opt, rec).start()
+        gen = torch.Generator().manual_seed(100 + rank)
+        for step in range(STEPS):
+            x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 8, generator=gen)
+            with rec.phase_span("forward", step=step):
+                loss = torch.nn.functional.mse_loss(ddp(x), y)
+            with rec.phase_span("backward"):
+                loss.backward()
+            grads.append(gradient_bytes(model))
+            with rec.phase_span("optimizer"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if mem is not None:
+                mem.sample("end of step")
+        errors: list[str] = []
+        if comm is not None and mem is not None:
+            mem.stop()
+            comm.stop()
+            errors = comm.errors
+        dist.barrier()
+        return [p.detach().clone() for p in model.parameters()], rec, grads, errors
+
+    plain, _, _, _ = train(traced=False)
+    traced, rec, grads, errors = train(traced=True)
+    events = _comm(rec.events)
+    return {
+        "identical": all(torch.equal(a, b) for a, b in zip(plain, traced, strict=True)),
+        "events": events,
+        "grads": grads,
+        "errors": errors,
+        "in_flight": dict(rec.in_flight),
+    }
+
+
+def test_ddp_buckets_traced_identical_and_sum_to_gradients() -> None:
+    for rank, out in enumerate(run_ranks(_ddp_rank)):
+        assert out["identical"], f"rank {rank}: traced DDP changed the parameters"
+        assert out["errors"] == [] and out["in_flight"] == {}
+        events: list[CommEvent] = out["events"]
+        for step in range(STEPS):
+            buckets = [e for e in events if e.step == step and e.source == "ddp-bucket"]
+            # DDP packs iteration 0 into its 1 MiB first bucket, then rebuilds small buckets.
+            assert len(buckets) > 1 if step > 0 else len(buckets) >= 1
+            assert sum(e.bytes for e in buckets) == out["grads"][step]
+            assert all(e.op == "all_reduce" and e.group_size == 2 for e in buckets)
+            assert all(e.phase == "backward" and e.end >= e.start for e in buckets)
+            # The hook's own all-reduce is not counted a second time. (Other DDP traffic,
+            # e.g. the bucket-order broadcasts when buckets are rebuilt, is "ddp".)
+            others = [e for e in events if e.step == step and e.source != "ddp-bucket"]
+            assert [e for e in others if e.op == "all_reduce"] == []
+            assert all(e.source == "ddp" and e.op == "broadcast" for e in others)
+
+
+def _collectives_rank(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    rec = Recorder(rank)
+    tracer = CommTracer(rec).start()
+    n = 1000
+    out: dict[str, Any] = {}
+
+    rec.step, rec.phase = 1, "plain"
+    t = torch.full((n,), float(rank))
+    dist.all_reduce(t)
+    out["visible_at_return"] = len(_comm(rec.events))  # sync op: event emitted by now
+    gathered = [torch.empty(n) for _ in range(world_size)]
+    dist.all_gather(gathered, t)
+    dist.all_gather_into_tensor(torch.empty(world_size * n), t)
+    dist.broadcast(t, src=0)
+    reduced = funcol.all_reduce(t, "sum", dist.group.WORLD)
+    out["funcol_value"] = float((reduced + 0)[0])  # using the result waits on it
+
+    # Async: rank 1 joins late, so rank 0's all-reduce is in flight meanwhile.
+    rec.step, rec.phase = 2, "async"
+    delay = 0.3
+    if rank == 1:
+        time.sleep(delay)
+    work = dist.all_reduce(torch.ones(n), async_op=True)
+    out["in_flight_while_waiting"] = [dict(v) for v in rec.in_flight.values()]
+    work.wait()
+    out["delay"] = delay
+
+    # Tensor parallel: Colwise then Rowwise; the row-parallel output is all-reduced.
+    rec.step, rec.phase = 0, "setup"
+    mesh = init_device_mesh("cpu", (world_size,))
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6))
+    parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    rec.step, rec.phase = 3, "forward"
+    y = mlp(torch.randn(5, 8))
+    rec.step, rec.phase = 3, "backward"
+    y.sum().backward()
+
+    tracer.stop()
+    dist.barrier()  # after stop: not recorded
+    out["events"] = _comm(rec.events)
+    out["in_flight_after"] = dict(rec.in_flight)
+    out["errors"] = tracer.errors
+    return out
+
+
+def test_plain_functional_and_dtensor_collectives() -> None:
+    n, f32, world = 1000, 4, 2
+    results = run_ranks(_collectives_rank)
+    for rank, out in enumerate(results):
+        assert out["errors"] == [] and out["in_flight_after"] == {}
+        assert out["visible_at_return"] == 1
+        assert out["funcol_value"] == 2 * sum(range(world))  # all-reduced twice
+        events: list[CommEvent] = out["events"]
+
+        plain = [(e.op, e.bytes, e.source) for e in events if e.step == 1]
+        assert plain == [
+            ("all_reduce", n * f32, "user"),
+            ("all_gather", world * n * f32, "user"),
+            ("all_gather", world * n * f32, "user"),
+            ("broadcast", n * f32, "user"),
+            ("all_reduce", n * f32, "user"),
+        ]
+        assert all(e.group_size == world and e.end >= e.start for e in events)
+
+        (late,) = [e for e in events if e.step == 2]
+        assert late.op == "all_reduce" and late.phase == "async"
+        flights = out["in_flight_while_waiting"]
+        if rank == 0:  # waited for rank 1's delay: issue-to-completion covers it
+            assert late.duration_s >= out["delay"] * 0.5
+            assert [(f["op"], f["bytes"], f["step"], f["phase"]) for f in flights] == [
+                ("all_reduce", n * f32, 2, "async")
+            ]
+
+        setup = [e for e in events if e.phase == "setup"]
+        assert setup and all(e.source == "dtensor" for e in setup)  # sharding the weights
+        fwd = [e for e in events if e.step == 3 and e.phase == "forward"]
+        assert [(e.op, e.source) for e in fwd] == [("all_reduce", "dtensor")]
+        # Rowwise output: a partial (batch 5 x out 6) fp32 tensor summed over the ranks.
+        assert fwd[0].bytes == 5 * 6 * f32
+        assert not [e for e in events if e.op == "barrier"]
+
+
+def test_stop_refuses_to_pop_a_foreign_mode() -> None:
+    tracer = CommTracer(Recorder()).start()
+    other = TorchDispatchMode()
+    with other, pytest.raises(WorkbenchError, match="another dispatch mode"):
+        tracer.stop()
+    tracer.stop()
+    assert not tracer.active
+
+
+def test_tracer_is_transparent_without_a_process_group() -> None:
+    torch.manual_seed(0)
+    model = make_mlp(8, 16, 4, layers=3)
+    x = torch.randn(3, 8)
+    expected = model(x)
+    rec = Recorder()
+    with CommTracer(rec):
+        got = model(x)
+        got.sum().backward()
+    assert torch.equal(expected, got) and len(rec) == 0
+    with pytest.raises(WorkbenchError, match="DistributedDataParallel"):
+        CommTracer(rec).attach_ddp(model)  # type: ignore[arg-type]
+
+
+def _cuda_rank() -> list[CommEvent]:
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rec = Recorder()
+        model = torch.nn.parallel.DistributedDataParallel(make_mlp(64, 256, 8).cuda())
+        tracer = CommTracer(rec).start()
+        tracer.attach_ddp(model)
+        t = torch.ones(1 << 22, device="cuda")
+        dist.all_reduce(t)
+        with rec.phase_span("backward", step=1):
+            model(torch.randn(4, 64, device="cuda")).sum().backward()
+        tracer.stop()  # flushes the CUDA-timed events
+        return _comm(rec.events)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_collectives_timed_with_cuda_events() -> None:
+    events = _cuda_rank()
+    user = [e for e in events if e.source == "user" and e.op == "all_reduce"]
+    assert [e.bytes for e in user] == [(1 << 22) * 4]
+    buckets = [e for e in events if e.source == "ddp-bucket"]
+    model_bytes = sum(p.numel() * 4 for p in make_mlp(64, 256, 8).parameters())
+    assert sum(e.bytes for e in buckets) == model_bytes
+    assert all(e.end > e.start for e in events)

@@ -1,0 +1,425 @@
+"""Every collective of one rank, with its bytes and its issue-to-completion time.
+
+Two hook points, no double counting:
+
+* DDP gradient buckets go through an averaging comm hook (``attach_ddp``), which records
+  each bucket all-reduce with ``source="ddp-bucket"``. While the hook issues its own
+  all-reduce the dispatch tracer below is told to look away.
+* Everything else - ``torch.distributed`` calls, DTensor redistributions, FSDP2 gathers,
+  functional collectives - reaches the dispatcher as a ``c10d::*`` or
+  ``_c10d_functional::*`` op, where a ``TorchDispatchMode`` sees it (the same interception
+  ``CommDebugMode`` uses). The source (dtensor, fsdp, pipeline, ddp, workbench, user) is
+  read from the Python call stack at issue time.
+
+Completion: a ``c10d`` op returns a ``Work``; its future's callback marks completion (on
+gloo the callback runs before ``Work.wait()`` returns). A functional op completes when its
+output is waited on (``wait_tensor``). On CUDA the duration comes from CUDA events: one
+recorded on the issuing stream before the op, one after completion on a stream ordered
+after the collective; the event is emitted once the GPU has passed the second event
+(checked at every collective, at every phase boundary, and by ``flush()``).
+
+While a collective is in flight it is registered with ``recorder.begin_flight`` so a hang
+report can say which rank waits in which collective.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+import workbench
+from workbench.errors import WorkbenchError
+from workbench.trace.collectives import OpInfo, group_size, lookup, tensor_bytes
+from workbench.trace.events import CommEvent, Event, PhaseSpan
+from workbench.trace.recorder import Recorder
+from workbench.trace.storage import StorageKey, storage_key
+
+__all__ = ["CommTracer"]
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_WORKBENCH_DIR = os.path.dirname(workbench.__file__) + os.sep
+_TRACE_DIR = os.path.dirname(__file__) + os.sep
+# Where a collective was issued from, by the innermost torch package on the stack.
+_SOURCES = tuple(
+    (os.path.join(_TORCH_DIR, *parts) + os.sep, name)
+    for parts, name in (
+        (("distributed", "tensor"), "dtensor"),
+        (("distributed", "fsdp"), "fsdp"),
+        (("distributed", "pipelining"), "pipeline"),
+        (("distributed", "optim"), "zero"),
+        (("nn", "parallel"), "ddp"),
+    )
+)
+
+
+def _source(depth: int = 2) -> str:
+    """Who issued the collective: the first frame outside torch's plumbing decides."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_TORCH_DIR):
+            for prefix, name in _SOURCES:
+                if filename.startswith(prefix):
+                    return name
+        elif filename.startswith(_WORKBENCH_DIR):
+            if not filename.startswith(_TRACE_DIR):
+                return "workbench"
+        else:
+            return "user"
+        frame = frame.f_back
+    return "user"
+
+
+class _Flight:
+    """A collective between issue and completion."""
+
+    __slots__ = (
+        "bytes",
+        "cuda_end",
+        "cuda_start",
+        "done",
+        "group_size",
+        "keys",
+        "op",
+        "phase",
+        "source",
+        "start",
+        "step",
+        "token",
+    )
+
+    def __init__(self, op: str, nbytes: int, group_size: int, source: str) -> None:
+        self.op = op
+        self.bytes = nbytes
+        self.group_size = group_size
+        self.source = source
+        self.step = 0
+        self.phase = ""
+        self.start = 0
+        self.token = -1
+        self.cuda_start: Any = None
+        self.cuda_end: Any = None
+        self.keys: tuple[StorageKey, ...] = ()
+        self.done = False
+
+
+def _redispatch_types() -> tuple[type, ...]:
+    """Subclasses that turn one op into collectives: let them run first, then look."""
+    types: list[type] = []
+    try:
+        from torch.distributed.tensor import DTensor
+
+        types.append(DTensor)
+    except ImportError:
+        pass
+    try:
+        from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+        types.append(AsyncCollectiveTensor)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+class _CommMode(TorchDispatchMode):
+    def __init__(self, tracer: CommTracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+        self.redispatch = _redispatch_types()
+        self.wait_tensor = getattr(torch.ops._c10d_functional, "wait_tensor", None)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # Returning NotImplemented lets DTensor / AsyncCollectiveTensor desugar the op
+        # into plain-tensor ops (and collectives) that come back through this mode.
+        if types and any(issubclass(t, self.redispatch) for t in types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        packet = func._overloadpacket
+        if packet is self.wait_tensor:
+            out = func(*args, **kwargs)
+            self.tracer._on_wait(args[0])
+            return out
+        info = lookup(func)
+        if info is None or self.tracer._suppressed():
+            return func(*args, **kwargs)
+        return self.tracer._run_collective(info, func, args, kwargs)
+
+
+class CommTracer:
+    """Records every collective of this rank as a ``CommEvent`` on ``recorder``.
+
+    ``start()`` pushes a dispatch mode on this thread (it stays until ``stop()``, across
+    separate calls on the same thread); ``attach_ddp(model)`` adds DDP's buckets.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.errors: list[str] = []  # tracing failures never break training; kept here
+        self._mode: _CommMode | None = None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._waiting: dict[StorageKey, _Flight] = {}  # functional ops, by output storage
+        self._cuda: list[_Flight] = []  # completed on the host, GPU time not yet known
+        self._unsubscribe: Any = None
+        self._attached: set[int] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"CommTracer(active={self.active}, ddp_models={len(self._attached)}, "
+            f"in_flight={len(self.recorder.in_flight)})"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self._mode is not None
+
+    def start(self) -> CommTracer:
+        if self._mode is not None:
+            return self
+        mode = _CommMode(self)
+        mode.__enter__()
+        self._mode = mode
+        self._unsubscribe = self.recorder.subscribe(self._on_event)
+        return self
+
+    def stop(self) -> None:
+        mode = self._mode
+        if mode is None:
+            return
+        if _get_current_dispatch_mode() is not mode:
+            raise WorkbenchError(
+                "CommTracer.stop(): another dispatch mode was entered after this tracer "
+                f"started and is still active ({_get_current_dispatch_mode()!r}); "
+                "exit it first, then stop the tracer"
+            )
+        mode.__exit__(None, None, None)
+        self._mode = None
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        # Functional collectives never waited on while tracing end here.
+        with self._lock:
+            unwaited = list({id(f): f for f in self._waiting.values()}.values())
+            self._waiting.clear()
+        for flight in unwaited:
+            self._complete(flight)
+        self.flush()
+
+    def __enter__(self) -> CommTracer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def flush(self) -> None:
+        """Wait for the GPU to pass every recorded completion event and emit those events
+        (CUDA only; on CPU events are emitted at completion)."""
+        self._poll_cuda(wait=True)
+
+    # -- DDP ---------------------------------------------------------------------------
+
+    def attach_ddp(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Register the averaging all-reduce comm hook that records each bucket.
+
+        Call before the first backward; DDP accepts one comm hook per model.
+        """
+        if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
+            raise WorkbenchError(
+                f"attach_ddp needs a DistributedDataParallel model, got "
+                f"{type(ddp_model).__name__}; wrap it with DistributedDataParallel first"
+            )
+        if id(ddp_model) in self._attached:
+            return
+        group = ddp_model.process_group
+        ddp_model.register_comm_hook((self, group), _traced_allreduce_hook)
+        self._attached.add(id(ddp_model))
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _suppressed(self) -> bool:
+        return getattr(self._local, "suppress", 0) > 0
+
+    @contextmanager
+    def _looking_away(self) -> Iterator[None]:
+        self._local.suppress = getattr(self._local, "suppress", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.suppress -= 1
+
+    def _begin(self, flight: _Flight, cuda: bool) -> None:
+        rec = self.recorder
+        flight.step = rec.step
+        flight.phase = rec.phase
+        flight.token = rec.begin_flight(
+            op=flight.op, bytes=flight.bytes, group_size=flight.group_size, source=flight.source
+        )
+        if cuda:
+            flight.cuda_start = torch.cuda.Event(enable_timing=True)
+            flight.cuda_start.record()
+        flight.start = rec.now()
+
+    def _complete(self, flight: _Flight) -> None:
+        """Host-side completion; on CUDA records the end event and defers the emit."""
+        if flight.done:
+            return
+        flight.done = True
+        try:
+            end = self.recorder.now()
+            if flight.cuda_start is not None:
+                flight.cuda_end = torch.cuda.Event(enable_timing=True)
+                flight.cuda_end.record()
+                with self._lock:
+                    self._cuda.append(flight)
+                return
+            self._emit(flight, end)
+        except Exception as exc:  # never let tracing fail a collective
+            self.errors.append(f"{flight.op}: {exc!r}")
+            self.recorder.end_flight(flight.token)
+
+    def _emit(self, flight: _Flight, end: int) -> None:
+        self.recorder.end_flight(flight.token)
+        self.recorder.emit(
+            CommEvent(
+                rank=self.recorder.rank,
+                step=flight.step,
+                op=flight.op,
+                bytes=flight.bytes,
+                group_size=flight.group_size,
+                start=flight.start,
+                end=max(end, flight.start),
+                source=flight.source,
+                phase=flight.phase,
+            )
+        )
+
+    def _poll_cuda(self, wait: bool = False) -> None:
+        if not self._cuda:
+            return
+        with self._lock:
+            pending, self._cuda = self._cuda, []
+        keep: list[_Flight] = []
+        for flight in pending:
+            if wait:
+                flight.cuda_end.synchronize()
+            elif not flight.cuda_end.query():
+                keep.append(flight)
+                continue
+            elapsed_ms = flight.cuda_start.elapsed_time(flight.cuda_end)
+            self._emit(flight, flight.start + int(elapsed_ms * 1e6))
+        if keep:
+            with self._lock:
+                self._cuda[:0] = keep
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, PhaseSpan):
+            self._poll_cuda()
+
+    def _run_collective(self, info: OpInfo, func: Any, args: Any, kwargs: dict) -> Any:
+        """Issue one dispatcher collective and arrange to see its completion."""
+        self._poll_cuda()
+        default_size = dist.get_world_size if dist.is_initialized() else (lambda: 1)
+        size = group_size(info, args, default_size)
+        if info.size_arg == -2:
+            nbytes = 0
+        elif info.size_arg == -1:  # gathered output = every rank's input
+            nbytes = tensor_bytes(args[0]) * size
+        else:
+            nbytes = tensor_bytes(args[info.size_arg]) if info.size_arg < len(args) else 0
+        flight = _Flight(info.name, nbytes, size, _source(depth=3))
+        first = next((t for t in _leaves(args) if isinstance(t, torch.Tensor)), None)
+        self._begin(flight, cuda=first is not None and first.is_cuda)
+        try:
+            out = func(*args, **kwargs)
+        except BaseException:
+            self.recorder.end_flight(flight.token)
+            raise
+        if info.functional:
+            self._await_tensor(flight, out)
+        else:
+            self._await_work(flight, out)
+        return out
+
+    def _await_tensor(self, flight: _Flight, out: Any) -> None:
+        keys = tuple(
+            k
+            for t in _leaves(out)
+            if isinstance(t, torch.Tensor) and (k := storage_key(t)) is not None
+        )
+        if not keys:
+            self._complete(flight)
+            return
+        flight.keys = keys
+        with self._lock:
+            for key in keys:
+                self._waiting[key] = flight
+
+    def _on_wait(self, tensor: Any) -> None:
+        if not self._waiting or not isinstance(tensor, torch.Tensor):
+            return
+        key = storage_key(tensor)
+        with self._lock:
+            flight = self._waiting.pop(key, None) if key is not None else None
+            if flight is not None:
+                for other in flight.keys:
+                    self._waiting.pop(other, None)
+        if flight is not None:
+            self._complete(flight)
+
+    def _await_work(self, flight: _Flight, out: Any) -> None:
+        from torch._C._distributed_c10d import Work
+
+        boxed = out[-1] if isinstance(out, tuple | list) else out
+        try:
+            future = Work.unbox(boxed).get_future()
+        except (RuntimeError, TypeError, AttributeError):
+            # Backends without futures: completion unknown, the event ends at issue.
+            self._complete(flight)
+            return
+
+        def done(_fut: Any) -> None:
+            self._complete(flight)
+
+        future.then(done)
+
+
+def _leaves(tree: Any) -> list[Any]:
+    from torch.utils._pytree import tree_leaves
+
+    return tree_leaves(tree)
+
+
+# No annotations on purpose: DDP compares ``bucket``/return annotations with its own
+# types, and postponed (string) annotations would fail that check.
+def _traced_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """DDP's default semantics (divide by the group size, then sum-all-reduce), recorded."""
+    tracer, group = state
+    group = group if group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    size = group.size()
+    buffer.div_(size)
+    if not tracer.active:
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+    flight = _Flight("all_reduce", buffer.numel() * buffer.element_size(), size, "ddp-bucket")
+    tracer._begin(flight, cuda=buffer.is_cuda)
+    with tracer._looking_away():
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+
+    def done(fut):  # type: ignore[no-untyped-def]
+        tracer._complete(flight)
+        return fut.value()[0]
+
+    return work.get_future().then(done)

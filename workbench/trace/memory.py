@@ -1,0 +1,257 @@
+"""Per-rank memory by category: parameters, gradients, optimizer state, activations.
+
+Parameters, gradients and optimizer state are exact storage sums (see ``storage``).
+Activations are the tensors autograd saves for backward, seen through
+``torch.autograd.graph.saved_tensors_hooks``: the pack hook counts each distinct storage
+once (parameters excluded) and hands autograd a small handle; when backward (or dropping
+the graph) frees the handle, its storage is uncounted. So ``activation_bytes`` rises
+during forward and falls back as backward frees the graph, exactly as the memory does.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from workbench.trace.events import MemorySample
+from workbench.trace.recorder import Recorder
+from workbench.trace.storage import (
+    StorageKey,
+    gradient_bytes,
+    local_tensors,
+    optimizer_bytes,
+    parameter_bytes,
+    process_rss,
+    storage_key,
+)
+
+__all__ = ["MemoryTracer"]
+
+_CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "allocator")
+
+
+class _Saved:
+    """What autograd stores instead of a saved tensor while the tracer counts it."""
+
+    __slots__ = ("__weakref__", "keys", "owner", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, keys: tuple[StorageKey, ...], owner: Any) -> None:
+        self.tensor = tensor
+        self.keys = keys
+        self.owner = owner  # weakref.ref to the tracer: handles must not keep it alive
+
+    def __del__(self) -> None:
+        tracer = self.owner()
+        if tracer is not None:
+            tracer._release(self.keys)
+
+
+class MemoryTracer:
+    """Samples memory by category on one rank and emits ``MemorySample`` events.
+
+    ``start()`` installs the saved-tensor hooks (and, with ``per_module=True``, a forward
+    hook on every module so the activation curve grows layer by layer). The hooks stay
+    installed until ``stop()``, across separate calls on the same thread, because
+    saved-tensor hooks are thread-local: start, run and stop on one thread.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        recorder: Recorder,
+        *,
+        per_module: bool = False,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.recorder = recorder
+        self.per_module = per_module
+        self._lock = threading.RLock()  # pack runs on autograd threads, release in __del__
+        self._live: dict[StorageKey, list[int]] = {}  # key -> [handle count, nbytes]
+        self._live_bytes = 0
+        self._high: dict[int, int] = {}  # step -> high-water mark of live activation bytes
+        self._peaks: dict[int, MemorySample] = {}
+        self._param_keys: set[StorageKey] = set()
+        self._hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._self_ref = weakref.ref(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryTracer(active={self.active}, per_module={self.per_module}, "
+            f"activation_bytes={self._live_bytes})"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self._hooks_ctx is not None
+
+    def start(self) -> MemoryTracer:
+        if self._hooks_ctx is not None:
+            return self
+        self._refresh_param_keys()
+        # Runs before every forward so parameters re-materialised between steps (e.g. by
+        # FSDP) are still recognised and excluded from activations.
+        self._handles.append(
+            self.model.register_forward_pre_hook(lambda _m, _a: self._refresh_param_keys())
+        )
+        if self.per_module:
+            for name, module in self.model.named_modules():
+                label = name or type(module).__name__
+                self._handles.append(module.register_forward_hook(self._module_hook(label)))
+        ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        ctx.__enter__()
+        self._hooks_ctx = ctx
+        return self
+
+    def stop(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        ctx, self._hooks_ctx = self._hooks_ctx, None
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+
+    def __enter__(self) -> MemoryTracer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def set_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
+        self.optimizer = optimizer
+
+    # -- measuring ---------------------------------------------------------------------
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of distinct storages currently saved for backward (parameters excluded)."""
+        return self._live_bytes
+
+    def allocator_bytes(self) -> int:
+        """torch.cuda.memory_allocated for a model on CUDA, else the process RSS."""
+        device = self._device()
+        if device is not None and device.type == "cuda":
+            return int(torch.cuda.memory_allocated(device))
+        return process_rss()
+
+    def sample(self, label: str = "") -> MemorySample:
+        """Measure now, tag with the recorder's rank/step/phase, emit and return."""
+        rec = self.recorder
+        self._refresh_param_keys()
+        sample = MemorySample(
+            rank=rec.rank,
+            step=rec.step,
+            phase=rec.phase,
+            t=rec.now(),
+            params=parameter_bytes(self.model),
+            grads=gradient_bytes(self.model),
+            optimizer=optimizer_bytes(self.optimizer),
+            activations=self._live_bytes,
+            allocator=self.allocator_bytes(),
+            label=label,
+        )
+        self._update_peak(sample)
+        rec.emit(sample)
+        return sample
+
+    def peak(self, step: int | None = None) -> MemorySample | None:
+        """Per-category maximum over the samples of ``step`` (default: the current step).
+
+        ``activations`` also includes the high-water mark seen by the pack hook between
+        samples, so a peak inside a phase is not missed. Each category peaks on its own,
+        so ``total`` is an upper bound of the true simultaneous peak.
+        """
+        step = self.recorder.step if step is None else step
+        with self._lock:
+            peak = self._peaks.get(step)
+            high = self._high.get(step, 0)
+        if peak is None:
+            return None
+        return replace(peak, activations=max(peak.activations, high))
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _device(self) -> torch.device | None:
+        for p in self.model.parameters():
+            for t in local_tensors(p):
+                return t.device
+        return None
+
+    def _refresh_param_keys(self) -> None:
+        keys: set[StorageKey] = set()
+        for p in self.model.parameters():
+            for t in local_tensors(p):
+                key = storage_key(t)
+                if key is not None:
+                    keys.add(key)
+        self._param_keys = keys
+
+    def _update_peak(self, s: MemorySample) -> None:
+        with self._lock:
+            old = self._peaks.get(s.step)
+            if old is None:
+                self._peaks[s.step] = replace(s, phase="", label="peak")
+                return
+            values = {c: max(getattr(old, c), getattr(s, c)) for c in _CATEGORIES}
+            self._peaks[s.step] = replace(old, t=s.t, **values)
+
+    def _module_hook(self, label: str) -> Any:
+        def hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+            self.sample(label=label)
+
+        return hook
+
+    def _is_parameter(self, t: torch.Tensor) -> bool:
+        if isinstance(t, torch.nn.Parameter):
+            return True
+        base = t._base
+        return base is not None and isinstance(base, torch.nn.Parameter)
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        if self._is_parameter(t):
+            return t
+        keys: list[StorageKey] = []
+        sizes: list[int] = []
+        for inner in local_tensors(t):
+            key = storage_key(inner)
+            if key is None or key in self._param_keys:
+                continue
+            keys.append(key)
+            sizes.append(inner.untyped_storage().nbytes())
+        if not keys:
+            return t
+        step = self.recorder.step
+        with self._lock:
+            for key, size in zip(keys, sizes, strict=True):
+                entry = self._live.get(key)
+                if entry is None:
+                    self._live[key] = [1, size]
+                    self._live_bytes += size
+                else:
+                    entry[0] += 1
+            if self._live_bytes > self._high.get(step, 0):
+                self._high[step] = self._live_bytes
+        return _Saved(t, tuple(keys), self._self_ref)
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        return packed.tensor if isinstance(packed, _Saved) else packed
+
+    def _release(self, keys: tuple[StorageKey, ...]) -> None:
+        with self._lock:
+            for key in keys:
+                entry = self._live.get(key)
+                if entry is None:
+                    continue
+                entry[0] -= 1
+                if entry[0] == 0:
+                    del self._live[key]
+                    self._live_bytes -= entry[1]

@@ -1,0 +1,109 @@
+"""Exact, storage-deduplicated byte counts of tensors, parameters, gradients, optimizer state.
+
+Memory belongs to storages, not tensors: tied weights, views and DTensor shards that alias
+one storage must count once, and a DTensor must count only its local shard. Every helper
+here therefore unwraps tensor subclasses to the plain tensors that own memory and sums
+``untyped_storage().nbytes()`` over distinct storages.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
+
+__all__ = [
+    "StorageKey",
+    "gradient_bytes",
+    "local_tensors",
+    "optimizer_bytes",
+    "optimizer_state_tensors",
+    "parameter_bytes",
+    "process_rss",
+    "storage_bytes",
+    "storage_key",
+]
+
+# (device type, device index, data pointer): two live storages never share all three.
+StorageKey = tuple[str, int, int]
+
+
+def local_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The plain tensors that own ``t``'s memory (a DTensor yields its local shard)."""
+    if is_traceable_wrapper_subclass(t):
+        attrs, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+        for name in attrs:
+            yield from local_tensors(getattr(t, name))
+    else:
+        yield t
+
+
+def storage_key(t: torch.Tensor) -> StorageKey | None:
+    """Identity of a plain tensor's storage, or None when it owns no real memory."""
+    if t.device.type == "meta":
+        return None
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # sparse or storage-less tensors
+        return None
+    ptr = storage.data_ptr()
+    if ptr == 0:
+        return None
+    return (t.device.type, t.device.index if t.device.index is not None else -1, ptr)
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (subclasses unwrapped)."""
+    seen: set[StorageKey] = set()
+    total = 0
+    for tensor in tensors:
+        for t in local_tensors(tensor):
+            key = storage_key(t)
+            if key is None or key in seen:
+                continue
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by ``model``'s parameters on this rank (tied/shared storages once)."""
+    return storage_bytes(model.parameters())
+
+
+def gradient_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by the ``.grad`` of ``model``'s parameters on this rank."""
+    return storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """Every tensor in the optimizer's per-parameter state (ZeRO: the local optimizer's)."""
+    if optimizer is None:
+        return []
+    # ZeroRedundancyOptimizer keeps the real state in the wrapped local optimizer.
+    inner = getattr(optimizer, "optim", None)
+    if isinstance(inner, torch.optim.Optimizer):
+        optimizer = inner
+    leaves = tree_leaves(list(optimizer.state.values()))
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of the optimizer state (AdamW: exp_avg, exp_avg_sq and the step tensors)."""
+    return storage_bytes(optimizer_state_tensors(optimizer))
+
+
+def process_rss() -> int:
+    """Resident set size of this process in bytes (current on Linux, peak elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            resident_pages = int(f.read().split()[1])
+        return resident_pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
