@@ -1,0 +1,23 @@
+"""The all-reduce sweep measures real gloo collectives, and the fit reads them."""
+
+from __future__ import annotations
+
+from tests.harness import run_ranks
+from workbench.planner import fit_alpha_beta
+
+SIZES = [4096, 65536, 1048576]
+
+
+def _sweep(rank: int, world_size: int) -> list[tuple[int, float]]:
+    from workbench.parallel.commbench import allreduce_sweep
+
+    return allreduce_sweep(SIZES, iters=3, warmup=1)
+
+
+def test_allreduce_sweep_on_two_gloo_ranks_fits_a_positive_link():
+    results = run_ranks(_sweep, world_size=2)
+    for per_rank in results:
+        assert [b for b, _ in per_rank] == SIZES
+        assert all(t > 0 for _, t in per_rank)
+    fit = fit_alpha_beta(results[0], n=2)
+    assert fit.bandwidth > 0 and fit.latency >= 0
