@@ -6,6 +6,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 
+import numpy as np
 import plotly.graph_objects as go
 import pytest
 
@@ -22,7 +23,7 @@ from workbench.plots import (
     update_loss_figure,
     update_memory_figure,
 )
-from workbench.plots._common import event_time
+from workbench.plots._common import as_float_array, event_time
 from workbench.trace.events import MemorySample, to_record
 
 FIGURES: dict[str, tuple[Callable, Callable]] = {
@@ -121,3 +122,21 @@ def test_time_origin_stays_put_when_an_earlier_event_arrives_late() -> None:
         b for t in fig.data for b, y in zip(t.base, t.y, strict=True) if y.startswith("rank 1")
     ]
     assert min(starts) == (first1 - origin) / 1e6
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_a_figure_restored_from_json_keeps_growing(name: str) -> None:
+    """Saved figures (JSON, pickle, deepcopy) hold numeric data as base64 typed arrays."""
+    build, update = FIGURES[name]
+    events = ddp_events(4)
+    restored = go.Figure(json.loads(build(of_steps(events, range(2))).to_json()))
+    update(restored, of_steps(events, range(2, 4)))
+    grown, whole = _plain(restored), _plain(build(events))
+    for a, b in zip(grown["data"], whole["data"], strict=True):
+        for prop in ("x", "y", "base"):
+            if isinstance(b.get(prop), list):  # labels (the timeline's lanes)
+                assert a.get(prop) == b.get(prop)
+            else:
+                assert np.array_equal(as_float_array(a.get(prop)), as_float_array(b.get(prop)))
+        assert a.get("hovertext") == b.get("hovertext")
+    assert grown["layout"]["meta"] == whole["layout"]["meta"]

@@ -15,7 +15,14 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.errors import ConfigError
-from workbench.plots._common import FigureLike, Patch, coerce_events, figure_state, initial_meta
+from workbench.plots._common import (
+    FigureLike,
+    Patch,
+    as_float_array,
+    coerce_events,
+    figure_state,
+    initial_meta,
+)
 from workbench.plots.style import GB, format_bytes, op_color
 from workbench.trace.events import CommEvent, bus_factor
 
@@ -76,14 +83,13 @@ def update_bandwidth_figure(
         fresh.setdefault(op, []).append((size, busbw / GB))
     for op, new in fresh.items():
         key = f"bandwidth/points/{op}"
-        old_x: Any = ()
-        old_y: Any = ()
+        old_x: Any = None
+        old_y: Any = None
         if key in patch.index:
             trace = fig.data[patch.index[key]]
-            old_x, old_y = trace.x if trace.x is not None else (), trace.y
-            old_y = old_y if old_y is not None else ()
-        sizes = np.concatenate((np.asarray(old_x, float), [s for s, _ in new]))
-        values = np.concatenate((np.asarray(old_y, float), [v for _, v in new]))
+            old_x, old_y = trace.x, trace.y
+        sizes = np.concatenate((as_float_array(old_x), [s for s, _ in new]))
+        values = np.concatenate((as_float_array(old_y), [v for _, v in new]))
         xs = np.unique(sizes)
         medians = np.array([np.median(values[sizes == s]) for s in xs])
         patch.set(f"bandwidth/median/{op}", x=xs, y=medians)
