@@ -125,3 +125,19 @@ def test_bf16_single_device_runs_and_learns() -> None:
     losses = [step.run_step() for _ in range(5)]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
+
+
+def test_entry_points_reject_unknown_options() -> None:
+    from torch import nn
+
+    from workbench.parallel import apply_fsdp, apply_megatron
+    from workbench.parallel.tp import plan_for
+
+    with pytest.raises(ConfigError, match=r"stage=4 is not valid; choose one of: \(1, 2, 3\)"):
+        apply_fsdp(nn.Linear(2, 2), None, stage=4)  # type: ignore[arg-type]
+    with pytest.raises(
+        ParallelError, match=r"no tensor-parallel plan for model type 'Linear'.*'GPT'"
+    ):
+        plan_for(nn.Linear(2, 2))
+    with pytest.raises(ParallelError, match="found no FeedForward block in Sequential"):
+        apply_megatron(nn.Sequential(nn.Linear(2, 2)), None)  # type: ignore[arg-type]

@@ -84,6 +84,12 @@ def _distributed_checks(rank: int, world_size: int) -> dict[str, Any]:
     loss = step.run_step()
     out["pp"] = {"spans": _spans(recorder), "loss": loss}
 
+    # bf16: FSDP through MixedPrecisionPolicy, the others through autocast.
+    out["bf16"] = {}
+    for strategy in ("fsdp", "tp", "pp"):
+        step = build_train_step(RunSpec(strategy=strategy, precision="bf16", trace=False))
+        out["bf16"][strategy] = [step.run_step() for _ in range(3)]
+
     # Megatron f/g: one all-reduce forward (g) and one backward (f) per feed-forward block.
     from workbench.parallel import collectives
     from workbench.parallel.megatron import apply_megatron
@@ -146,6 +152,11 @@ def test_distributed_step_machine() -> None:
         assert meg["out_diff"] <= 1e-6 and meg["input_grad_diff"] <= 1e-6
         assert meg["fc1_shape"] == (8, 8) and meg["fc2_shape"] == (8, 8)  # halves of 16
     assert results[0]["pp"]["loss"] == results[1]["pp"]["loss"]
+    fp32 = build_train_step(RunSpec(strategy="single", trace=False))
+    reference = [fp32.run_step() for _ in range(3)]
+    for strategy, losses in results[0]["bf16"].items():
+        diff = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
+        assert 0 < diff <= 2e-2, f"{strategy} bf16 vs fp32: {diff}"  # bf16 ran, and close
 
 
 def _traced(rank: int, world_size: int, strategies: list[tuple[str, bool]]) -> dict[str, Any]:

@@ -47,6 +47,9 @@ __all__ = [
 # The synthetic data set holds this many global batches: an epoch is that many steps.
 SAMPLES_PER_EPOCH_IN_BATCHES = 32
 
+# Strategies whose bf16 comes from FSDP's MixedPrecisionPolicy rather than autocast.
+_POLICY_PRECISION = ("zero2", "fsdp", "dp_tp")
+
 
 def _default_device() -> torch.device:
     if dist.is_initialized() and dist.get_backend() == "nccl":
@@ -107,7 +110,8 @@ def build_train_step(
         device=dev,
         recorder=recorder,
         grad_accum=spec.grad_accum,
-        precision=spec.precision,
+        # FSDP casts through its MixedPrecisionPolicy; autocast on top would be redundant.
+        precision="fp32" if spec.strategy in _POLICY_PRECISION else spec.precision,
         loss_group=loss_group,
         loss_reduce=loss_reduce,
         memory_tracer=memory_tracer,
