@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -133,10 +134,16 @@ def _collectives_rank(rank: int, world_size: int) -> dict[str, Any]:
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6))
     parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    mem = MemoryTracer(mlp, None, rec).start()
+    out["tp_params"] = mem.sample().params
     rec.step, rec.phase = 3, "forward"
     y = mlp(torch.randn(5, 8))
+    out["tp_activations"] = mem.activation_bytes
     rec.step, rec.phase = 3, "backward"
     y.sum().backward()
+    out["tp_activations_after"] = mem.activation_bytes
+    out["tp_grads"] = mem.sample().grads
+    mem.stop()
 
     tracer.stop()
     dist.barrier()  # after stop: not recorded
@@ -173,6 +180,7 @@ def test_plain_functional_and_dtensor_collectives() -> None:
             assert [(f["op"], f["bytes"], f["step"], f["phase"]) for f in flights] == [
                 ("all_reduce", n * f32, 2, "async")
             ]
+            assert flights[0]["start"] == late.start
 
         setup = [e for e in events if e.phase == "setup"]
         assert setup and all(e.source == "dtensor" for e in setup)  # sharding the weights
@@ -182,6 +190,12 @@ def test_plain_functional_and_dtensor_collectives() -> None:
         assert fwd[0].bytes == 5 * 6 * f32
         assert not [e for e in events if e.op == "barrier"]
 
+        # Memory of the TP model counts local shards only: Linear(8, 16) split by output
+        # rows, Linear(16, 6) split by input columns with its bias replicated.
+        local_params = (16 * 8 // world + 16 // world + 6 * 16 // world + 6) * f32
+        assert out["tp_params"] == local_params == out["tp_grads"]
+        assert out["tp_activations"] > 0 and out["tp_activations_after"] == 0
+
 
 def test_stop_refuses_to_pop_a_foreign_mode() -> None:
     tracer = CommTracer(Recorder()).start()
@@ -190,6 +204,28 @@ def test_stop_refuses_to_pop_a_foreign_mode() -> None:
         tracer.stop()
     tracer.stop()
     assert not tracer.active
+
+
+def test_stop_must_run_on_the_starting_thread() -> None:
+    rec = Recorder()
+    comm = CommTracer(rec).start()
+    mem = MemoryTracer(make_mlp(4, 8, 2), None, rec).start()
+    errors: list[BaseException] = []
+
+    def stop_elsewhere() -> None:
+        for tracer in (mem, comm):
+            try:
+                tracer.stop()
+            except WorkbenchError as exc:
+                errors.append(exc)
+
+    thread = threading.Thread(target=stop_elsewhere)
+    thread.start()
+    thread.join()
+    assert len(errors) == 2 and all("thread" in str(e) for e in errors)
+    mem.stop()
+    comm.stop()
+    assert not comm.active and not mem.active
 
 
 def test_tracer_is_transparent_without_a_process_group() -> None:

@@ -172,6 +172,7 @@ class CommTracer:
         self._cuda: list[_Flight] = []  # completed on the host, GPU time not yet known
         self._unsubscribe: Any = None
         self._attached: set[int] = set()
+        self._thread: int | None = None
 
     def __repr__(self) -> str:
         return (
@@ -191,6 +192,7 @@ class CommTracer:
         mode = _CommMode(self)
         mode.__enter__()
         self._mode = mode
+        self._thread = threading.get_ident()
         self._unsubscribe = self.recorder.subscribe(self._on_event)
         return self
 
@@ -198,6 +200,11 @@ class CommTracer:
         mode = self._mode
         if mode is None:
             return
+        if threading.get_ident() != self._thread:
+            raise WorkbenchError(
+                "CommTracer.stop() was called on another thread than start(); dispatch modes "
+                "are per thread: stop the tracer on the thread that started it"
+            )
         if _get_current_dispatch_mode() is not mode:
             raise WorkbenchError(
                 "CommTracer.stop(): another dispatch mode was entered after this tracer "
@@ -263,13 +270,17 @@ class CommTracer:
         rec = self.recorder
         flight.step = rec.step
         flight.phase = rec.phase
-        flight.token = rec.begin_flight(
-            op=flight.op, bytes=flight.bytes, group_size=flight.group_size, source=flight.source
-        )
         if cuda:
             flight.cuda_start = torch.cuda.Event(enable_timing=True)
             flight.cuda_start.record()
         flight.start = rec.now()
+        flight.token = rec.begin_flight(
+            op=flight.op,
+            bytes=flight.bytes,
+            group_size=flight.group_size,
+            source=flight.source,
+            start=flight.start,
+        )
 
     def _complete(self, flight: _Flight) -> None:
         """Host-side completion; on CUDA records the end event and defers the emit."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from workbench.errors import WorkbenchError
 from workbench.trace.events import MemorySample
 from workbench.trace.recorder import Recorder
 from workbench.trace.storage import (
@@ -80,6 +81,7 @@ class MemoryTracer:
         self._hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._self_ref = weakref.ref(self)
+        self._thread: int | None = None
 
     def __repr__(self) -> str:
         return (
@@ -109,9 +111,15 @@ class MemoryTracer:
         ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         ctx.__enter__()
         self._hooks_ctx = ctx
+        self._thread = threading.get_ident()
         return self
 
     def stop(self) -> None:
+        if self._hooks_ctx is not None and threading.get_ident() != self._thread:
+            raise WorkbenchError(
+                "MemoryTracer.stop() was called on another thread than start(); saved-tensor "
+                "hooks are per thread: stop the tracer on the thread that started it"
+            )
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -38,7 +38,9 @@ def local_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
     if is_traceable_wrapper_subclass(t):
         attrs, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
         for name in attrs:
-            yield from local_tensors(getattr(t, name))
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):  # DTensor also lists its device mesh
+                yield from local_tensors(inner)
     else:
         yield t
 
