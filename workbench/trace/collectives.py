@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["OpInfo", "group_size", "lookup", "op_bytes", "tensor_bytes"]
+__all__ = ["OpInfo", "group_size", "lookup", "op_bytes", "overloads", "tensor_bytes"]
 
 
 def tensor_bytes(tree: Any) -> int:
@@ -34,10 +34,11 @@ def tensor_bytes(tree: Any) -> int:
 class OpInfo:
     """How to read one collective op overload.
 
-    ``size_arg``: index of the argument whose tensors are the nccl-tests size, or -1 for the
-    op's result. ``group_arg``: index of the process group (a boxed ``ProcessGroup`` for c10d
-    ops, a group name for functional ops). ``functional``: completes at ``wait_tensor``
-    rather than through a ``Work``.
+    ``size_arg``: index of the argument whose tensors are the nccl-tests size; -1: the
+    gathered output (input times group size); -2: no payload (barrier).
+    ``group_arg``: index of the process group (a boxed ``ProcessGroup`` for c10d ops, a
+    group name for functional ops). ``functional``: completes at ``wait_tensor`` rather
+    than through a ``Work``.
     """
 
     name: str
@@ -106,11 +107,24 @@ def lookup(func: torch._ops.OpOverload) -> OpInfo | None:
     return _TABLE.get(func._overloadpacket)
 
 
-def op_bytes(info: OpInfo, args: tuple[Any, ...], result: Any) -> int:
+def overloads() -> dict[Any, OpInfo]:
+    """Every overload of every collective, for a single dict lookup per dispatched op."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = _table()
+    table: dict[Any, OpInfo] = {}
+    for packet, info in _TABLE.items():
+        for name in packet.overloads():
+            table[getattr(packet, name)] = info
+    return table
+
+
+def op_bytes(info: OpInfo, args: tuple[Any, ...], group_size: int) -> int:
+    """Size of the collective in bytes, known at issue time (see the module docstring)."""
     if info.size_arg == -2:
         return 0  # barrier: its tensor argument is a placeholder, nothing is sent
-    if info.size_arg == -1:
-        return tensor_bytes(result)
+    if info.size_arg == -1:  # gathered output: every rank's input
+        return tensor_bytes(args[0]) * group_size if args else 0
     return tensor_bytes(args[info.size_arg]) if info.size_arg < len(args) else 0
 
 

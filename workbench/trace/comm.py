@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 import workbench
 from workbench.errors import WorkbenchError
-from workbench.trace.collectives import OpInfo, group_size, lookup, tensor_bytes
+from workbench.trace.collectives import OpInfo, group_size, op_bytes, overloads
 from workbench.trace.events import CommEvent, Event, PhaseSpan
 from workbench.trace.recorder import Recorder
 from workbench.trace.storage import StorageKey, storage_key
@@ -134,23 +134,27 @@ class _CommMode(TorchDispatchMode):
         super().__init__()
         self.tracer = tracer
         self.redispatch = _redispatch_types()
-        self.wait_tensor = getattr(torch.ops._c10d_functional, "wait_tensor", None)
+        self.table: dict[Any, OpInfo | None] = dict(overloads())
+        wait = getattr(torch.ops._c10d_functional, "wait_tensor", None)
+        if wait is not None:
+            for name in wait.overloads():
+                self.table[getattr(wait, name)] = None  # present, but not a collective
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # Every op of the program passes here while tracing: keep this path minimal.
         # Returning NotImplemented lets DTensor / AsyncCollectiveTensor desugar the op
         # into plain-tensor ops (and collectives) that come back through this mode.
         if types and any(issubclass(t, self.redispatch) for t in types):
             return NotImplemented
+        if func not in self.table:
+            return func(*args, **kwargs) if kwargs else func(*args)
         kwargs = kwargs or {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            return func(*args, **kwargs)
-        packet = func._overloadpacket
-        if packet is self.wait_tensor:
+        info = self.table[func]
+        if info is None:  # wait_tensor: a functional collective completes
             out = func(*args, **kwargs)
             self.tracer._on_wait(args[0])
             return out
-        info = lookup(func)
-        if info is None or self.tracer._suppressed():
+        if self.tracer._suppressed():
             return func(*args, **kwargs)
         return self.tracer._run_collective(info, func, args, kwargs)
 
@@ -343,13 +347,7 @@ class CommTracer:
         self._poll_cuda()
         default_size = dist.get_world_size if dist.is_initialized() else (lambda: 1)
         size = group_size(info, args, default_size)
-        if info.size_arg == -2:
-            nbytes = 0
-        elif info.size_arg == -1:  # gathered output = every rank's input
-            nbytes = tensor_bytes(args[0]) * size
-        else:
-            nbytes = tensor_bytes(args[info.size_arg]) if info.size_arg < len(args) else 0
-        flight = _Flight(info.name, nbytes, size, _source(depth=3))
+        flight = _Flight(info.name, op_bytes(info, args, size), size, _source(depth=3))
         first = next((t for t in _leaves(args) if isinstance(t, torch.Tensor)), None)
         self._begin(flight, cuda=first is not None and first.is_cuda)
         try:
