@@ -380,7 +380,7 @@ class Cluster:
                 asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
                 timeout=self.config.init_timeout + 10,
             )
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise ClusterError(
                 f"process group did not form within init_timeout={self.config.init_timeout}s"
             ) from exc
@@ -446,7 +446,7 @@ class Cluster:
         targets = self._targets(ranks)
         client = self.client
         futures = [client[r.engine_id].apply_async(fn, *args, **kwargs) for r in targets]
-        return self._collect(targets, futures, timeout)
+        return self.collect(targets, futures, timeout)
 
     async def run_async(
         self,
@@ -478,9 +478,10 @@ class Cluster:
                 report={"pending": pending, "finished": done},
             )
 
-    def _collect(
+    def collect(
         self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
     ) -> list[Any]:
+        """Wait for per-rank futures (from ``client[eid].apply_async``) and gather results."""
         self._wait_all(targets, futures, timeout)
         results: list[Any] = []
         failures: dict[int, str] = {}

@@ -1,0 +1,54 @@
+"""``%wb step | plot | trace`` drive the current stepper."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+import pytest
+from IPython.core.error import UsageError
+
+from workbench.cluster import Cluster
+from workbench.ui import stepper as stepper_module
+from workbench.ui.stepper import Stepper
+
+
+def test_without_a_stepper_is_a_usage_error(ipython_shell: Any) -> None:
+    saved = list(stepper_module._current)
+    stepper_module._current.clear()
+    try:
+        with pytest.raises(UsageError, match="no stepper yet"):
+            ipython_shell.run_line_magic("wb", "step")
+    finally:
+        stepper_module._current[:] = saved
+
+
+def test_step_plot_and_export(
+    ipython_shell: Any, cluster: Cluster, capsys: Any, tmp_path: Path
+) -> None:
+    stepper = Stepper(model="mlp-tiny", strategy="dp", batch_size=8, cluster=cluster)
+    try:
+        ipython_shell.run_line_magic("wb", "step --phase -n 2")
+        out = capsys.readouterr().out.splitlines()
+        assert out == [
+            "[rank 0] step 0, next phase backward, loss -",
+            "[rank 1] step 0, next phase backward, loss -",
+        ]
+        ipython_shell.run_line_magic("wb", "step -n 2")
+        assert [s.step for s in stepper.status] == [2, 2]
+        capsys.readouterr()
+        fig = ipython_shell.run_line_magic("wb", "plot loss")
+        assert isinstance(fig, go.Figure)
+        assert sorted(t.name for t in fig.data) == ["rank 0", "rank 1"]
+        with pytest.raises(UsageError, match="invalid choice: 'speed'"):
+            ipython_shell.run_line_magic("wb", "plot speed")
+        with pytest.raises(UsageError, match="must be >= 1"):
+            ipython_shell.run_line_magic("wb", "step -n 0")
+        target = tmp_path / "trace.json"
+        ipython_shell.run_line_magic("wb", f"trace export {target}")
+        assert "events to" in capsys.readouterr().out
+        assert json.loads(target.read_text())["traceEvents"]
+    finally:
+        stepper.close()

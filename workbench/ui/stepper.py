@@ -1,0 +1,137 @@
+"""``Stepper``: step a distributed training run phase by phase, with live figures.
+
+The state (which run, where every rank is, every event) lives in a ``TrainingSession``;
+``Stepper`` adds figures and a widget view over it. Everything the buttons do is a method.
+"""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+
+from workbench.cluster import Cluster
+from workbench.cluster.session import RankStatus, TrainingSession, validate_layout
+from workbench.errors import ConfigError
+from workbench.parallel.spec import RunSpec
+from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
+from workbench.trace import Event
+
+__all__ = ["Stepper"]
+
+_current: list[weakref.ref[Stepper]] = []  # the most recently created stepper
+
+
+class Stepper:
+    """Drive one run on every rank of ``cluster`` (default: the running one).
+
+    >>> stepper = Stepper(model="gpt-tiny", strategy="dp", batch_size=8)   # doctest: +SKIP
+    >>> stepper.phase(); stepper.step(); stepper.run(10)                   # doctest: +SKIP
+    >>> stepper                      # in a notebook: the widget           # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str = "gpt-tiny",
+        strategy: str = "dp",
+        *,
+        cluster: Cluster | None = None,
+        capacity: int | None = None,
+        reference: bool = False,
+        timeout: float | None = 300.0,
+        **options: Any,
+    ) -> None:
+        spec = RunSpec(model=model, strategy=strategy, **options)
+        self.cluster = cluster if cluster is not None else Cluster.current()
+        validate_layout(spec, self.cluster.world_size)  # fail here, before any work
+        self.session = TrainingSession(self.cluster, spec, timeout=timeout)
+        self.capacity = capacity
+        self.reference = reference
+        self._view: Any | None = None
+        _current[:] = [weakref.ref(self)]
+
+    @classmethod
+    def current(cls) -> Stepper:
+        """The most recently created stepper (what ``%wb step`` and ``%wb plot`` drive)."""
+        stepper = _current[0]() if _current else None
+        if stepper is None:
+            raise ConfigError(
+                "no stepper yet; create one with "
+                "`stepper = workbench.Stepper(model='gpt-tiny', strategy='dp')`"
+            )
+        return stepper
+
+    def __repr__(self) -> str:
+        return f"<workbench.Stepper {self.session!r}>"
+
+    # -- the run -------------------------------------------------------------------------
+    @property
+    def spec(self) -> RunSpec:
+        return self.session.spec
+
+    @property
+    def events(self) -> list[Event]:
+        """Every event from every rank so far (phases, memory, collectives, losses)."""
+        return self.session.events
+
+    @property
+    def status(self) -> list[RankStatus]:
+        return self.session.status
+
+    def phase(self, count: int = 1) -> list[Event]:
+        """Advance every rank by one phase (``count`` phases); returns the new events."""
+        return self.session.phase(count)
+
+    def step(self, count: int = 1) -> list[Event]:
+        """Run to the end of the current step (``count`` steps); returns the new events."""
+        return self.session.step(count)
+
+    def run(self, count: int) -> int:
+        """Run ``count`` whole steps; returns how many ran."""
+        return self.session.run(count)
+
+    def reset(self) -> None:
+        """Fresh weights, step 0, no events — same options."""
+        self.session.reset()
+
+    def rebuild(self, **changes: Any) -> None:
+        """Change options (strategy, batch_size, overlap, ...) and rebuild on every rank."""
+        self.session.build(**changes)
+
+    def reference_losses(self) -> list[float]:
+        return self.session.reference_losses()
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- output --------------------------------------------------------------------------
+    def figures(self) -> dict[str, go.Figure]:
+        """Plain plotly figures of everything so far: memory, comm, loss."""
+        events = self.events
+        ranks = list(range(self.cluster.world_size))
+        return {
+            "memory": memory_figure(events, capacity=self.capacity, ranks=ranks),
+            "comm": comm_timeline_figure(events, ranks=ranks),
+            "loss": loss_figure(
+                events, reference=self.reference_losses() if self.reference else None
+            ),
+        }
+
+    def export_trace(self, path: str | Path) -> Path:
+        """Write a Perfetto / Chrome trace of every rank's events; returns the path."""
+        return self.session.export_trace(path)
+
+    # -- the widget ----------------------------------------------------------------------
+    @property
+    def widget(self) -> Any:
+        """The ipywidgets view (built on first use)."""
+        if self._view is None:
+            from workbench.ui.stepper_view import StepperView
+
+            self._view = StepperView(self)
+        return self._view.root
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        return self.widget._repr_mimebundle_(**kwargs)  # type: ignore[no-any-return]

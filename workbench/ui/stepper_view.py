@@ -1,0 +1,288 @@
+"""The stepper widget: controls, per-rank status and live plotly figures.
+
+A view only: every button calls a ``Stepper`` method, and figures grow from the increments
+the session hands its listeners (never the whole history). Figure updates are batched and
+throttled so a long Run N stays smooth; Run N yields to the kernel between steps so Pause
+is heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from workbench.errors import WorkbenchError
+from workbench.parallel.models import PRESETS
+from workbench.parallel.options import PRECISIONS
+from workbench.parallel.pp import SCHEDULES
+from workbench.parallel.spec import OPTIMIZERS, STRATEGIES
+from workbench.plots import (
+    comm_timeline_figure,
+    loss_figure,
+    memory_figure,
+    update_comm_timeline,
+    update_loss_figure,
+    update_memory_figure,
+)
+from workbench.trace import Event
+
+if TYPE_CHECKING:
+    from workbench.ui.stepper import Stepper
+
+__all__ = ["StepperView"]
+
+# Minimum seconds between figure refreshes during Run N (each refresh costs a few ms of
+# serialisation; events are buffered in between and flushed at the end).
+THROTTLE_S = 0.25
+
+
+class StepperView:
+    """Widgets bound to one ``Stepper``."""
+
+    def __init__(self, stepper: Stepper) -> None:
+        self.stepper = stepper
+        self._pending: list[Event] = []
+        self._last_flush = 0.0
+        self._running = False
+        self._pause = False
+        self._reverting = False
+        self.flush_times: list[float] = []  # seconds per figure refresh (for benchmarks)
+        spec = stepper.spec
+
+        self.options = {
+            "strategy": widgets.Dropdown(
+                options=STRATEGIES, value=spec.strategy, description="strategy"
+            ),
+            "model": widgets.Dropdown(
+                options=sorted(PRESETS), value=spec.model, description="model"
+            ),
+            "batch_size": widgets.BoundedIntText(
+                value=spec.batch_size, min=1, max=4096, description="batch"
+            ),
+            "optimizer": widgets.Dropdown(
+                options=OPTIMIZERS, value=spec.optimizer, description="optimizer"
+            ),
+            "precision": widgets.Dropdown(
+                options=PRECISIONS, value=spec.precision, description="precision"
+            ),
+            "overlap": widgets.Checkbox(value=spec.overlap, description="overlap (DDP)"),
+            "checkpointing": widgets.Checkbox(
+                value=spec.checkpointing, description="activation ckpt"
+            ),
+            "microbatches": widgets.BoundedIntText(
+                value=spec.microbatches, min=1, max=64, description="micro-batches"
+            ),
+            "schedule": widgets.Dropdown(
+                options=sorted(SCHEDULES), value=spec.schedule, description="schedule"
+            ),
+        }
+        for name, control in self.options.items():
+            control.observe(lambda change, n=name: self._on_option(n, change), names="value")
+
+        self.phase_button = widgets.Button(
+            description="Phase ▶", button_style="primary", tooltip="advance every rank by one phase"
+        )
+        self.step_button = widgets.Button(description="Step ▶▶", tooltip="finish the step")
+        self.run_count = widgets.BoundedIntText(
+            value=10, min=1, max=100000, layout={"width": "90px"}
+        )
+        self.run_button = widgets.Button(description="Run N", tooltip="run N whole steps")
+        self.pause_button = widgets.Button(description="Pause", disabled=True)
+        self.reset_button = widgets.Button(description="Reset", button_style="warning")
+        self.progress = widgets.IntProgress(
+            value=0, min=0, max=1, description="", layout={"width": "160px"}
+        )
+        self.status = widgets.HTML()
+        self.message = widgets.HTML()
+        self.phase_button.on_click(lambda _b: self._guard(self.stepper.phase))
+        self.step_button.on_click(lambda _b: self._guard(self.stepper.step))
+        self.run_button.on_click(lambda _b: self._start_run(self.run_count.value))
+        self.pause_button.on_click(lambda _b: self._request_pause())
+        self.reset_button.on_click(lambda _b: self._guard(self._reset))
+
+        ranks = list(range(stepper.cluster.world_size))
+        self.memory = go.FigureWidget(memory_figure(capacity=stepper.capacity, ranks=ranks))
+        self.comm = go.FigureWidget(comm_timeline_figure(ranks=ranks))
+        self.loss = go.FigureWidget(loss_figure(reference=[] if stepper.reference else None))
+
+        controls = widgets.HBox(
+            [
+                self.phase_button,
+                self.step_button,
+                self.run_count,
+                self.run_button,
+                self.pause_button,
+                self.reset_button,
+                self.progress,
+            ]
+        )
+        option_box = widgets.GridBox(
+            list(self.options.values()), layout={"grid_template_columns": "repeat(3, 33%)"}
+        )
+        self.root = widgets.VBox(
+            [
+                option_box,
+                controls,
+                self.status,
+                self.message,
+                widgets.Tab(
+                    children=[self.memory, self.comm, self.loss],
+                    titles=("memory", "communication", "loss"),
+                ),
+            ]
+        )
+        self._unsubscribe = stepper.session.subscribe(self._on_events)
+        if stepper.session.events:
+            self._pending.extend(stepper.session.events)
+        self._flush(force=True)
+
+    # -- events -> figures ---------------------------------------------------------------
+    def _on_events(self, events: list[Event]) -> None:
+        self._pending.extend(events)
+        self._flush(force=not self._running)
+
+    def _flush(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_flush < THROTTLE_S:
+            return
+        pending, self._pending = self._pending, []
+        started = time.perf_counter()
+        if pending:
+            update_memory_figure(self.memory, pending)
+            update_comm_timeline(self.comm, pending)
+            update_loss_figure(self.loss, pending)
+            if self.stepper.reference:
+                self._update_reference()
+        self._render_status()
+        self.flush_times.append(time.perf_counter() - started)
+        self._last_flush = now
+
+    def _update_reference(self) -> None:
+        values = self.stepper.reference_losses()
+        for trace in self.loss.data:
+            if isinstance(trace.meta, dict) and trace.meta.get("key") == "loss/reference":
+                trace.x = list(range(len(values)))
+                trace.y = values
+
+    def _render_status(self) -> None:
+        rows = "".join(
+            f"<tr><td>{s.rank}</td><td>{s.step}</td><td>{html.escape(s.next_phase)}</td>"
+            f"<td>{'' if s.loss is None else f'{s.loss:.6f}'}</td></tr>"
+            for s in self.stepper.status
+        )
+        spec = self.stepper.spec
+        self.status.value = (
+            f"<b>{html.escape(spec.strategy)}</b> · {html.escape(spec.model)} · "
+            f"phases: {html.escape(' → '.join(self.stepper.session.phases))}"
+            "<table style='border-collapse:collapse'><tr><th>rank</th><th>step</th>"
+            f"<th>next phase</th><th>loss</th></tr>{rows}</table>"
+        )
+
+    # -- actions -------------------------------------------------------------------------
+    def _guard(self, action: Any, *args: Any) -> Any:
+        """Run an action; show a failure in the widget instead of raising into the void."""
+        self.message.value = ""
+        try:
+            return action(*args)
+        except WorkbenchError as exc:
+            self.message.value = (
+                f"<pre style='color:#b00020;white-space:pre-wrap'>{html.escape(str(exc))}</pre>"
+            )
+            return None
+        finally:
+            self._flush(force=True)
+
+    def _reset(self) -> None:
+        self.stepper.reset()
+        self._rebuild_figures()
+
+    def _rebuild_figures(self) -> None:
+        ranks = list(range(self.stepper.cluster.world_size))
+        fresh = [
+            (self.memory, memory_figure(capacity=self.stepper.capacity, ranks=ranks)),
+            (self.comm, comm_timeline_figure(ranks=ranks)),
+            (self.loss, loss_figure(reference=[] if self.stepper.reference else None)),
+        ]
+        for widget, figure in fresh:
+            with widget.batch_update():
+                widget.data = ()
+                widget.layout = figure.layout
+                widget.add_traces(list(figure.data))
+        self._pending = []
+
+    def _on_option(self, name: str, change: dict[str, Any]) -> None:
+        if self._running or self._reverting:
+            return
+        if self._guard(self._apply_option, name, change["new"]) is None:
+            # Invalid combination: the message stays, the control goes back.
+            self._reverting = True
+            try:
+                self.options[name].value = change["old"]
+            finally:
+                self._reverting = False
+
+    def _apply_option(self, name: str, value: Any) -> bool:
+        self.stepper.rebuild(**{name: value})
+        self._rebuild_figures()
+        return True
+
+    def _request_pause(self) -> None:
+        self._pause = True
+
+    def _set_running(self, running: bool) -> None:
+        self._running = running
+        for button in (self.phase_button, self.step_button, self.run_button, self.reset_button):
+            button.disabled = running
+        self.pause_button.disabled = not running
+
+    def _start_run(self, count: int) -> None:
+        """Run N steps; inside a kernel this yields between steps so Pause is processed."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self._guard(self._run_blocking, count)
+        else:
+            loop.create_task(self._run_async(count))
+
+    def _run_blocking(self, count: int) -> None:
+        self._begin(count)
+        try:
+            self.stepper.session.run(count, on_step=self._on_step, should_stop=lambda: self._pause)
+        finally:
+            self._end()
+
+    async def _run_async(self, count: int) -> None:
+        self._begin(count)
+        try:
+            for _ in range(count):
+                if self._pause:
+                    break
+                await asyncio.to_thread(self.stepper.session.step, 1)
+                self._on_step(self.progress.value + 1, count)
+        except WorkbenchError as exc:
+            self.message.value = (
+                f"<pre style='color:#b00020;white-space:pre-wrap'>{html.escape(str(exc))}</pre>"
+            )
+        finally:
+            self._end()
+
+    def _begin(self, count: int) -> None:
+        self._pause = False
+        self.message.value = ""
+        self.progress.max = count
+        self.progress.value = 0
+        self._set_running(True)
+
+    def _on_step(self, done: int, total: int) -> None:
+        self.progress.value = done
+
+    def _end(self) -> None:
+        self._set_running(False)
+        self._flush(force=True)
