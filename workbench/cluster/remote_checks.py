@@ -1,0 +1,41 @@
+"""Engine-side equivalence check: this run's full parameters against the single-device run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.cluster.engine import engine_state
+
+__all__ = ["compare_with_reference"]
+
+
+def compare_with_reference() -> dict[str, Any] | None:
+    """Collective (call on every rank): gather the full parameters and, on rank 0, compare
+    them with a single-device run of the same spec for the same number of steps.
+
+    Returns ``{"max_param_diff", "max_loss_diff", "steps", "params"}`` on rank 0, None elsewhere.
+    """
+    from workbench.parallel import full_state_dict, reference_losses_and_params
+
+    train_step = engine_state()["run"]
+    full = full_state_dict(train_step)
+    if full is None:
+        return None
+    steps = train_step.step
+    ref_losses, ref_params = reference_losses_and_params(train_step.spec, steps)
+    missing = sorted(set(ref_params) ^ set(full))
+    if missing:
+        raise RuntimeError(f"parameter names differ from the single-device model: {missing}")
+    diff = max(float((full[k] - ref_params[k]).abs().max()) for k in ref_params)
+    losses = [
+        e.value
+        for e in train_step.recorder.events
+        if getattr(e, "kind", "") == "metric" and e.name == "loss"
+    ]
+    loss_diff = max((abs(a - b) for a, b in zip(losses, ref_losses, strict=False)), default=0.0)
+    return {
+        "max_param_diff": diff,
+        "max_loss_diff": loss_diff,
+        "steps": steps,
+        "params": sum(int(v.numel()) for v in full.values()),
+    }
