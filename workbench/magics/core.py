@@ -111,3 +111,4 @@ class WorkbenchMagics(Magics):
 # Register the built-in subcommands (they import this module for ``command``).
 from workbench.magics import cluster_cmds as _cluster_cmds  # noqa: E402, F401
 from workbench.magics import step_cmds as _step_cmds  # noqa: E402, F401
+from workbench.magics import ui_cmds as _ui_cmds  # noqa: E402, F401

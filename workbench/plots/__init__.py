@@ -9,6 +9,11 @@ from workbench.plots.bandwidth import bandwidth_figure, update_bandwidth_figure
 from workbench.plots.demo import demo_events
 from workbench.plots.loss import loss_figure, update_loss_figure
 from workbench.plots.memory import memory_figure, update_memory_figure
+from workbench.plots.planner import (
+    memory_breakdown_figure,
+    memory_vs_model_size_figure,
+    scaling_figure,
+)
 from workbench.plots.style import (
     CATEGORIES,
     CATEGORY_COLORS,
@@ -34,9 +39,12 @@ __all__ = [
     "extend_figure",
     "format_bytes",
     "loss_figure",
+    "memory_breakdown_figure",
     "memory_figure",
+    "memory_vs_model_size_figure",
     "op_color",
     "phase_color",
+    "scaling_figure",
     "update_bandwidth_figure",
     "update_comm_timeline",
     "update_loss_figure",
