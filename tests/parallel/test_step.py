@@ -193,12 +193,6 @@ def test_traced_step_emits_memory_and_comm_events() -> None:
     assert ("forward", "workbench") in meg and ("backward", "workbench") in meg  # g and f
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="MemoryTracer.start fails on DTensor parameters: workbench.trace.storage."
-    "local_tensors yields a DeviceMesh from DTensor.__tensor_flatten__ (reported to trace)",
-)
 def test_traced_step_with_dtensor_parameters() -> None:
     pytest.importorskip("workbench.trace.memory")
     result = run_ranks(_traced, [("fsdp", False), ("tp", False)], timeout=120)[0]
