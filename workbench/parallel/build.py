@@ -117,6 +117,7 @@ def build_train_step(
         memory_tracer=memory_tracer,
         comm_tracer=comm_tracer,
         strategy=spec.strategy,
+        loader=loader,
     )
     step.spec = spec
     return step

@@ -14,6 +14,7 @@ the property the equivalence tests rely on.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import torch
@@ -90,14 +91,28 @@ def make_loader(
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
 
 
-def batches(loader: DataLoader) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Endless batches; a new epoch (with a new shuffle) starts when the loader runs out."""
-    epoch = 0
+def batches(loader: DataLoader, start: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Endless batches; a new epoch (with a new shuffle) starts when the loader runs out.
+
+    ``start`` resumes at that many batches already taken (a checkpoint's data position):
+    the order is a pure function of seed and epoch, so epoch ``start // len(loader)`` is
+    re-shuffled the same way and its first ``start % len(loader)`` batches are skipped.
+    """
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ConfigError(f"start={start!r} is not valid; it must be an integer >= 0")
+    per_epoch = len(loader)
+    if per_epoch == 0:
+        raise ConfigError("the loader yields no batches; use a smaller batch_size")
+    epoch, skip = divmod(start, per_epoch)
     while True:
         sampler = loader.sampler
         if isinstance(sampler, DistributedSampler):
             sampler.set_epoch(epoch)
-        yield from loader
+        if skip:
+            yield from itertools.islice(loader, skip, None)
+            skip = 0
+        else:
+            yield from loader
         epoch += 1
 
 

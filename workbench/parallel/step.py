@@ -68,6 +68,7 @@ class TrainStep:
         memory_tracer: Any | None = None,
         comm_tracer: Any | None = None,
         strategy: str = "single",
+        loader: Any | None = None,
     ) -> None:
         if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
             raise ConfigError(f"grad_accum={grad_accum!r} is not valid; it must be an integer >= 1")
@@ -88,6 +89,10 @@ class TrainStep:
         self.memory_tracer = memory_tracer
         self.comm_tracer = comm_tracer
         self.strategy = strategy
+        # The DataLoader behind ``batches`` (when known), so a checkpoint can restore the
+        # data position; ``data_position`` counts the batches taken so far.
+        self.loader = loader
+        self.data_position = 0
         self.spec: Any | None = None  # the RunSpec, when built by build_train_step
         self.last_loss: float | None = None
         self._step = 0
@@ -153,6 +158,30 @@ class TrainStep:
             raise RuntimeError("step finished without a loss")
         return self.last_loss
 
+    @property
+    def at_step_boundary(self) -> bool:
+        """True between steps (the next phase is ``data``): where checkpoints are taken."""
+        return self._cursor == 0
+
+    def restore_position(self, *, step: int, data_position: int, last_loss: float | None) -> None:
+        """Continue as if ``step`` steps had run and ``data_position`` batches were taken
+        (after loading model and optimizer state from a checkpoint)."""
+        from workbench.parallel.data import batches
+
+        if self.loader is None:
+            raise ConfigError(
+                "this TrainStep was made without its loader (loader=None), so its data "
+                "position cannot be restored; build it with build_train_step or pass loader="
+            )
+        self.batches = batches(self.loader, start=data_position)
+        self.data_position = data_position
+        self._step = step
+        self.recorder.step = step
+        self._cursor = 0
+        self._micro = []
+        self._loss = None
+        self.last_loss = last_loss
+
     def close(self) -> None:
         """Stop the tracers (idempotent)."""
         for tracer in (self.memory_tracer, self.comm_tracer):
@@ -184,6 +213,7 @@ class TrainStep:
 
     def _data(self) -> None:
         x, y = next(self.batches)[:2]
+        self.data_position += 1
         x, y = x.to(self.device), y.to(self.device)
         if self.pipeline is not None:
             self._micro = [(x, y)]  # the schedule cuts micro-batches itself
