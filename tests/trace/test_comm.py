@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.harness import run_ranks
 from tests.trace.models import make_mlp
 from workbench.errors import WorkbenchError
 from workbench.trace import CommEvent, CommTracer, MemoryTracer, Recorder, gradient_bytes
+from workbench.trace.intercept import intercepted_ops
 
 STEPS = 3
 
@@ -119,7 +119,9 @@ def _collectives_rank(rank: int, world_size: int) -> dict[str, Any]:
     out["funcol_value"] = float((reduced + 0)[0])  # using the result waits on it
 
     # Async: rank 1 joins late, so rank 0's all-reduce is in flight meanwhile.
-    rec.step, rec.phase = 2, "async"
+    rec.step, rec.phase = 2, "align"
+    dist.barrier()  # both ranks leave together, then rank 1 is late by `delay`
+    rec.phase = "async"
     delay = 0.3
     if rank == 1:
         time.sleep(delay)
@@ -144,6 +146,12 @@ def _collectives_rank(rank: int, world_size: int) -> dict[str, Any]:
     out["tp_activations_after"] = mem.activation_bytes
     out["tp_grads"] = mem.sample().grads
     mem.stop()
+
+    # A collective issued on another thread (the interception is per process).
+    rec.step, rec.phase = 4, "thread"
+    worker = threading.Thread(target=lambda: dist.broadcast(torch.zeros(n), src=0))
+    worker.start()
+    worker.join()
 
     tracer.stop()
     dist.barrier()  # after stop: not recorded
@@ -172,7 +180,7 @@ def test_plain_functional_and_dtensor_collectives() -> None:
         ]
         assert all(e.group_size == world and e.end >= e.start for e in events)
 
-        (late,) = [e for e in events if e.step == 2]
+        (late,) = [e for e in events if e.step == 2 and e.phase == "async"]
         assert late.op == "all_reduce" and late.phase == "async"
         flights = out["in_flight_while_waiting"]
         if rank == 0:  # waited for rank 1's delay: issue-to-completion covers it
@@ -188,7 +196,10 @@ def test_plain_functional_and_dtensor_collectives() -> None:
         assert [(e.op, e.source) for e in fwd] == [("all_reduce", "dtensor")]
         # Rowwise output: a partial (batch 5 x out 6) fp32 tensor summed over the ranks.
         assert fwd[0].bytes == 5 * 6 * f32
-        assert not [e for e in events if e.op == "barrier"]
+        barriers = [(e.bytes, e.phase) for e in events if e.op == "barrier"]
+        assert barriers == [(0, "align")]  # the one after stop() is not recorded
+        threaded = [(e.op, e.bytes, e.source) for e in events if e.step == 4]
+        assert threaded == [("broadcast", n * f32, "user")]
 
         # Memory of the TP model counts local shards only: Linear(8, 16) split by output
         # rows, Linear(16, 6) split by input columns with its bias replicated.
@@ -197,35 +208,37 @@ def test_plain_functional_and_dtensor_collectives() -> None:
         assert out["tp_activations"] > 0 and out["tp_activations_after"] == 0
 
 
-def test_stop_refuses_to_pop_a_foreign_mode() -> None:
-    tracer = CommTracer(Recorder()).start()
-    other = TorchDispatchMode()
-    with other, pytest.raises(WorkbenchError, match="another dispatch mode"):
-        tracer.stop()
-    tracer.stop()
-    assert not tracer.active
-
-
-def test_stop_must_run_on_the_starting_thread() -> None:
-    rec = Recorder()
-    comm = CommTracer(rec).start()
-    mem = MemoryTracer(make_mlp(4, 8, 2), None, rec).start()
+def test_memory_tracer_stops_on_its_own_thread() -> None:
+    mem = MemoryTracer(make_mlp(4, 8, 2), None, Recorder()).start()
     errors: list[BaseException] = []
 
     def stop_elsewhere() -> None:
-        for tracer in (mem, comm):
-            try:
-                tracer.stop()
-            except WorkbenchError as exc:
-                errors.append(exc)
+        try:
+            mem.stop()
+        except WorkbenchError as exc:
+            errors.append(exc)
 
     thread = threading.Thread(target=stop_elsewhere)
     thread.start()
     thread.join()
-    assert len(errors) == 2 and all("thread" in str(e) for e in errors)
+    assert len(errors) == 1 and "thread" in str(errors[0])
     mem.stop()
-    comm.stop()
-    assert not comm.active and not mem.active
+    assert not mem.active
+
+
+def test_interception_installed_only_while_a_tracer_runs() -> None:
+    name = "c10d::allreduce_"
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
+    first, second = CommTracer(Recorder()), CommTracer(Recorder())
+    with first:
+        assert name in intercepted_ops()
+        assert "_c10d_functional::all_reduce" in intercepted_ops()
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
+        with second:
+            pass
+        assert name in intercepted_ops()  # still needed by the first tracer
+    assert intercepted_ops() == []
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
 
 
 def test_tracer_is_transparent_without_a_process_group() -> None:

@@ -134,7 +134,10 @@ def group_size(info: OpInfo, args: tuple[Any, ...], default: Callable[[], int]) 
 
     try:
         group = args[info.group_arg]
-        pg = _resolve_process_group(group) if info.functional else ProcessGroup.unbox(group)
+        if info.functional:
+            pg = _resolve_process_group(group)
+        else:
+            pg = group if isinstance(group, ProcessGroup) else ProcessGroup.unbox(group)
         return int(pg.size())
     except (IndexError, RuntimeError, TypeError, ValueError, AttributeError):
         return default()

@@ -3,13 +3,14 @@
 Two hook points, no double counting:
 
 * DDP gradient buckets go through an averaging comm hook (``attach_ddp``), which records
-  each bucket all-reduce with ``source="ddp-bucket"``. While the hook issues its own
-  all-reduce the dispatch tracer below is told to look away.
+  each bucket all-reduce with ``source="ddp-bucket"``. The hook issues its own all-reduce
+  inside ``intercept.looking_away()`` so the dispatcher interception does not count it
+  again.
 * Everything else - ``torch.distributed`` calls, DTensor redistributions, FSDP2 gathers,
-  functional collectives - reaches the dispatcher as a ``c10d::*`` or
-  ``_c10d_functional::*`` op, where a ``TorchDispatchMode`` sees it (the same interception
-  ``CommDebugMode`` uses). The source (dtensor, fsdp, pipeline, ddp, workbench, user) is
-  read from the Python call stack at issue time.
+  functional collectives - is seen at the dispatcher (see ``intercept``: a kernel at the
+  ``BackendSelect`` key of the collective ops only, so other ops cost nothing). The source
+  (dtensor, fsdp, pipeline, ddp, zero, workbench, user) is read from the Python call stack
+  at issue time.
 
 Completion: a ``c10d`` op returns a ``Work``; its future's callback marks completion (on
 gloo the callback runs before ``Work.wait()`` returns). A functional op completes when its
@@ -27,18 +28,17 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 import workbench
 from workbench.errors import WorkbenchError
-from workbench.trace.collectives import OpInfo, group_size, op_bytes, overloads
+from workbench.trace.collectives import OpInfo, group_size, op_bytes
 from workbench.trace.events import CommEvent, Event, PhaseSpan
+from workbench.trace.intercept import add_listener, looking_away, remove_listener
 from workbench.trace.recorder import Recorder
 from workbench.trace.storage import StorageKey, storage_key
 
@@ -60,9 +60,9 @@ _SOURCES = tuple(
 )
 
 
-def _source(depth: int = 2) -> str:
+def _source() -> str:
     """Who issued the collective: the first frame outside torch's plumbing decides."""
-    frame = sys._getframe(depth)
+    frame: Any = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith(_TORCH_DIR):
@@ -111,72 +111,22 @@ class _Flight:
         self.done = False
 
 
-def _redispatch_types() -> tuple[type, ...]:
-    """Subclasses that turn one op into collectives: let them run first, then look."""
-    types: list[type] = []
-    try:
-        from torch.distributed.tensor import DTensor
-
-        types.append(DTensor)
-    except ImportError:
-        pass
-    try:
-        from torch.distributed._functional_collectives import AsyncCollectiveTensor
-
-        types.append(AsyncCollectiveTensor)
-    except ImportError:
-        pass
-    return tuple(types)
-
-
-class _CommMode(TorchDispatchMode):
-    def __init__(self, tracer: CommTracer) -> None:
-        super().__init__()
-        self.tracer = tracer
-        self.redispatch = _redispatch_types()
-        self.table: dict[Any, OpInfo | None] = dict(overloads())
-        wait = getattr(torch.ops._c10d_functional, "wait_tensor", None)
-        if wait is not None:
-            for name in wait.overloads():
-                self.table[getattr(wait, name)] = None  # present, but not a collective
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        # Every op of the program passes here while tracing: keep this path minimal.
-        # Returning NotImplemented lets DTensor / AsyncCollectiveTensor desugar the op
-        # into plain-tensor ops (and collectives) that come back through this mode.
-        if types and any(issubclass(t, self.redispatch) for t in types):
-            return NotImplemented
-        if func not in self.table:
-            return func(*args, **kwargs) if kwargs else func(*args)
-        kwargs = kwargs or {}
-        info = self.table[func]
-        if info is None:  # wait_tensor: a functional collective completes
-            out = func(*args, **kwargs)
-            self.tracer._on_wait(args[0])
-            return out
-        if self.tracer._suppressed():
-            return func(*args, **kwargs)
-        return self.tracer._run_collective(info, func, args, kwargs)
-
-
 class CommTracer:
     """Records every collective of this rank as a ``CommEvent`` on ``recorder``.
 
-    ``start()`` pushes a dispatch mode on this thread (it stays until ``stop()``, across
-    separate calls on the same thread); ``attach_ddp(model)`` adds DDP's buckets.
+    ``start()`` installs the process-wide interception (it stays until ``stop()``, across
+    separate calls and on every thread); ``attach_ddp(model)`` adds DDP's buckets.
     """
 
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
         self.errors: list[str] = []  # tracing failures never break training; kept here
-        self._mode: _CommMode | None = None
-        self._local = threading.local()
+        self._active = False
         self._lock = threading.Lock()
         self._waiting: dict[StorageKey, _Flight] = {}  # functional ops, by output storage
         self._cuda: list[_Flight] = []  # completed on the host, GPU time not yet known
         self._unsubscribe: Any = None
         self._attached: set[int] = set()
-        self._thread: int | None = None
 
     def __repr__(self) -> str:
         return (
@@ -188,35 +138,21 @@ class CommTracer:
 
     @property
     def active(self) -> bool:
-        return self._mode is not None
+        return self._active
 
     def start(self) -> CommTracer:
-        if self._mode is not None:
+        if self._active:
             return self
-        mode = _CommMode(self)
-        mode.__enter__()
-        self._mode = mode
-        self._thread = threading.get_ident()
+        self._active = True
         self._unsubscribe = self.recorder.subscribe(self._on_event)
+        add_listener(self)
         return self
 
     def stop(self) -> None:
-        mode = self._mode
-        if mode is None:
+        if not self._active:
             return
-        if threading.get_ident() != self._thread:
-            raise WorkbenchError(
-                "CommTracer.stop() was called on another thread than start(); dispatch modes "
-                "are per thread: stop the tracer on the thread that started it"
-            )
-        if _get_current_dispatch_mode() is not mode:
-            raise WorkbenchError(
-                "CommTracer.stop(): another dispatch mode was entered after this tracer "
-                f"started and is still active ({_get_current_dispatch_mode()!r}); "
-                "exit it first, then stop the tracer"
-            )
-        mode.__exit__(None, None, None)
-        self._mode = None
+        remove_listener(self)
+        self._active = False
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -258,17 +194,6 @@ class CommTracer:
         self._attached.add(id(ddp_model))
 
     # -- internals ---------------------------------------------------------------------
-
-    def _suppressed(self) -> bool:
-        return getattr(self._local, "suppress", 0) > 0
-
-    @contextmanager
-    def _looking_away(self) -> Iterator[None]:
-        self._local.suppress = getattr(self._local, "suppress", 0) + 1
-        try:
-            yield
-        finally:
-            self._local.suppress -= 1
 
     def _begin(self, flight: _Flight, cuda: bool) -> None:
         rec = self.recorder
@@ -342,16 +267,16 @@ class CommTracer:
         if isinstance(event, PhaseSpan):
             self._poll_cuda()
 
-    def _run_collective(self, info: OpInfo, func: Any, args: Any, kwargs: dict) -> Any:
-        """Issue one dispatcher collective and arrange to see its completion."""
+    def _on_collective(self, info: OpInfo, call: Callable[[], Any], args: tuple) -> Any:
+        """Called by the interception for one collective: time it, issue it, await it."""
         self._poll_cuda()
         default_size = dist.get_world_size if dist.is_initialized() else (lambda: 1)
         size = group_size(info, args, default_size)
-        flight = _Flight(info.name, op_bytes(info, args, size), size, _source(depth=3))
+        flight = _Flight(info.name, op_bytes(info, args, size), size, _source())
         first = next((t for t in _leaves(args) if isinstance(t, torch.Tensor)), None)
         self._begin(flight, cuda=first is not None and first.is_cuda)
         try:
-            out = func(*args, **kwargs)
+            out = call()
         except BaseException:
             self.recorder.end_flight(flight.token)
             raise
@@ -392,7 +317,8 @@ class CommTracer:
 
         boxed = out[-1] if isinstance(out, tuple | list) else out
         try:
-            future = Work.unbox(boxed).get_future()
+            work = boxed if isinstance(boxed, Work) else Work.unbox(boxed)
+            future = work.get_future()
         except (RuntimeError, TypeError, AttributeError):
             # Backends without futures: completion unknown, the event ends at issue.
             self._complete(flight)
@@ -424,7 +350,7 @@ def _traced_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
         return work.get_future().then(lambda fut: fut.value()[0])
     flight = _Flight("all_reduce", buffer.numel() * buffer.element_size(), size, "ddp-bucket")
     tracer._begin(flight, cuda=buffer.is_cuda)
-    with tracer._looking_away():
+    with looking_away():
         work = dist.all_reduce(buffer, group=group, async_op=True)
 
     def done(fut):  # type: ignore[no-untyped-def]
