@@ -3,20 +3,21 @@
 The stepper appends each step's events (~30 for 2 ranks) to its memory, timeline and loss
 figures. This measures, side by side on the same machine, the median time to apply that
 increment with the update functions and to rebuild the three figures from all 101 steps, for
-go.Figure and (when anywidget is installed) go.FigureWidget.
+go.Figure and go.FigureWidget (when anywidget is installed). Synthetic events
+(``demo_events``), no engines: the live-plot benchmark measures the same on a real run.
 
-    .venv/bin/python benchmarks/plot_update.py [--steps 100] [--repeats 7]
+    .venv/bin/python -m benchmarks.plot_update [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import plotly.graph_objects as go
 
+from benchmarks.common import BenchResult, Row, Target, run_main
 from workbench.plots import (
     comm_timeline_figure,
     demo_events,
@@ -27,6 +28,11 @@ from workbench.plots import (
     update_memory_figure,
 )
 
+__all__ = ["NAME", "TITLE", "measure", "run"]
+
+NAME = "plot_update"
+TITLE = "Live figures: one step's increment vs a rebuild (synthetic events)"
+
 BUILDERS: list[tuple[Callable, Callable]] = [
     (lambda ev: memory_figure(ev, capacity=256 << 20), update_memory_figure),
     (comm_timeline_figure, update_comm_timeline),
@@ -34,25 +40,21 @@ BUILDERS: list[tuple[Callable, Callable]] = [
 ]
 
 
-def _median_s(fn: Callable[[], object], prepare: Callable[[], object], repeats: int) -> float:
+def _median_s(fn: Callable[[object], object], prepare: Callable[[], object], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         state = prepare()
         start = time.perf_counter()
-        fn(state)  # type: ignore[call-arg]
+        fn(state)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=100, help="history before the increment")
-    parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
-
-    events = demo_events(args.steps + 1, 2)
-    history = [e for e in events if e.step < args.steps]
-    increment = [e for e in events if e.step == args.steps]
+def measure(steps: int = 100, repeats: int = 7) -> dict[str, object]:
+    """Median seconds to rebuild, and to update each kind of figure, at step ``steps``."""
+    events = demo_events(steps + 1, 2)
+    history = [e for e in events if e.step < steps]
+    increment = [e for e in events if e.step == steps]
 
     def fresh() -> list[go.Figure]:
         # Built, not copied: deepcopy/JSON turn arrays into other forms the live figure
@@ -63,33 +65,56 @@ def main() -> int:
         for build, _ in BUILDERS:
             build(events)
 
-    def update(figs: list[go.Figure]) -> None:
-        for fig, (_, upd) in zip(figs, BUILDERS, strict=True):
+    def update(figs: object) -> None:
+        for fig, (_, upd) in zip(figs, BUILDERS, strict=True):  # type: ignore[call-overload]
             upd(fig, increment)
 
-    kinds: list[tuple[str, Callable[[], object]]] = [
-        ("go.Figure", fresh),
-    ]
+    kinds: list[tuple[str, Callable[[], object]]] = [("go.Figure", fresh)]
+    skipped = ""
     try:
         go.FigureWidget()
         kinds.append(("go.FigureWidget", lambda: [go.FigureWidget(f) for f in fresh()]))
     except ImportError as exc:  # anywidget missing: widgets are the ui layer's concern
-        print(f"(FigureWidget skipped: {exc})")
+        skipped = f"FigureWidget skipped: {exc}"
+    return {
+        "steps": steps,
+        "history_events": len(history),
+        "increment_events": len(increment),
+        "repeats": repeats,
+        "rebuild_s": _median_s(rebuild, lambda: None, repeats),
+        "update_s": {name: _median_s(update, prepare, repeats) for name, prepare in kinds},
+        "skipped": skipped,
+    }
 
-    t_rebuild = _median_s(rebuild, lambda: None, args.repeats)
-    print(
-        f"step {args.steps}: history {len(history)} events, increment {len(increment)} events, "
-        f"median of {args.repeats}"
+
+def run(quick: bool = False) -> BenchResult:
+    m = measure(steps=100, repeats=3 if quick else 9)
+    result = BenchResult(
+        NAME,
+        TITLE,
+        ran=f"memory + comm timeline + loss figures at step {m['steps']}: "
+        f"{m['history_events']} events of history, an increment of {m['increment_events']}; "
+        f"update_*() vs building the 3 figures from all events, median of {m['repeats']}",
+        details=m,
     )
-    print(f"  rebuild memory+timeline+loss from scratch: {t_rebuild * 1e3:8.2f} ms")
-    for name, prepare in kinds:
-        t_update = _median_s(update, prepare, args.repeats)
-        print(
-            f"  update {name:<16} with one step:  {t_update * 1e3:8.2f} ms"
-            f"   (rebuild / update = {t_rebuild / t_update:.1f}x)"
+    rebuild = float(m["rebuild_s"])  # type: ignore[arg-type]
+    target = Target("<", 1.0, "< 1 (growing beats rebuilding)")
+    for name, seconds in m["update_s"].items():  # type: ignore[union-attr]
+        result.rows.append(
+            Row.compare(
+                f"apply one step to 3 {name}s",
+                "ms",
+                seconds * 1e3,
+                rebuild * 1e3,
+                raw_label="rebuild",
+                target=target,
+                samples=int(m["repeats"]),  # type: ignore[call-overload]
+            )
         )
-    return 0
+    if m["skipped"]:
+        result.notes.append(str(m["skipped"]))
+    return result
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(run))
