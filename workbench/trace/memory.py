@@ -224,18 +224,32 @@ class MemoryTracer:
         return base is not None and isinstance(base, torch.nn.Parameter)
 
     def _pack(self, t: torch.Tensor) -> Any:
-        if self._is_parameter(t):
-            return t
-        keys: list[StorageKey] = []
-        sizes: list[int] = []
-        for inner in local_tensors(t):
-            key = storage_key(inner)
-            if key is None or key in self._param_keys:
-                continue
-            keys.append(key)
-            sizes.append(inner.untyped_storage().nbytes())
-        if not keys:
-            return t
+        # Runs for every tensor autograd saves: plain tensors take a short path.
+        if type(t) is torch.Tensor:
+            base = t._base
+            if base is not None and isinstance(base, torch.nn.Parameter):
+                return t
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr == 0:
+                return t
+            key = (t.device.type, t.get_device(), ptr)
+            if key in self._param_keys:
+                return t
+            keys: tuple[StorageKey, ...] = (key,)
+            sizes: tuple[int, ...] = (storage.nbytes(),)
+        else:
+            if self._is_parameter(t):
+                return t
+            found = [
+                (key, inner.untyped_storage().nbytes())
+                for inner in local_tensors(t)
+                if (key := storage_key(inner)) is not None and key not in self._param_keys
+            ]
+            if not found:
+                return t
+            keys = tuple(k for k, _ in found)
+            sizes = tuple(n for _, n in found)
         step = self.recorder.step
         with self._lock:
             for key, size in zip(keys, sizes, strict=True):
@@ -247,7 +261,7 @@ class MemoryTracer:
                     entry[0] += 1
             if self._live_bytes > self._high.get(step, 0):
                 self._high[step] = self._live_bytes
-        return _Saved(t, tuple(keys), self._self_ref)
+        return _Saved(t, keys, self._self_ref)
 
     @staticmethod
     def _unpack(packed: Any) -> torch.Tensor:
