@@ -62,7 +62,7 @@ def _build(kind: str) -> tuple[Any, Any]:
 
         return model, batch_fn
     if kind == "transformer":  # many small ops: the worst case for a dispatch-level hook
-        dim, heads, depth, seq, batch = 128, 4, 4, 64, 8
+        dim, heads, depth, seq, batch = 128, 4, 4, 64, 12
         enc = nn.TransformerEncoder(
             nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True),
             depth,
