@@ -268,22 +268,33 @@ class CommTracer:
             self._poll_cuda()
 
     def _on_collective(self, info: OpInfo, call: Callable[[], Any], args: tuple) -> Any:
-        """Called by the interception for one collective: time it, issue it, await it."""
-        self._poll_cuda()
-        default_size = dist.get_world_size if dist.is_initialized() else (lambda: 1)
-        size = group_size(info, args, default_size)
-        flight = _Flight(info.name, op_bytes(info, args, size), size, _source())
-        first = next((t for t in _leaves(args) if isinstance(t, torch.Tensor)), None)
-        self._begin(flight, cuda=first is not None and first.is_cuda)
+        """Called by the interception for one collective: time it, issue it, await it.
+
+        A failure of the tracing itself is kept in ``errors``; the collective still runs.
+        """
+        try:
+            self._poll_cuda()
+            default_size = dist.get_world_size if dist.is_initialized() else (lambda: 1)
+            size = group_size(info, args, default_size)
+            flight = _Flight(info.name, op_bytes(info, args, size), size, _source())
+            first = next((t for t in _leaves(args) if isinstance(t, torch.Tensor)), None)
+            self._begin(flight, cuda=first is not None and first.is_cuda)
+        except Exception as exc:
+            self.errors.append(f"{info.name}: {exc!r}")
+            return call()
         try:
             out = call()
         except BaseException:
             self.recorder.end_flight(flight.token)
             raise
-        if info.functional:
-            self._await_tensor(flight, out)
-        else:
-            self._await_work(flight, out)
+        try:
+            if info.functional:
+                self._await_tensor(flight, out)
+            else:
+                self._await_work(flight, out)
+        except Exception as exc:
+            self.errors.append(f"{info.name}: {exc!r}")
+            self.recorder.end_flight(flight.token)
         return out
 
     def _await_tensor(self, flight: _Flight, out: Any) -> None:
