@@ -153,11 +153,24 @@ def _collectives_rank(rank: int, world_size: int) -> dict[str, Any]:
     worker.start()
     worker.join()
 
+    out["errors"] = list(tracer.errors)
+    # A failure inside the tracer is kept, and the collective still runs.
+    import workbench.trace.comm as comm_module
+
+    real_group_size = comm_module.group_size
+    comm_module.group_size = lambda *a, **k: 1 / 0
+    try:
+        t = torch.ones(3)
+        dist.all_reduce(t)
+    finally:
+        comm_module.group_size = real_group_size
+    out["value_despite_error"] = t.tolist()
+    out["injected_errors"] = tracer.errors[len(out["errors"]) :]
+
     tracer.stop()
     dist.barrier()  # after stop: not recorded
     out["events"] = _comm(rec.events)
     out["in_flight_after"] = dict(rec.in_flight)
-    out["errors"] = tracer.errors
     return out
 
 
@@ -166,6 +179,8 @@ def test_plain_functional_and_dtensor_collectives() -> None:
     results = run_ranks(_collectives_rank)
     for rank, out in enumerate(results):
         assert out["errors"] == [] and out["in_flight_after"] == {}
+        assert out["value_despite_error"] == [2.0, 2.0, 2.0]
+        assert len(out["injected_errors"]) == 1 and "ZeroDivisionError" in out["injected_errors"][0]
         assert out["visible_at_return"] == 1
         assert out["funcol_value"] == 2 * sum(range(world))  # all-reduced twice
         events: list[CommEvent] = out["events"]
