@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["traced_allreduce_sweep"]
+__all__ = ["process_group_rank", "raw_rendezvous", "raw_teardown", "traced_allreduce_sweep"]
 
 
 def traced_allreduce_sweep(sizes: list[int], iters: int, warmup: int) -> list[list[Any]]:
@@ -27,3 +27,35 @@ def traced_allreduce_sweep(sizes: list[int], iters: int, warmup: int) -> list[li
         for e in recorder.events
         if type(e).__name__ == "CommEvent" and "all_reduce" in e.op
     ]
+
+
+def process_group_rank() -> int:
+    """This engine's rank in the default process group (checks the group is ready)."""
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def raw_rendezvous(rank: int, world: int, port: int) -> int:
+    """The hand-written rendezvous of the cold-start baseline: import torch, join gloo."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=120),
+    )
+    return dist.get_rank()
+
+
+def raw_teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,148 @@
+"""The benchmark runner: a cheap subset end to end, checking the table's structure (never
+timings: those are for reading, as ratios measured side by side, not for asserting)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import Row, Target, interleaved
+from benchmarks.run_all import BENCHMARKS, render_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_subset_writes_markdown_and_json(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.run_all",
+            "--quick",
+            "--only",
+            "planner_sweep,plot_update",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "latest.json").read_text())
+    assert report["quick"] is True
+    assert report["machine"]["cpus"] >= 1
+    assert report["leftover_processes"] == []
+    assert [b["name"] for b in report["benchmarks"]] == ["planner_sweep", "plot_update"]
+    for bench in report["benchmarks"]:
+        assert bench["error"] is None
+        assert bench["ran"]
+        assert bench["rows"], bench["name"]
+        for row in bench["rows"]:
+            assert set(row) >= {"metric", "unit", "workbench", "raw", "ratio", "target", "met"}
+            assert row["workbench"] is None or row["workbench"] > 0
+            if row["raw"] is not None and row["workbench"] is not None and row["raw_label"]:
+                # the ratio is what the row says it is: workbench / raw
+                assert row["ratio"] == pytest.approx(row["workbench"] / row["raw"])
+            if row["target"]:
+                assert row["met"] in (True, False)
+    sweep = report["benchmarks"][0]
+    assert sweep["details"]["configurations"] > 0
+    markdown = (tmp_path / "latest.md").read_text()
+    assert "| benchmark | metric |" in markdown
+    assert markdown.count("| planner_sweep |") == len(sweep["rows"])
+    # the printed summary names every row too
+    for bench in report["benchmarks"]:
+        for row in bench["rows"]:
+            assert row["metric"] in proc.stdout
+
+
+def test_unknown_benchmark_is_an_argument_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run_all", "--only", "nope", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "nope" in proc.stderr and "planner_sweep" in proc.stderr
+    assert not (tmp_path / "latest.json").exists()
+
+
+def test_every_registered_benchmark_module_exposes_run() -> None:
+    import importlib
+
+    for name, module in BENCHMARKS.items():
+        mod = importlib.import_module(module)
+        assert name == mod.NAME
+        assert callable(mod.run)
+
+
+def test_interleaved_rotates_the_order_and_drops_warmup() -> None:
+    calls: list[str] = []
+
+    def variant(name: str):  # type: ignore[no-untyped-def]
+        def call() -> float:
+            calls.append(name)
+            return float(len(calls))
+
+        return call
+
+    samples = interleaved({"a": variant("a"), "b": variant("b"), "c": variant("c")}, 2, warmup=1)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # warm-up round (calls 1-3) dropped; each sample is the call's own return value
+    assert samples == {"a": [6.0, 8.0], "b": [4.0, 9.0], "c": [5.0, 7.0]}
+
+
+def test_row_ratio_and_target() -> None:
+    row = Row.compare("x", "s", 3.0, 2.0, target=Target("<=", 1.2))
+    assert row.ratio == pytest.approx(1.5) and row.met is False and row.target == "<= 1.2"
+    row = Row.compare("x", "GB/s", 0.95, 1.0, target=Target(">=", 0.9))
+    assert row.met is True
+    assert Row.compare("x", "s", 1.0, 2.0, target=None).met is None
+
+
+def test_markdown_shows_errors_and_missed_targets() -> None:
+    report = {
+        "date": "d",
+        "command": "c",
+        "quick": False,
+        "machine": {"cpus": 2, "platform": "p", "python": "3", "torch": "t", "load_avg_1_5_15": []},
+        "load_after": [],
+        "seconds": 1.0,
+        "benchmarks": [
+            {
+                "name": "a",
+                "title": "A",
+                "ran": "r",
+                "rows": [vars_of(Row.compare("m", "s", 2.0, 1.0, target=Target("<=", 1.0)))],
+                "notes": [],
+                "error": None,
+                "seconds": 1.0,
+            },
+            {
+                "name": "b",
+                "title": "B",
+                "ran": "",
+                "rows": [],
+                "notes": [],
+                "error": "Traceback...\nRuntimeError: boom",
+                "seconds": 1.0,
+            },
+        ],
+    }
+    md = render_markdown(report)
+    assert "| a | m | 2 | 1 (raw) | s | 2.000 | <= 1 | **no** |" in md
+    assert "| b | ERROR | RuntimeError: boom |" in md
+
+
+def vars_of(row: Row) -> dict:
+    from dataclasses import asdict
+
+    return asdict(row)
