@@ -39,6 +39,14 @@ __all__ = ["StepperView"]
 # Minimum seconds between figure refreshes during Run N (each refresh costs a few ms of
 # serialisation; events are buffered in between and flushed at the end).
 THROTTLE_S = 0.25
+LABEL_WIDTH = "100px"
+# The status table: without padding its header reads "rankstepnext phaseloss". Scoped to
+# the table's class so cells stay plain <td>s; numbers (rank, step, loss) align right.
+_STATUS_CSS = (
+    "<style>.wb-status th,.wb-status td{padding:1px 14px 1px 0;text-align:right;"
+    "font-variant-numeric:tabular-nums}"
+    ".wb-status th:nth-child(3),.wb-status td:nth-child(3){text-align:left}</style>"
+)
 
 
 class StepperView:
@@ -82,6 +90,8 @@ class StepperView:
             ),
         }
         for name, control in self.options.items():
+            # One label width for the whole grid: the default (80px) cuts "micro-batches".
+            control.style.description_width = LABEL_WIDTH
             control.observe(lambda change, n=name: self._on_option(n, change), names="value")
 
         self.phase_button = widgets.Button(
@@ -109,6 +119,9 @@ class StepperView:
         self.memory = go.FigureWidget(memory_figure(capacity=stepper.capacity, ranks=ranks))
         self.comm = go.FigureWidget(comm_timeline_figure(ranks=ranks))
         self.loss = go.FigureWidget(loss_figure(reference=[] if stepper.reference else None))
+        self.figures = (self.memory, self.comm, self.loss)  # in tab order
+        for figure in self.figures:
+            _autosize(figure)
 
         controls = widgets.HBox(
             [
@@ -124,18 +137,11 @@ class StepperView:
         option_box = widgets.GridBox(
             list(self.options.values()), layout={"grid_template_columns": "repeat(3, 33%)"}
         )
-        self.root = widgets.VBox(
-            [
-                option_box,
-                controls,
-                self.status,
-                self.message,
-                widgets.Tab(
-                    children=[self.memory, self.comm, self.loss],
-                    titles=("memory", "communication", "loss"),
-                ),
-            ]
+        self.tabs = widgets.Tab(
+            children=list(self.figures), titles=("memory", "communication", "loss")
         )
+        self.tabs.observe(self._on_tab, names="selected_index")
+        self.root = widgets.VBox([option_box, controls, self.status, self.message, self.tabs])
         self._unsubscribe = stepper.session.subscribe(self._on_events)
         if stepper.session.events:
             self._pending.extend(stepper.session.events)
@@ -176,11 +182,17 @@ class StepperView:
             for s in self.stepper.status
         )
         spec = self.stepper.spec
+        phases = self.stepper.session.phases
+        where = (
+            f"phases: {html.escape(' → '.join(phases))}"
+            if phases
+            # Nothing runs on the engines until the first action builds the model there.
+            else "<i>built on every rank by the first Phase ▶, Step ▶▶ or Run N</i>"
+        )
         self.status.value = (
-            f"<b>{html.escape(spec.strategy)}</b> · {html.escape(spec.model)} · "
-            f"phases: {html.escape(' → '.join(self.stepper.session.phases))}"
-            "<table style='border-collapse:collapse'><tr><th>rank</th><th>step</th>"
-            f"<th>next phase</th><th>loss</th></tr>{rows}</table>"
+            f"{_STATUS_CSS}<b>{html.escape(spec.strategy)}</b> · {html.escape(spec.model)} · "
+            f"{where}<table class='wb-status' style='border-collapse:collapse'><tr><th>rank</th>"
+            f"<th>step</th><th>next phase</th><th>loss</th></tr>{rows}</table>"
         )
 
     # -- actions -------------------------------------------------------------------------
@@ -213,7 +225,13 @@ class StepperView:
                 widget.data = ()
                 widget.layout = figure.layout
                 widget.add_traces(list(figure.data))
+                widget.layout.autosize = True
         self._pending = []
+
+    def _on_tab(self, change: dict[str, Any]) -> None:
+        index = change["new"]
+        if index is not None and 0 <= index < len(self.figures):
+            _refit(self.figures[index])
 
     def _on_option(self, name: str, change: dict[str, Any]) -> None:
         if self._running or self._reverting:
@@ -286,3 +304,25 @@ class StepperView:
     def _end(self) -> None:
         self._set_running(False)
         self._flush(force=True)
+
+
+# -- figure width -----------------------------------------------------------------------------
+# The FigureWidget front end draws its first frame before it is attached to the page, so it
+# cannot measure its container and falls back to plotly's 700 px. With ``autosize`` set
+# explicitly, every later relayout (each figure update sends one) measures the container
+# again, so the figure fills the tab once data arrives. A figure in a hidden tab cannot be
+# measured; ``_refit`` re-measures it when its tab is shown.
+
+
+def _autosize(figure: go.FigureWidget) -> None:
+    figure.layout.autosize = True
+
+
+def _refit(figure: go.FigureWidget) -> None:
+    """Make the front end measure the (now visible) container again.
+
+    Two separate relayouts on purpose: setting the same value again sends nothing, and a
+    batched off-then-on collapses to no change.
+    """
+    figure.layout.autosize = False
+    figure.layout.autosize = True
