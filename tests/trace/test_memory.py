@@ -11,6 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tests.trace.models import TiedLM, make_mlp, saved_ground_truth
 from workbench.trace import (
+    MemorySample,
     MemoryTracer,
     Recorder,
     gradient_bytes,
@@ -43,8 +44,10 @@ def test_params_grads_optimizer_exact_on_mlp() -> None:
     after = tracer.sample("after step")
     assert after.params == numel * F32
     assert after.grads == numel * F32
-    # AdamW: exp_avg + exp_avg_sq per parameter, plus one 0-dim fp32 step tensor each.
-    assert after.optimizer == 2 * numel * F32 + n_tensors * F32
+    # AdamW: exp_avg + exp_avg_sq per parameter; the 0-dim fp32 step counter of each
+    # parameter tensor is bookkeeping, recorded as "other".
+    assert after.optimizer == 2 * numel * F32
+    assert after.other == n_tensors * F32
     assert after.rank == 3 and after.label == "after step"
     assert optimizer_bytes(opt) == after.optimizer
 
@@ -207,3 +210,22 @@ def test_allocator_is_process_rss_on_cpu() -> None:
     rss = process_rss()
     assert sample.allocator > 0
     assert abs(sample.allocator - rss) < 64 * 2**20  # same measure, moments apart
+
+
+def test_an_activation_peak_inside_a_phase_becomes_its_own_sample() -> None:
+    torch.manual_seed(0)
+    model = make_mlp(16, 32, 8, layers=3)
+    rec = Recorder()
+    tracer = MemoryTracer(model, None, rec).start()
+    try:
+        with rec.phase_span("forward"):
+            loss = model(torch.randn(4, 16)).sum()
+            peak_live = tracer.activation_bytes
+            loss.backward()  # frees everything saved before the phase ends
+        end = tracer.sample("end")
+    finally:
+        tracer.stop()
+    samples = [e for e in rec.events if isinstance(e, MemorySample)]
+    assert [s.label for s in samples] == ["peak", "end"]
+    assert samples[0].activations == peak_live > 0 == end.activations
+    assert samples[0].t <= end.t

@@ -17,7 +17,10 @@ from workbench.planner.plan import Plan
 
 __all__ = ["Comparison", "ValidationReport", "validate"]
 
-_DP_SOURCES = ("ddp-bucket", "fsdp")
+# Sources of data-parallel traffic in the tracer's CommEvents: DDP's bucket all-reduces,
+# FSDP's gathers and reduce-scatters, ZeroRedundancyOptimizer's parameter broadcasts and the
+# workbench's own deferred gradient all-reduce (DDP with overlap off).
+_DP_SOURCES = ("ddp-bucket", "fsdp", "zero", "workbench")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,7 @@ def validate(
     step come from CommEvents of DDP buckets or FSDP; compute seconds from PhaseSpans.
     """
     wanted = set(steps) if steps is not None else None
+    dp_run = plan.parallel.dp > 1  # otherwise "workbench" traffic is not data parallel
     mem: dict[str, int] = defaultdict(int)
     comm_bytes: dict[int, int] = defaultdict(int)
     comm_secs: dict[int, float] = defaultdict(float)
@@ -136,7 +140,7 @@ def validate(
             seen.add(step)
             for cat in ("params", "grads", "optimizer", "activations"):
                 mem[cat] = max(mem[cat], int(_get(e, cat, 0)))
-        elif kind == "comm" and _get(e, "source") in _DP_SOURCES:
+        elif kind == "comm" and dp_run and _get(e, "source") in _DP_SOURCES:
             seen.add(step)
             comm_bytes[step] += int(_get(e, "bytes", 0))
             comm_secs[step] += max(int(_get(e, "end")) - int(_get(e, "start")), 1) / 1e9

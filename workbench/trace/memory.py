@@ -25,6 +25,7 @@ from workbench.trace.storage import (
     gradient_bytes,
     local_tensors,
     optimizer_bytes,
+    optimizer_counter_bytes,
     parameter_bytes,
     process_rss,
     storage_key,
@@ -76,6 +77,12 @@ class MemoryTracer:
         self._live: dict[StorageKey, list[int]] = {}  # key -> [handle count, nbytes]
         self._live_bytes = 0
         self._high: dict[int, int] = {}  # step -> high-water mark of live activation bytes
+        # High-water mark since the last sample and when it was reached: a peak inside a
+        # phase (a pipeline schedule runs every micro-batch inside one phase) becomes a
+        # sample of its own instead of falling between two boundary samples.
+        self._window_high = 0
+        self._window_high_t = 0
+        self._last_activations = 0
         self._peaks: dict[int, MemorySample] = {}
         self._param_keys: set[StorageKey] = set()
         self._hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
@@ -163,9 +170,20 @@ class MemoryTracer:
             grads=gradient_bytes(self.model),
             optimizer=optimizer_bytes(self.optimizer),
             activations=self._live_bytes,
+            other=optimizer_counter_bytes(self.optimizer),
             allocator=self.allocator_bytes(),
             label=label,
         )
+        with self._lock:
+            high, high_t = self._window_high, self._window_high_t
+            self._window_high, self._window_high_t = self._live_bytes, sample.t
+            previous, self._last_activations = self._last_activations, self._live_bytes
+        if high > max(previous, sample.activations):
+            # The activation peak between the previous sample and now, at the time it was
+            # reached (the other categories as measured now).
+            peak = replace(sample, t=min(high_t, sample.t), activations=high, label="peak")
+            self._update_peak(peak)
+            rec.emit(peak)
         self._update_peak(sample)
         rec.emit(sample)
         return sample
@@ -261,6 +279,9 @@ class MemoryTracer:
                     entry[0] += 1
             if self._live_bytes > self._high.get(step, 0):
                 self._high[step] = self._live_bytes
+            if self._live_bytes > self._window_high:
+                self._window_high = self._live_bytes
+                self._window_high_t = self.recorder.now()
         return _Saved(t, keys, self._self_ref)
 
     @staticmethod

@@ -22,6 +22,7 @@ __all__ = [
     "gradient_bytes",
     "local_tensors",
     "optimizer_bytes",
+    "optimizer_counter_bytes",
     "optimizer_state_tensors",
     "parameter_bytes",
     "process_rss",
@@ -83,21 +84,43 @@ def gradient_bytes(model: torch.nn.Module) -> int:
     return storage_bytes(p.grad for p in model.parameters() if p.grad is not None)
 
 
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    """Every tensor in the optimizer's per-parameter state (ZeRO: the local optimizer's)."""
+# Per-parameter bookkeeping scalars kept in optimizer state next to the real state.
+_COUNTER_KEYS = frozenset({"step"})
+
+
+def _state_tensors(
+    optimizer: torch.optim.Optimizer | None, *, counters: bool
+) -> list[torch.Tensor]:
     if optimizer is None:
         return []
     # ZeroRedundancyOptimizer keeps the real state in the wrapped local optimizer.
     inner = getattr(optimizer, "optim", None)
     if isinstance(inner, torch.optim.Optimizer):
         optimizer = inner
-    leaves = tree_leaves(list(optimizer.state.values()))
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    out: list[torch.Tensor] = []
+    for state in optimizer.state.values():
+        items = state.items() if isinstance(state, dict) else [("", state)]
+        for key, value in items:
+            if (key in _COUNTER_KEYS) != counters:
+                continue
+            out.extend(leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor))
+    return out
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The optimizer's per-parameter state tensors (AdamW: exp_avg, exp_avg_sq; SGD: the
+    momentum buffer), ZeRO: the local optimizer's. Step counters are not included."""
+    return _state_tensors(optimizer, counters=False)
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer | None) -> int:
-    """Bytes of the optimizer state (AdamW: exp_avg, exp_avg_sq and the step tensors)."""
+    """Bytes of the optimizer state: what "8 bytes per parameter for Adam" counts."""
     return storage_bytes(optimizer_state_tensors(optimizer))
+
+
+def optimizer_counter_bytes(optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of the optimizer's per-parameter step counters (recorded as ``other``)."""
+    return storage_bytes(_state_tensors(optimizer, counters=True))
 
 
 def process_rss() -> int:
