@@ -18,13 +18,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-__all__ = ["LabServer", "kill_all", "living"]
+__all__ = ["LabServer"]
 
 
 def _free_port() -> int:
@@ -158,32 +155,3 @@ class LabServer:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
-
-
-def living(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
-    """Those of ``procs`` still running (zombies count as gone: they hold no resources)."""
-    alive = []
-    for proc in procs:
-        try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
-
-
-def kill_all(procs: Iterable[psutil.Process], grace: float = 3.0) -> None:
-    """SIGTERM, wait ``grace`` seconds, then SIGKILL whatever is left."""
-    procs = living(procs)
-    for proc in procs:
-        try:
-            proc.terminate()
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            continue
-    psutil.wait_procs(alive, timeout=grace)

@@ -1,0 +1,111 @@
+"""The stepper notebook the browser tests run, and what they read off the rendered page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CELLS",
+    "STARTED",
+    "STOPPED",
+    "figures",
+    "status_rows",
+    "wait_figures",
+    "wait_status",
+    "widget",
+    "write_notebook",
+]
+
+# Exactly what a user types: load the extension, start 2 ranks, show a stepper, stop.
+CELLS = [
+    "%load_ext workbench",
+    "%wb start -n 2",
+    "import workbench as wb\n"
+    'stepper = wb.Stepper(model="mlp-tiny", strategy="dp", batch_size=8)\n'
+    "stepper",
+    "%wb stop",
+]
+STARTED = "workbench: 2 ranks"
+STOPPED = "workbench: cluster stopped"
+
+# What the rendered plotly graph divs hold: data points per figure, collectives in the comm
+# timeline, non-empty SVG marks (area/line paths, bar rectangles), and widths.
+FIGURES = """() => {
+  const out = {};
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const title = (gd.layout && gd.layout.title && gd.layout.title.text) || '';
+    const kind = title.startsWith('Memory') ? 'memory'
+               : title.startsWith('Compute') ? 'comm'
+               : title.startsWith('Loss') ? 'loss' : null;
+    if (!kind) continue;
+    let points = 0, collectives = 0;
+    for (const t of gd._fullData || []) {
+      const n = t.x ? t.x.length : 0;
+      points += n;
+      const key = (t.meta && t.meta.key) || '';
+      if (key.startsWith('timeline/op/')) collectives += n;
+    }
+    const drawn = (sel) => [...gd.querySelectorAll(sel)]
+      .filter((p) => (p.getAttribute('d') || '').length > 8).length;
+    out[kind] = {
+      points, collectives,
+      paths: drawn('.scatterlayer path.js-fill, .scatterlayer path.js-line'),
+      bars: drawn('.barlayer .point path'),
+      width: gd.clientWidth,  // the container (0 while its tab is hidden)
+      plotWidth: gd._fullLayout.width,  // what plotly drew
+    };
+  }
+  return out;
+}"""
+
+# Rows of the stepper's status table: [rank, step, next phase, loss]; null before it renders.
+STATUS_ROWS = """() => {
+  const table = [...document.querySelectorAll('.widget-html table')]
+    .find((t) => t.textContent.includes('next phase'));
+  if (!table) return null;
+  return [...table.querySelectorAll('tr')].slice(1)
+    .map((r) => [...r.cells].map((c) => c.textContent.trim()));
+}"""
+
+
+def write_notebook(path: Path) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return path
+
+
+def figures(page: Any) -> dict[str, dict[str, Any]]:
+    return page.evaluate(FIGURES)  # type: ignore[no-any-return]
+
+
+def status_rows(page: Any) -> list[list[str]]:
+    rows = page.evaluate(STATUS_ROWS)
+    assert rows is not None, "status table not rendered"
+    return rows  # type: ignore[no-any-return]
+
+
+def wait_figures(page: Any, condition: str) -> None:
+    """Wait until ``condition`` (JS over ``f``, the FIGURES result) holds."""
+    page.wait_for_function(f"() => {{ const f = ({FIGURES})(); return {condition}; }}")
+
+
+def wait_status(page: Any, condition: str) -> None:
+    """Wait until ``condition`` (JS over ``rows``, the STATUS_ROWS result) holds."""
+    page.wait_for_function(
+        f"() => {{ const rows = ({STATUS_ROWS})(); return rows !== null && ({condition}); }}"
+    )
+
+
+def widget(page: Any) -> Any:
+    """The output area that holds the stepper widget (for element screenshots)."""
+    phase = page.get_by_role("button", name="Phase ▶", exact=True)
+    return page.locator(".jp-OutputArea-output").filter(has=phase)
