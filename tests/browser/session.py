@@ -75,12 +75,14 @@ def browser_missing() -> str | None:
 class BrowserSession:
     page: Any  # playwright.sync_api.Page
     lab: LabServer
+    # Processes under this one that are not ours (e.g. a test session's shared cluster).
+    baseline: set[psutil.Process] = field(default_factory=set)
     seen: set[psutil.Process] = field(default_factory=set)
     leftovers: list[str] = field(default_factory=list)  # "pid cmdline", filled on exit
 
     def track(self) -> None:
-        """Remember every process under this one now (before any can be orphaned)."""
-        self.seen |= set(psutil.Process().children(recursive=True))
+        """Remember every process started under this one so far (before any is orphaned)."""
+        self.seen |= _descendants() - self.baseline
 
     def run_cell(self, index: int) -> None:
         self.page.evaluate(RUN_CELL, index)
@@ -99,6 +101,7 @@ def open_notebook(
     from playwright.sync_api import sync_playwright
 
     cells = len(nbformat.read(notebook, as_version=4).cells)
+    baseline = _descendants()
     workdir = Path(tempfile.mkdtemp(prefix=PROFILE_PREFIX))
     state = workdir / "state"
     state.mkdir()
@@ -117,7 +120,7 @@ def open_notebook(
             )
             page = context.new_page()
             page.set_default_timeout(timeout_ms)
-            session = BrowserSession(page, lab)
+            session = BrowserSession(page, lab, baseline)
             try:
                 page.goto(lab.url(f"lab/tree/{notebook.name}", reset=""))
                 page.wait_for_function(KERNEL_READY, arg=cells)
@@ -131,7 +134,7 @@ def open_notebook(
                         page.screenshot(path=str(failure_shot))
                 context.close()
     finally:
-        seen = set(psutil.Process().children(recursive=True))
+        seen = _descendants() - baseline
         if session is not None:
             seen |= session.seen
         with contextlib.suppress(Exception):  # the server may be gone; the sweep decides
@@ -143,6 +146,10 @@ def open_notebook(
             session.leftovers = [f"{p.pid} {_cmdline(p)}" for p in stragglers]
         _kill_all(stragglers)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _descendants() -> set[psutil.Process]:
+    return set(psutil.Process().children(recursive=True))
 
 
 def _living(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
