@@ -48,7 +48,8 @@ def loss_figure(
         title=f"{name.capitalize()} per step",
         template="plotly_white",
         hovermode="x unified",
-        xaxis={"title": {"text": "step"}},
+        # Steps are whole numbers; never let plotly put ticks at 0.5.
+        xaxis={"title": {"text": "step"}, "tickformat": "d", "rangemode": "tozero"},
         yaxis={"title": {"text": name}},
         legend={"title": {"text": "run"}},
         meta=initial_meta({"kind": KIND, "name": name, "ranks": wanted}),

@@ -198,6 +198,7 @@ def _peak(rank: int, state: dict[str, Any]) -> go.Scatter:
         mode="markers+text",
         marker={"symbol": "triangle-down", "size": 11, "color": "#222222"},
         textposition="top center",
+        cliponaxis=False,  # the "peak" label sits above the highest point: keep it whole
         hoverinfo="text",
         xaxis=xa,
         yaxis=ya,
