@@ -134,10 +134,13 @@ import workbench
 stepper = workbench.Stepper(model="gpt-tiny", strategy="single", batch_size=8, optimizer="adamw")
 stepper.step(2)
 memory = [e for e in stepper.events if e.kind == "memory"]
-print(f"{'phase':<10}{'params':>9}{'grads':>9}{'optimizer':>11}{'activations':>13}")
+print(f"{'phase':<10}{'params':>9}{'grads':>9}{'optimizer':>11}{'activations':>13}{'other':>7}")
 for e in memory:
     if e.rank == 0 and e.step == 1:
-        print(f"{e.phase:<10}{e.params:>9,}{e.grads:>9,}{e.optimizer:>11,}{e.activations:>13,}")
+        print(
+            f"{e.phase:<10}{e.params:>9,}{e.grads:>9,}{e.optimizer:>11,}"
+            f"{e.activations:>13,}{e.other:>7,}"
+        )
 
 # %% [markdown]
 # Read the table row by row, one training step (step 1, the second):
@@ -148,6 +151,9 @@ for e in memory:
 # - **sync**: nothing changes (one device has nothing to synchronise).
 # - **optimizer**: Adam updates the weights from *m* and *v*; gradients are freed.
 #
+# (`other` is AdamW's `step` counter: one 4-byte scalar per parameter tensor, kept apart
+# from the per-parameter state because it does not grow with the model's width.)
+#
 # Now the bytes per parameter:
 
 # %%
@@ -156,21 +162,20 @@ from workbench.parallel import build_model, get_config
 tiny = build_model(get_config("gpt-tiny"))
 n_params = sum(p.numel() for p in tiny.parameters())
 n_tensors = len(list(tiny.parameters()))
-peak = {c: max(getattr(e, c) for e in memory if e.rank == 0 and e.step == 1)
-        for c in ("params", "grads", "optimizer")}
+peak = {
+    c: max(getattr(e, c) for e in memory if e.rank == 0 and e.step == 1)
+    for c in ("params", "grads", "optimizer", "other")
+}
 print(f"{n_params:,} parameters in {n_tensors} tensors")
-for category, value in peak.items():
+for category in ("params", "grads", "optimizer"):
+    value = peak[category]
     print(f"{category:<10} {value:>9,} bytes = {value / n_params:.4f} bytes/param")
+print(f"other      {peak['other']:>9,} bytes = 4 bytes x {n_tensors} tensors: "
+      f"{peak['other'] == 4 * n_tensors}")
 
 # %% [markdown]
-# 4, 4 and just over 8. The "just over" is real: PyTorch's AdamW keeps a `step` counter
-# per parameter tensor, a 4-byte scalar each:
-
-# %%
-print("optimizer bytes - 8 per parameter:", peak["optimizer"] - 8 * n_params)
-print("4 bytes x parameter tensors:     ", 4 * n_tensors)
-
-# %% [markdown]
+# Exactly 4 + 4 + 8 = 16 bytes per parameter, as the arithmetic said.
+#
 # ## The planner against the measurement
 #
 # We describe the tiny GPT to the planner (its exact parameter count, its dimensions for
@@ -193,33 +198,16 @@ cpu = HardwareSpec(
     name="this cpu", memory=8 * 2**30, peak_flops=1e10, intra=loopback, inter=loopback,
     kind="cpu",
 )
-
-
-def tiny_plan(optimizer: str):
-    training = TrainingSpec(micro_batch=8, precision="fp32", optimizer=optimizer, dropout=False)
-    return evaluate(tiny_spec, training, ParallelSpec(), cpu)
-
-
-print(validate(memory, tiny_plan("adamw"), rank=0, steps=[1]))
-
-# %% [markdown]
-# Weights, gradients and activations agree (activations to a fraction of a percent); the
-# optimizer row is off by exactly those 120 bytes of step counters, which the planner's
-# "8 bytes per parameter for Adam" leaves out — negligible at 10B parameters (a few
-# kilobytes), but a byte-exact comparison finds it.
-#
-# SGD with momentum keeps one buffer per weight and no counters. Rebuilding the run with
-# it (`rebuild` keeps every other option) gives a plan that matches to the byte:
-
-# %%
-stepper.rebuild(optimizer="sgd")
-stepper.step(2)
-memory = [e for e in stepper.events if e.kind == "memory"]
-report = validate(memory, tiny_plan("sgd-momentum"), rank=0, steps=[1])
+training = TrainingSpec(micro_batch=8, precision="fp32", optimizer="adamw", dropout=False)
+report = validate(memory, evaluate(tiny_spec, training, ParallelSpec(), cpu), rank=0, steps=[1])
 print(report)
 print("every row ok:", report.ok)
 
 # %% [markdown]
+# Weights, gradients and Adam's state match to the byte; activations (the planner's
+# per-layer formula against the tensors autograd actually saved) to a fraction of a
+# percent. The arithmetic of the first cells is what a real run allocates.
+#
 # The memory figure shows the same samples over time, one panel per rank (both ranks run
 # the same single-device training here, so the panels agree):
 
