@@ -36,10 +36,16 @@ def run(quick: bool = False) -> BenchResult:
         view = StepperView(stepper)
         session.run(3)  # warm-up (DDP rebuilds its buckets after the first iteration)
 
+        refreshes: list[tuple[int, float, float]] = []  # (count, seconds in refreshes, run)
+
         def with_widget() -> float:
+            before = len(view.flush_times)
             start = time.perf_counter()
             view._run_blocking(n_steps)  # what Run N does (the kernel's path also yields)
-            return time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            flushes = view.flush_times[before:]
+            refreshes.append((len(flushes), sum(flushes), elapsed))
+            return elapsed
 
         def session_alone() -> float:
             view._unsubscribe()
@@ -88,6 +94,7 @@ def run(quick: bool = False) -> BenchResult:
             "flush_s": flush_times,
             "step_s": step_times,
             "bytes_per_step": sizes,
+            "refreshes_during_runs": refreshes,
         },
     )
     result.rows.append(
@@ -100,6 +107,11 @@ def run(quick: bool = False) -> BenchResult:
             target=TARGET,
             samples=repeats,
         )
+    )
+    count, spent, elapsed = sorted(refreshes, key=lambda r: r[2])[len(refreshes) // 2]
+    result.rows[-1].note = (
+        f"median widget run: {count} figure refreshes took {spent:.2f} s of {elapsed:.2f} s "
+        f"({spent / elapsed:.0%})"
     )
     flush, step = median(flush_times), median(step_times)
     result.rows.append(

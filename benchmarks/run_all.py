@@ -39,13 +39,23 @@ BENCHMARKS: dict[str, str] = {
 }
 
 
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
 def _machine() -> dict[str, Any]:
     import torch
 
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
     try:
         load = list(os.getloadavg())
     except OSError:
@@ -55,7 +65,7 @@ def _machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cpus": cpus,
+        "cpus": _cpus(),
         "load_avg_1_5_15": [round(x, 2) for x in load],
     }
 
@@ -63,6 +73,7 @@ def _machine() -> dict[str, Any]:
 def run_benchmarks(names: list[str], quick: bool) -> list[BenchResult]:
     results: list[BenchResult] = []
     for name in names:
+        load = _load()
         started = time.perf_counter()
         try:
             module = importlib.import_module(BENCHMARKS[name])
@@ -70,6 +81,12 @@ def run_benchmarks(names: list[str], quick: bool) -> list[BenchResult]:
         except Exception:
             result = BenchResult(name, name, error=traceback.format_exc())
         result.seconds = time.perf_counter() - started
+        # Other work on the machine skews every ratio; say how busy it was.
+        result.details["load_avg_1min_before_after"] = [load, _load()]
+        if load is not None and load > _cpus() * 0.5:
+            result.notes.append(
+                f"machine busy: 1-min load average {load:.1f} on {_cpus()} cores at the start"
+            )
         print_result(result)
         results.append(result)
     return results
