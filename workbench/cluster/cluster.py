@@ -12,7 +12,9 @@ import asyncio
 import atexit
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -22,6 +24,8 @@ import ipyparallel as ipp
 import psutil
 
 from workbench.cluster import engine as engine_fns
+from workbench.cluster import watchdog
+from workbench.cluster.hang import describe_rank, hang_report, read_status
 from workbench.cluster.loop import run_sync
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.results import CellResult
@@ -45,6 +49,13 @@ ProgressCallback = Callable[[str, int, int], None]
 # detection fast and start-up near 3 s for 2 local engines (measured, see DESIGN.md).
 _CONTROLLER_ARGS = ["--HeartMonitor.period=500"]
 _MULTI_NODE = {"mpi", "ssh", "slurm"}
+# After an engine died, survivors' collectives fail at once ("connection reset"); any rank
+# still busy this long afterwards is treated as stuck instead of waited for.
+_DEATH_GRACE_S = 5.0
+# After an interrupt, engines in Python code stop at once; one blocked in a collective
+# does not (signals run between bytecodes) and is left for recover().
+_INTERRUPT_GRACE_S = 2.0
+_POLL_S = 0.02
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _current: list[weakref.ref[Cluster]] = []  # the most recently started cluster, if alive
@@ -101,6 +112,12 @@ class Cluster:
         self._client: ipp.Client | None = None
         self._owns_engines = profile is None and cluster_id is None
         self._info_futures: dict[int, Any] = {}
+        self._nanny_pids: set[int] = set()
+        # Out-of-band status files of the engines (see flight.py) and the orphan watchdog.
+        self.run_dir: str | None = None
+        self._watchdog: Any | None = None
+        # Ranks left blocked by a timeout / interrupt / death, and their unfinished futures.
+        self._stuck: dict[int, Any] = {}
 
     @classmethod
     def current(cls) -> Cluster:
@@ -150,13 +167,18 @@ class Cluster:
     def _process_tree(self) -> list[psutil.Process]:
         """Controller, engines, nannies and every process they spawned (schedulers...)."""
         tree: dict[int, psutil.Process] = {}
+        engine_pids = {r.pid for r in self.ranks}
+        self._nanny_pids = set()
         for pid in self.pids():
             try:
                 proc = psutil.Process(pid)
                 tree[pid] = proc
-                tree.update((c.pid, c) for c in proc.children(recursive=True))
+                children = proc.children(recursive=True)
             except psutil.Error:
                 continue
+            tree.update((c.pid, c) for c in children)
+            if pid in engine_pids:  # an engine's children are its nanny
+                self._nanny_pids.update(c.pid for c in children)
         return list(tree.values())
 
     def pids(self) -> list[int]:
@@ -204,10 +226,12 @@ class Cluster:
             return self
         self.state = "starting"
         t0 = time.perf_counter()
+        self.run_dir = tempfile.mkdtemp(prefix="wb-run-")
         try:
             await self._start_engines()
             t1 = time.perf_counter()
             await self._init_process_group()
+            self._start_watchdog()
         except BaseException:
             await self._shutdown(quiet=True)
             self.state = "stopped"
@@ -235,6 +259,33 @@ class Cluster:
         """Stop everything and start again with the same settings (fresh ranks and port)."""
         await self.stop()
         return await self.start()
+
+    async def recover(self) -> Any:
+        """Replace dead engines, free or replace stuck ones, keep the rest and their rank
+        numbers, and re-create the process group on a fresh port. Returns a
+        ``RecoveryReport``. See ``workbench.cluster.recovery``."""
+        from workbench.cluster.recovery import recover
+
+        return await recover(self)
+
+    def recover_sync(self) -> Any:
+        return run_sync(self.recover())
+
+    @property
+    def stuck_ranks(self) -> list[int]:
+        """Ranks left blocked (in a collective) by a timeout, an interrupt or a death."""
+        return sorted(self._stuck)
+
+    # ----------------------------------------------------------------- orphan watchdog
+    def _start_watchdog(self) -> None:
+        if not self._owns_engines or self.run_dir is None:
+            return
+        self._watchdog = watchdog.spawn(self.run_dir)
+        self._write_pidfile()
+
+    def _write_pidfile(self) -> None:
+        if self.run_dir is not None and self._owns_engines:
+            watchdog.write_pidfile(self.run_dir, [p.pid for p in self._process_tree()])
 
     # ----------------------------------------------------------------- internals
     def _report(self, stage: str, done: int, total: int) -> None:
@@ -372,6 +423,7 @@ class Cluster:
                 self.config.init_timeout,
                 # Engines on rank 0's host share its clock; others get the measured offset.
                 0 if r.host == ranks[0].host else offsets[r.engine_id] - base,
+                self.run_dir,
             )
             for r in ranks
         ]
@@ -395,16 +447,21 @@ class Cluster:
         return self._client
 
     async def _shutdown(self, *, quiet: bool) -> None:
+        # Snapshot every process first: once engines exit, their nannies are orphans.
+        processes = self._process_tree()
         client, self._client = self._client, None
         if client is not None:
             if self.ranks and self._owns_engines:
                 try:  # leave the process group cleanly so engines exit without noise
                     ar = client[[r.engine_id for r in self.ranks if r.engine_id in client.ids]]
                     ar.apply_async(engine_fns.teardown_rank).get(timeout=5)
+                    # Asking engines to exit is faster than SIGTERM from the launcher.
+                    client.shutdown(targets=ar.targets, hub=False, block=True)
                 except Exception:
                     log.debug("teardown on engines failed", exc_info=True)
             client.close()
-        processes = self._process_tree()
+        if client is not None and self._owns_engines:
+            await asyncio.to_thread(self._finish_engines, processes)
         cluster, self._ipp = self._ipp, None
         if cluster is not None:
             try:
@@ -413,7 +470,31 @@ class Cluster:
                 if not quiet:
                     raise
         self.ranks = []
+        self._stuck = {}
         await asyncio.to_thread(_reap, processes)
+        dog, self._watchdog = self._watchdog, None
+        if dog is not None:
+            watchdog.stop(dog)
+        run_dir, self.run_dir = self.run_dir, None
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    def _finish_engines(self, processes: list[psutil.Process]) -> None:
+        """Once the engines have exited on request, end their nannies too.
+
+        ipyparallel's per-engine nanny notices its engine is gone only after seconds of
+        polling, and the launcher's stop waits for it; with the engine already gone it
+        supervises nothing, so it is killed here and the stop that follows is quick.
+        """
+        engine_pids = {r.pid for r in self.ranks}
+        engines = [p for p in processes if p.pid in engine_pids]
+        nannies = [p for p in processes if p.pid in self._nanny_pids]
+        psutil.wait_procs(engines, timeout=2.0)
+        for proc in nannies:
+            try:
+                proc.kill()
+            except psutil.Error:
+                continue
 
     # ----------------------------------------------------------------- running code
     def _targets(self, ranks: int | Sequence[int] | None) -> list[RankAssignment]:
@@ -458,25 +539,69 @@ class Cluster:
     ) -> list[Any]:
         return await asyncio.to_thread(self.run, fn, *args, ranks=ranks, timeout=timeout, **kwargs)
 
+    def _dead_engine(self, future: Any, engine_id: int) -> bool:
+        """True when the engine behind ``future`` died (ipyparallel reports it as a
+        RemoteError named EngineError, or the engine left the client's ids)."""
+        client = self._client
+        if client is not None and engine_id not in client.ids:
+            return True
+        if not future.ready():
+            return False
+        try:
+            future.get(0)
+        except ipp.error.EngineError:
+            return True
+        except ipp.error.RemoteError as exc:
+            return exc.ename == "EngineError"
+        except Exception:
+            return False
+        return False
+
     def _wait_all(
         self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
     ) -> None:
+        """Wait for every rank; returns early (within ``_DEATH_GRACE_S``) once an engine
+        died; raises ``CollectiveTimeout`` with the hang report at ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        death_deadline: float | None = None
         try:
-            for future in futures:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                future.wait(remaining)
+            while True:
+                pending = [i for i, f in enumerate(futures) if not f.ready()]
+                if not pending:
+                    return
+                now = time.monotonic()
+                if death_deadline is None and any(
+                    self._dead_engine(f, r.engine_id) for r, f in zip(targets, futures, strict=True)
+                ):
+                    death_deadline = now + _DEATH_GRACE_S
+                if death_deadline is not None and now >= death_deadline:
+                    return  # collect() reports the death; the rest are marked stuck
+                if deadline is not None and now >= deadline:
+                    break
+                futures[pending[0]].wait(_POLL_S)
         except KeyboardInterrupt:
-            self.interrupt([r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()])
+            busy = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+            self.interrupt(busy)
+            end = time.monotonic() + _INTERRUPT_GRACE_S
+            while time.monotonic() < end and not all(f.ready() for f in futures):
+                time.sleep(_POLL_S)
+            self._mark_stuck(targets, futures)
             raise
-        pending = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
-        if pending:
-            done = [r.rank for r in targets if r.rank not in pending]
-            raise CollectiveTimeout(
-                f"not finished within timeout={timeout}s on ranks {pending} "
-                f"(finished: {done}); the ranks may be waiting in a collective for a peer",
-                report={"pending": pending, "finished": done},
-            )
+        if any(self._dead_engine(f, r.engine_id) for r, f in zip(targets, futures, strict=True)):
+            return
+        pending_ranks = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+        done = [r.rank for r in targets if r.rank not in pending_ranks]
+        message, report = hang_report(self.run_dir, pending_ranks, done, timeout)
+        if "waiting" in report:  # blocked in a collective: only recover() frees them
+            self._mark_stuck(targets, futures)
+        raise CollectiveTimeout(message, report=report)
+
+    def _mark_stuck(self, targets: list[RankAssignment], futures: list[Any]) -> None:
+        for r, f in zip(targets, futures, strict=True):
+            if not f.ready():
+                self._stuck[r.rank] = f
+        if self._stuck:
+            self.state = "degraded"
 
     def collect(
         self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
@@ -487,13 +612,17 @@ class Cluster:
         failures: dict[int, str] = {}
         dead: list[int] = []
         for r, future in zip(targets, futures, strict=True):
+            if self._dead_engine(future, r.engine_id):
+                dead.append(r.rank)
+                continue
+            if not future.ready():  # still blocked after a peer died
+                continue
             try:
                 results.append(future.get(0))
-            except ipp.error.EngineError:
-                dead.append(r.rank)
             except ipp.error.RemoteError as exc:
                 failures[r.rank] = _format_remote(exc)
         if dead:
+            self._mark_stuck(targets, futures)
             self.state = "degraded"
             raise EngineDied(self._describe_dead(dead), ranks=dead)
         if failures:
@@ -503,12 +632,13 @@ class Cluster:
     def _describe_dead(self, dead: list[int]) -> str:
         parts = [
             f"rank {r} (engine {self.ranks[r].engine_id} on {self.ranks[r].host}, "
-            f"pid {self.ranks[r].pid})"
+            f"pid {self.ranks[r].pid}; last seen {describe_rank(read_status(self.run_dir, r))})"
             for r in dead
         ]
         return (
             f"engine died: {', '.join(parts)}; the process group is broken on every rank. "
-            "Recover with `%wb restart` (or cluster.restart_sync())."
+            "Recover with `%wb restart` (cluster.recover_sync()): it replaces only the dead "
+            "engine(s) and re-creates the process group."
         )
 
     def execute(
@@ -527,9 +657,10 @@ class Cluster:
         client = self.client
         futures = [client[r.engine_id].execute(code, silent=False, block=False) for r in targets]
         self._wait_all(targets, futures, timeout)
-        for future in futures:
+        for r, future in zip(targets, futures, strict=True):
             # A reply can arrive before the engine's last stdout/display messages.
-            future.wait_for_output(5)
+            if future.ready() and not self._dead_engine(future, r.engine_id):
+                future.wait_for_output(5)
         out: list[CellResult] = []
         dead: list[int] = []
         for r, future in zip(targets, futures, strict=True):
@@ -542,10 +673,15 @@ class Cluster:
                 outputs=list(md.get("outputs", [])),
                 execute_result=md.get("execute_result"),
             )
+            if self._dead_engine(future, r.engine_id):
+                dead.append(r.rank)
+                out.append(result)
+                continue
+            if not future.ready():  # still blocked after a peer died
+                out.append(result)
+                continue
             try:
                 future.get(0)
-            except ipp.error.EngineError:
-                dead.append(r.rank)
             except ipp.error.RemoteError as exc:
                 result.ename, result.evalue = exc.ename, str(exc.evalue)
                 result.traceback = _format_remote(exc)
@@ -554,6 +690,7 @@ class Cluster:
                 result.ename, result.evalue, result.traceback = ename, str(evalue), tb
             out.append(result)
         if dead:
+            self._mark_stuck(targets, futures)
             self.state = "degraded"
             raise EngineDied(self._describe_dead(dead), ranks=dead)
         return out

@@ -75,11 +75,17 @@ def pick_free_port(bind: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def setup_rank(assignment: dict[str, Any], timeout_s: float, clock_offset_ns: int = 0) -> dict:
+def setup_rank(
+    assignment: dict[str, Any],
+    timeout_s: float,
+    clock_offset_ns: int = 0,
+    run_dir: str | None = None,
+) -> dict:
     """Join the process group and predefine ``rank, world_size, device, dist, torch``.
 
     Every engine calls this concurrently; ``timeout_s`` bounds the rendezvous so a peer
-    that never arrives is an error, not a hang.
+    that never arrives is an error, not a hang. With ``run_dir`` the engine's status thread
+    (out-of-band in-flight record, see ``flight.py``) writes there.
     """
     import torch
     import torch.distributed as dist
@@ -114,6 +120,10 @@ def setup_rank(assignment: dict[str, Any], timeout_s: float, clock_offset_ns: in
     state = engine_state()
     state.clear()
     state.update(assignment=dict(assignment), clock=Clock(offset_ns=clock_offset_ns))
+    if run_dir is not None:
+        from workbench.cluster import flight
+
+        flight.start_monitor(run_dir, int(assignment["rank"]))
     user_namespace().update(
         rank=int(assignment["rank"]),
         world_size=int(assignment["world_size"]),
@@ -126,8 +136,26 @@ def setup_rank(assignment: dict[str, Any], timeout_s: float, clock_offset_ns: in
 
 
 def teardown_rank() -> None:
-    """Leave the process group (if any) so a new one can be created."""
+    """Close the training run and leave the process group (if any) so a new one can be
+    created. Dropping every reference to the old groups closes their sockets, which is
+    also what frees a peer blocked in a collective with this rank (it fails at once)."""
+    import gc
+
     import torch.distributed as dist
 
+    from workbench.cluster.remote_run import close_run
+
+    try:
+        close_run()
+    except Exception:  # a run broken by the failure being recovered from: drop it anyway
+        engine_state().pop("run", None)
     if dist.is_available() and dist.is_initialized():
+        # shutdown() closes a group's connections even while a mesh, DDP or a user
+        # variable still holds the group object (destroy alone only forgets it).
+        for group in list(dist.distributed_c10d._world.pg_map):
+            try:
+                group.shutdown()
+            except Exception:  # already broken by the failure being recovered from
+                continue
         dist.destroy_process_group()
+    gc.collect()

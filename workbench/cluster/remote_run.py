@@ -14,13 +14,17 @@ from workbench.cluster.engine import engine_state
 __all__ = [
     "build_run",
     "close_run",
+    "list_run_checkpoints",
+    "load_run",
     "pull_events",
     "run_phases",
     "run_reference",
     "run_steps",
+    "save_run",
 ]
 
 _RUN = "run"
+_AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None}
 
 
 def _summary(cursor: int) -> dict[str, Any]:
@@ -35,10 +39,16 @@ def _summary(cursor: int) -> dict[str, Any]:
     }
 
 
-def build_run(spec_fields: dict[str, Any]) -> dict[str, Any]:
-    """(Re)build this rank's run from ``RunSpec`` fields; closes any previous run."""
+def build_run(
+    spec_fields: dict[str, Any], autosave: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """(Re)build this rank's run from ``RunSpec`` fields; closes any previous run.
+
+    ``autosave`` ({"root", "every", "keep_last"}) checkpoints every ``every`` steps.
+    """
     import torch.distributed as dist
 
+    from workbench.cluster import flight
     from workbench.parallel import RunSpec, build_train_step
     from workbench.trace import Recorder
 
@@ -47,7 +57,11 @@ def build_run(spec_fields: dict[str, Any]) -> dict[str, Any]:
     spec = RunSpec(**spec_fields)
     rank = dist.get_rank() if dist.is_initialized() else 0
     recorder = Recorder(rank, clock=state.get("clock"))
+    if spec.trace:
+        flight.pause_cell_tracer()  # the run's own CommTracer records from here on
     train_step = build_train_step(spec, recorder=recorder)
+    flight.watch(recorder)
+    state[_AUTOSAVE] = dict(autosave) if autosave else None
     if spec.trace and train_step.memory_tracer is not None:
         # A baseline sample before the first phase: the model and optimizer at rest.
         train_step.memory_tracer.sample(label="start")
@@ -55,18 +69,58 @@ def build_run(spec_fields: dict[str, Any]) -> dict[str, Any]:
     return {"phases": train_step.phases, **_summary(0)}
 
 
+def _autosave(train_step: Any) -> str | None:
+    """Checkpoint when a step just finished and autosave asks for this step."""
+    cfg = engine_state().get(_AUTOSAVE)
+    if not cfg or not train_step.at_step_boundary or train_step.step % int(cfg["every"]):
+        return None
+    from workbench.parallel.checkpoint import save_checkpoint
+
+    return str(save_checkpoint(train_step, cfg["root"], keep_last=cfg.get("keep_last")))
+
+
 def run_phases(count: int, cursor: int) -> dict[str, Any]:
     """Run ``count`` phases (crossing step boundaries as needed)."""
     train_step = engine_state()[_RUN]
-    ran = [train_step.run_phase() for _ in range(count)]
-    return {"ran": ran, **_summary(cursor)}
+    ran, saved = [], []
+    for _ in range(count):
+        ran.append(train_step.run_phase())
+        if ran[-1] == "optimizer" and (path := _autosave(train_step)):
+            saved.append(path)
+    return {"ran": ran, "saved": saved, **_summary(cursor)}
 
 
 def run_steps(count: int, cursor: int) -> dict[str, Any]:
     """Finish the step in progress, then run ``count - 1`` more whole steps."""
     train_step = engine_state()[_RUN]
-    losses = [train_step.run_step() for _ in range(count)]
-    return {"losses": losses, **_summary(cursor)}
+    losses, saved = [], []
+    for _ in range(count):
+        losses.append(train_step.run_step())
+        if path := _autosave(train_step):
+            saved.append(path)
+    return {"losses": losses, "saved": saved, **_summary(cursor)}
+
+
+def save_run(root: str, keep_last: int | None, cursor: int) -> dict[str, Any]:
+    """Checkpoint this rank's run under ``root`` (collective: every rank calls it)."""
+    from workbench.parallel.checkpoint import save_checkpoint
+
+    path = save_checkpoint(engine_state()[_RUN], root, keep_last=keep_last)
+    return {"path": str(path), **_summary(cursor)}
+
+
+def load_run(root: str, step: int | None, cursor: int) -> dict[str, Any]:
+    """Load a checkpoint into this rank's run (collective: every rank calls it)."""
+    from workbench.parallel.checkpoint import load_checkpoint
+
+    meta = load_checkpoint(engine_state()[_RUN], root, step)
+    return {"meta": {k: v for k, v in meta.items() if k != "spec"}, **_summary(cursor)}
+
+
+def list_run_checkpoints(root: str) -> list[dict[str, Any]]:
+    from workbench.parallel.checkpoint import list_checkpoints
+
+    return list_checkpoints(root)
 
 
 def pull_events(cursor: int) -> dict[str, Any]:
@@ -74,9 +128,13 @@ def pull_events(cursor: int) -> dict[str, Any]:
 
 
 def close_run() -> None:
+    from workbench.cluster import flight
+
     train_step = engine_state().pop(_RUN, None)
     if train_step is not None:
+        flight.unwatch(train_step.recorder)
         train_step.close()
+    flight.resume_cell_tracer()
 
 
 def run_reference(spec_fields: dict[str, Any], steps: int) -> list[float]:

@@ -14,12 +14,26 @@ from typing import Any
 
 from workbench.cluster import remote_run
 from workbench.cluster.cluster import Cluster
-from workbench.errors import ConfigError
+from workbench.errors import (
+    ClusterError,
+    CollectiveTimeout,
+    ConfigError,
+    EngineDied,
+)
 from workbench.parallel.models import get_config
 from workbench.parallel.spec import RunSpec
 from workbench.trace import Event, from_record, to_perfetto
 
 __all__ = ["RankStatus", "TrainingSession", "validate_layout"]
+
+
+def _error_fields(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, EngineDied):
+        return {"ranks": exc.ranks}
+    if isinstance(exc, CollectiveTimeout):
+        return {"report": exc.report}
+    return {}
+
 
 Listener = Callable[[list[Event]], None]
 
@@ -53,9 +67,40 @@ class _State:
 class TrainingSession:
     """Build a run on every rank and advance it by phases or steps."""
 
-    def __init__(self, cluster: Cluster, spec: RunSpec, *, timeout: float | None = 300.0) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        spec: RunSpec,
+        *,
+        timeout: float | None = 300.0,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int | None = None,
+        keep_last: int | None = 3,
+    ) -> None:
+        if checkpoint_every is not None and (
+            isinstance(checkpoint_every, bool)
+            or not isinstance(checkpoint_every, int)
+            or checkpoint_every < 1
+        ):
+            raise ConfigError(
+                f"checkpoint_every={checkpoint_every!r} is not valid; it must be an integer "
+                ">= 1 or None (no automatic checkpoints)"
+            )
+        if checkpoint_every is not None and checkpoint_dir is None:
+            raise ConfigError("checkpoint_every needs checkpoint_dir= (where to write them)")
+        if keep_last is not None and (
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+        ):
+            raise ConfigError(f"keep_last={keep_last!r} is not valid; use an integer >= 1 or None")
         self.cluster = cluster
         self.timeout = timeout
+        self.checkpoint_dir = (
+            None if checkpoint_dir is None else str(Path(checkpoint_dir).absolute())
+        )
+        self.checkpoint_every = checkpoint_every
+        self.keep_last = keep_last
+        self.last_recovery: str | None = None  # what the last recovery rolled back
+        self._interrupted = False
         self._state = _State(spec=spec)
         self._listeners: list[Listener] = []
         self._reference: list[float] = []
@@ -114,9 +159,26 @@ class TrainingSession:
         validate_layout(spec, self.cluster.world_size)
         self._state = _State(spec=spec)
         self._reference = []
-        results = self.cluster.run(remote_run.build_run, asdict(spec), timeout=self.timeout)
+        self._build_remote(spec)
+
+    def _build_remote(self, spec: RunSpec, *, keep_events: bool = True) -> None:
+        autosave = None
+        if self.checkpoint_every is not None and self.checkpoint_dir is not None:
+            autosave = {
+                "root": self.checkpoint_dir,
+                "every": self.checkpoint_every,
+                "keep_last": self.keep_last,
+            }
+        results = self.cluster.run(
+            remote_run.build_run, asdict(spec), autosave, timeout=self.timeout
+        )
         self._state.phases = list(results[0]["phases"])
+        self._state.cursors = {}
+        before = len(self._state.events)
         self._absorb(results)
+        if not keep_events:  # a rebuild for a roll-back: its baseline samples are not news
+            del self._state.events[before:]
+        self._interrupted = False
         self.built = True
 
     def _ensure_built(self) -> None:
@@ -139,24 +201,102 @@ class TrainingSession:
         *,
         on_step: Callable[[int, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        recover: bool = False,
+        max_recoveries: int = 3,
     ) -> int:
-        """Run ``count`` whole steps one at a time; returns how many ran (Pause stops early)."""
-        done = 0
-        for _ in range(count):
+        """Run ``count`` whole steps one at a time; returns how many ran (Pause stops early).
+
+        With ``recover=True`` a dead engine or a hung collective is recovered from
+        automatically (``recover()``: replace, re-create the group, roll back to the last
+        checkpoint) and the run continues until the step it was asked to reach; the
+        roll-back is kept in ``last_recovery``. Steps redone after a roll-back are counted.
+        """
+        target = self.step_index + count  # 0 when not built yet: step() builds
+        done = recoveries = 0
+        while self.step_index < target:
             if should_stop is not None and should_stop():
                 break
-            self.step(1)
+            try:
+                self.step(1)
+            except (EngineDied, CollectiveTimeout):
+                if not recover or recoveries >= max_recoveries:
+                    raise
+                recoveries += 1
+                self.recover()
+                continue
             done += 1
             if on_step is not None:
-                on_step(done, count)
+                on_step(min(done, count), count)
         return done
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _root(self, path: str | Path | None) -> str:
+        root = path if path is not None else self.checkpoint_dir
+        if root is None:
+            raise ConfigError(
+                "no checkpoint directory: pass one (save('ckpt')) or create the session "
+                "with checkpoint_dir="
+            )
+        return str(Path(root).absolute())
+
+    def save(self, path: str | Path | None = None, *, keep_last: int | None = None) -> str:
+        """Checkpoint every rank (DCP, sharded as the strategy shards) at a step boundary;
+        returns the checkpoint directory. Default root: ``checkpoint_dir``."""
+        self._ensure_built()
+        root = self._root(path)
+        results = self._call_each(
+            remote_run.save_run, root, keep_last if keep_last is not None else self.keep_last
+        )
+        return str(results[0]["path"])
+
+    def load(self, step: int | None = None, *, path: str | Path | None = None) -> dict[str, Any]:
+        """Load a checkpoint (default: the newest) into the run on every rank, under this
+        session's layout (DCP reshards); events after its step are dropped. Returns its
+        metadata."""
+        self._ensure_built()
+        root = self._root(path)
+        results = self._call_each(remote_run.load_run, root, step, rebuild_events=True)
+        return dict(results[0]["meta"])
+
+    def checkpoints(self, path: str | Path | None = None) -> list[dict[str, Any]]:
+        """Complete checkpoints under the root, oldest first (read on rank 0's host)."""
+        root = self._root(path)
+        metas = self.cluster.run(remote_run.list_run_checkpoints, root, ranks=[0], timeout=60)[0]
+        return [{k: v for k, v in m.items() if k != "spec"} for m in metas]
+
+    def recover(self) -> str:
+        """After a dead engine or a hung collective: recover the cluster (replace dead or
+        stuck engines, re-create the process group), rebuild the run on every rank and
+        load the last checkpoint. Returns (and keeps in ``last_recovery``) what was
+        rolled back to where."""
+        statuses = self.status
+        before = max((st.step for st in statuses), default=0)
+        cluster_report = ""
+        if self.cluster.state == "degraded" or self.cluster.stuck_ranks:
+            cluster_report = str(self.cluster.recover_sync())
+        self._build_remote(self.spec, keep_events=False)
+        available = self.checkpoints() if self.checkpoint_dir is not None else []
+        if available:
+            meta = self.load()
+            to = f"the checkpoint of step {meta['step']}"
+            step = int(meta["step"])
+        else:
+            self._drop_events_from(0)
+            to = "step 0 (no checkpoint: fresh weights)"
+            step = 0
+        lost = max(before - step, 0)
+        message = f"rolled back from step {before} to {to}; {lost} step(s) will be redone" + (
+            f"; {cluster_report}" if cluster_report else ""
+        )
+        self.last_recovery = message
+        return message
 
     def reset(self) -> None:
         """Back to step 0 with fresh weights and empty records (same options)."""
         self.build()
 
     def close(self) -> None:
-        if self.built and self.cluster.state == "running":
+        if self.built and self.cluster.state == "running" and not self.cluster.stuck_ranks:
             self.cluster.run(remote_run.close_run, timeout=60)
         self.built = False
 
@@ -185,18 +325,64 @@ class TrainingSession:
     def _call(self, fn: Callable[..., dict[str, Any]], count: int) -> list[Event]:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigError(f"count={count!r} is not valid; it must be an integer >= 1")
+        if self._interrupted:
+            raise ClusterError(
+                "the last step was interrupted part-way on the engines; roll back with "
+                "`session.recover()` / `%wb restart` (to the last checkpoint) or reset()"
+            )
+        results = self._call_each(fn, count)
+        return self._absorb(results)
+
+    def _call_each(self, fn: Callable[..., Any], *args: Any, rebuild_events: bool = False) -> Any:
+        """Call ``fn(*args, cursor)`` on every rank with its own cursor, concurrently.
+
+        A dead engine or a hang is re-raised with what the run was doing."""
         ranks = sorted(self._state.status) or list(range(self.cluster.world_size))
         cursors = {r: self._state.cursors.get(r, 0) for r in ranks}
-        # Each rank gets its own cursor: one call per rank, dispatched concurrently.
         client = self.cluster.client
         futures = [
-            client[self.cluster.ranks[r].engine_id].apply_async(fn, count, cursors[r])
+            client[self.cluster.ranks[r].engine_id].apply_async(fn, *args, cursors[r])
             for r in ranks
         ]
-        results = self.cluster.collect(
-            [self.cluster.ranks[r] for r in ranks], futures, self.timeout
+        try:
+            results = self.cluster.collect(
+                [self.cluster.ranks[r] for r in ranks], futures, self.timeout
+            )
+        except KeyboardInterrupt:
+            self._interrupted = True
+            raise
+        except (EngineDied, CollectiveTimeout) as exc:
+            raise type(exc)(f"{exc}\n{self._context()}", **_error_fields(exc)) from None
+        if rebuild_events:
+            step = int(results[0]["step"])
+            self._drop_events_from(step)
+        if fn is not remote_run.run_steps and fn is not remote_run.run_phases:
+            self._absorb(results)
+        return results
+
+    def _context(self) -> str:
+        statuses = self.status
+        where = ", ".join(f"rank {s.rank} at step {s.step} (next {s.next_phase})" for s in statuses)
+        saved = ""
+        if self.checkpoint_dir is not None:
+            try:
+                found = self.cluster.run(
+                    remote_run.list_run_checkpoints, self.checkpoint_dir, ranks=[0], timeout=10
+                )[0]
+            except Exception:
+                found = None
+            if found:
+                saved = f"; last checkpoint: step {found[-1]['step']}"
+            elif found is not None:
+                saved = "; no checkpoint yet"
+        return (
+            f"The run was in step {self.step_index + 1} ({where}){saved}. Resume with "
+            "`%wb restart` or session.recover(): it rolls back to the last checkpoint."
         )
-        return self._absorb(results)
+
+    def _drop_events_from(self, step: int) -> None:
+        """A roll-back: events of step ``step`` and later did not happen any more."""
+        self._state.events = [e for e in self._state.events if e.step < step]
 
     def _absorb(self, results: list[dict[str, Any]]) -> list[Event]:
         new: list[Event] = []

@@ -80,13 +80,43 @@ def stop(magics: WorkbenchMagics, args: Any) -> None:
     print("workbench: cluster stopped")
 
 
-@command("restart", "stop and start again with the same settings", lambda p: None)
+def _restart_args(p: MagicParser) -> None:
+    p.add_argument(
+        "--full", action="store_true", help="stop and start everything, even when degraded"
+    )
+
+
+@command(
+    "restart",
+    "after a dead or stuck engine: replace it and resume from the last checkpoint; "
+    "otherwise stop and start again",
+    _restart_args,
+)
 def restart(magics: WorkbenchMagics, args: Any) -> None:
     cluster = magics.cluster
     if cluster is None:
         raise UsageError("no cluster to restart; start one with `%wb start -n 2`")
-    cluster.restart_sync()
-    print(f"workbench: restarted, {cluster.world_size} ranks ready")
+    if args.full or (cluster.state != "degraded" and not cluster.stuck_ranks):
+        cluster.restart_sync()
+        print(f"workbench: restarted, {cluster.world_size} ranks ready")
+        return
+    session = _session_on(cluster)
+    if session is not None and session.built:
+        print(f"workbench: {session.recover()}")
+    else:
+        print(f"workbench: {cluster.recover_sync()}")
+    print(f"workbench: {cluster.world_size} ranks ready")
+
+
+def _session_on(cluster: Cluster) -> Any:
+    """The current stepper's training session when it runs on ``cluster``."""
+    from workbench.ui.stepper import Stepper
+
+    try:
+        stepper = Stepper.current()
+    except ConfigError:
+        return None
+    return stepper.session if stepper.cluster is cluster else None
 
 
 def _status_args(p: MagicParser) -> None:

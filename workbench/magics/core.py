@@ -100,10 +100,10 @@ class WorkbenchMagics(Magics):
             args = _cell_parser().parse(split_line(line))
         except HelpShown:
             return
+        if args.timeout is not None and not args.timeout > 0:  # also catches nan
+            raise UsageError(f"--timeout {args.timeout} must be a positive number of seconds")
         cluster = self.require_cluster()
         ranks = parse_ranks(args.ranks, cluster.world_size)
-        if args.timeout is not None and args.timeout <= 0:
-            raise UsageError(f"--timeout {args.timeout} must be a positive number of seconds")
         results = cluster.execute(cell, ranks=ranks, timeout=args.timeout)
         show_results(results, label_single=not args.no_labels)
 
@@ -112,3 +112,7 @@ class WorkbenchMagics(Magics):
 from workbench.magics import cluster_cmds as _cluster_cmds  # noqa: E402, F401
 from workbench.magics import step_cmds as _step_cmds  # noqa: E402, F401
 from workbench.magics import ui_cmds as _ui_cmds  # noqa: E402, F401
+
+# isort: split
+# After the commands above, so `%wb --help` lists them first.
+from workbench.magics import checkpoint_cmds as _checkpoint_cmds  # noqa: E402, F401

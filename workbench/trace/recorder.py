@@ -124,3 +124,10 @@ class Recorder:
     def end_flight(self, token: int) -> None:
         with self._lock:
             self.in_flight.pop(token, None)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Where this rank is and what it waits for, as plain data (read by the engine's
+        out-of-band status thread while the main thread may be blocked in a collective)."""
+        with self._lock:
+            flights = [dict(info) for _, info in sorted(self.in_flight.items())]
+        return {"rank": self.rank, "step": self.step, "phase": self.phase, "in_flight": flights}

@@ -41,12 +41,22 @@ class Stepper:
         capacity: int | None = None,
         reference: bool = False,
         timeout: float | None = 300.0,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int | None = None,
+        keep_last: int | None = 3,
         **options: Any,
     ) -> None:
         spec = RunSpec(model=model, strategy=strategy, **options)
         self.cluster = cluster if cluster is not None else Cluster.current()
         validate_layout(spec, self.cluster.world_size)  # fail here, before any work
-        self.session = TrainingSession(self.cluster, spec, timeout=timeout)
+        self.session = TrainingSession(
+            self.cluster,
+            spec,
+            timeout=timeout,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
+            keep_last=keep_last,
+        )
         self.capacity = capacity
         self.reference = reference
         self._view: Any | None = None
@@ -88,9 +98,10 @@ class Stepper:
         """Run to the end of the current step (``count`` steps); returns the new events."""
         return self.session.step(count)
 
-    def run(self, count: int) -> int:
-        """Run ``count`` whole steps; returns how many ran."""
-        return self.session.run(count)
+    def run(self, count: int, *, recover: bool = False) -> int:
+        """Run ``count`` whole steps; returns how many ran. ``recover=True`` recovers from
+        a dead engine or a hung collective and continues from the last checkpoint."""
+        return self.session.run(count, recover=recover)
 
     def reset(self) -> None:
         """Fresh weights, step 0, no events — same options."""
@@ -105,6 +116,22 @@ class Stepper:
 
     def close(self) -> None:
         self.session.close()
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save(self, path: str | Path | None = None, *, keep_last: int | None = None) -> str:
+        """Checkpoint the run on every rank (DCP); returns the checkpoint directory."""
+        return self.session.save(path, keep_last=keep_last)
+
+    def load(self, step: int | None = None, *, path: str | Path | None = None) -> dict[str, Any]:
+        """Load a checkpoint (default: the newest) on every rank; returns its metadata."""
+        return self.session.load(step, path=path)
+
+    def checkpoints(self, path: str | Path | None = None) -> list[dict[str, Any]]:
+        return self.session.checkpoints(path)
+
+    def recover(self) -> str:
+        """Replace dead / free stuck engines and roll back to the last checkpoint."""
+        return self.session.recover()
 
     # -- output --------------------------------------------------------------------------
     def figures(self) -> dict[str, go.Figure]:

@@ -1,0 +1,169 @@
+"""Engine side of the out-of-band status channel: where is this rank, what does it wait for.
+
+An engine blocked in a collective cannot answer ipyparallel requests, so each engine runs a
+small daemon thread that copies its recorders' ``snapshot()`` (step, phase, in-flight
+collectives) to ``<run_dir>/rank-00001.json`` whenever it changes, checking every
+``INTERVAL_S``. gloo and NCCL release the GIL while they wait, so the thread keeps running
+while the main thread is stuck. The collectives themselves pay nothing extra: they already
+register with ``recorder.begin_flight``; the thread only reads that dict.
+
+For plain ``%%wb`` cells a *cell tracer* (a ``CommTracer`` on a recorder that keeps no
+events, only the in-flight record) stays active on every engine, so a user's own
+``dist.all_reduce`` shows up in a hang report too. While a traced training run exists its
+own ``CommTracer`` records instead (two stacked tracers would double the per-op cost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+from workbench.trace.events import Event
+from workbench.trace.recorder import Recorder
+
+__all__ = [
+    "INTERVAL_S",
+    "FlightRecorder",
+    "pause_cell_tracer",
+    "resume_cell_tracer",
+    "start_monitor",
+    "status_path",
+    "stop_monitor",
+    "unwatch",
+    "watch",
+]
+
+INTERVAL_S = 0.05
+
+
+def status_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"rank-{rank:05d}.json"
+
+
+class FlightRecorder(Recorder):
+    """A recorder that keeps only the in-flight record (no event log that would grow)."""
+
+    def emit(self, event: Event) -> None:
+        return None
+
+
+class _Monitor(threading.Thread):
+    def __init__(self, run_dir: str, rank: int) -> None:
+        super().__init__(name="workbench-flight-monitor", daemon=True)
+        self.run_dir = run_dir
+        self.rank = rank
+        self.recorders: list[weakref.ref[Recorder]] = []
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        self.last = ""
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            recorders = [r for ref in self.recorders if (r := ref()) is not None]
+        step, phase, flights = 0, "", []
+        for recorder in recorders:
+            snap = recorder.snapshot()
+            if not isinstance(recorder, FlightRecorder):  # a training run: it knows where
+                step, phase = snap["step"], snap["phase"]
+            flights += snap["in_flight"]
+        for flight in flights:  # a cell tracer's flights take the run's position
+            if not flight.get("phase"):
+                flight["step"], flight["phase"] = step, phase
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "step": step,
+            "phase": phase,
+            "in_flight": flights,
+        }
+
+    def write(self) -> None:
+        text = json.dumps(self.snapshot(), sort_keys=True, default=str)
+        if text == self.last:
+            return
+        path = status_path(self.run_dir, self.rank)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # readers never see half a file
+        self.last = text
+
+    def run(self) -> None:
+        while not self.stopped.wait(INTERVAL_S):
+            try:
+                self.write()
+            except OSError:  # the run directory went away (cluster stopping)
+                continue
+
+
+_monitor: list[_Monitor] = []
+_cell: dict[str, Any] = {}  # "recorder", "tracer" of this engine
+
+
+def start_monitor(run_dir: str, rank: int) -> None:
+    """Start (or retarget) this engine's status thread and its cell tracer."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    if _monitor and _monitor[0].is_alive():
+        monitor = _monitor[0]
+        monitor.run_dir, monitor.rank, monitor.last = run_dir, rank, ""
+    else:
+        monitor = _Monitor(run_dir, rank)
+        _monitor[:] = [monitor]
+        monitor.start()
+    recorder = _cell.get("recorder")
+    if recorder is None:
+        recorder = FlightRecorder(rank)
+        _cell["recorder"] = recorder
+        watch(recorder)
+    recorder.rank = rank
+    resume_cell_tracer()
+
+
+def stop_monitor() -> None:
+    pause_cell_tracer()
+    if _monitor:
+        _monitor[0].stopped.set()
+        _monitor.clear()
+
+
+def watch(recorder: Recorder) -> None:
+    """Include ``recorder`` (a training run's) in this engine's status file."""
+    if not _monitor:
+        return
+    monitor = _monitor[0]
+    with monitor.lock:
+        monitor.recorders = [ref for ref in monitor.recorders if ref() is not None]
+        if all(ref() is not recorder for ref in monitor.recorders):
+            monitor.recorders.append(weakref.ref(recorder))
+
+
+def unwatch(recorder: Recorder) -> None:
+    if not _monitor:
+        return
+    monitor = _monitor[0]
+    with monitor.lock:
+        monitor.recorders = [
+            ref for ref in monitor.recorders if ref() is not None and ref() is not recorder
+        ]
+
+
+def pause_cell_tracer() -> None:
+    """Stop the cell tracer (a traced training run records its own collectives)."""
+    tracer = _cell.pop("tracer", None)
+    if tracer is not None:
+        try:
+            tracer.stop()
+        except Exception:  # another dispatch mode on top: leave it rather than fail
+            _cell["tracer"] = tracer
+
+
+def resume_cell_tracer() -> None:
+    recorder = _cell.get("recorder")
+    if recorder is None or "tracer" in _cell:
+        return
+    from workbench.trace.comm import CommTracer
+
+    _cell["tracer"] = CommTracer(recorder).start()

@@ -1,0 +1,99 @@
+"""Client side of the out-of-band channel: the hang report of a timed-out cell or step.
+
+Reads the per-rank status files the engines' status threads write (see ``flight.py``), so it
+works while the engines are blocked and cannot answer ipyparallel. The files are local to
+each engine's host: ranks on other hosts show as "no status" unless ``run_dir`` is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from workbench.cluster.flight import status_path
+
+__all__ = ["describe_rank", "hang_report", "read_status"]
+
+
+def read_status(run_dir: str | os.PathLike[str] | None, rank: int) -> dict[str, Any] | None:
+    """The last status rank ``rank`` wrote, or None (no file, other host, unreadable)."""
+    if run_dir is None:
+        return None
+    try:
+        return json.loads(status_path(run_dir, rank).read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None
+
+
+def _where(status: dict[str, Any]) -> str:
+    phase = status.get("phase") or "-"
+    return f"step {status.get('step', 0)}, phase {phase}"
+
+
+def _flight_text(flight: dict[str, Any]) -> str:
+    return (
+        f"{flight.get('op', '?')} ({flight.get('bytes', 0)} bytes, group of "
+        f"{flight.get('group_size', '?')}, issued by {flight.get('source', '?')}) at "
+        f"step {flight.get('step', 0)}, phase {flight.get('phase') or '-'}"
+    )
+
+
+def describe_rank(status: dict[str, Any] | None) -> str:
+    """What a rank was doing, for messages about a dead or stuck engine."""
+    if status is None:
+        return "no status recorded"
+    flights = status.get("in_flight") or []
+    if flights:
+        return f"waiting in {_flight_text(flights[0])}"
+    return f"at {_where(status)}, no collective in flight"
+
+
+def hang_report(
+    run_dir: str | os.PathLike[str] | None,
+    pending: list[int],
+    finished: list[int],
+    timeout: float | None,
+) -> tuple[str, dict[str, Any]]:
+    """The message and the structured report of a timeout on ``pending`` ranks.
+
+    The report always has ``pending`` and ``finished``; when a rank waits in a collective
+    also ``waiting`` (rank -> its in-flight record: op, bytes, group_size, source, step,
+    phase), ``never_entered`` (ranks not waiting in it) and ``status`` (every rank's file).
+    """
+    statuses = {r: read_status(run_dir, r) for r in sorted([*pending, *finished])}
+    waiting = {
+        r: (statuses[r] or {}).get("in_flight", [])[0]
+        for r in pending
+        if (statuses[r] or {}).get("in_flight")
+    }
+    ops = sorted({f.get("op", "?") for f in waiting.values()})
+    never = [r for r in sorted(statuses) if r not in waiting]
+    lines = [f"not finished within timeout={timeout}s on ranks {pending} (finished: {finished})"]
+    for rank in sorted(statuses):
+        status = statuses[rank]
+        if rank in waiting:
+            lines.append(f"  rank {rank}: waits in {_flight_text(waiting[rank])}")
+        elif rank in finished:
+            entered = f", never entered {' / '.join(ops)}" if ops else ""
+            lines.append(f"  rank {rank}: finished the cell{entered}")
+        elif status is None:
+            lines.append(f"  rank {rank}: busy, no status (engine on another host?)")
+        else:
+            lines.append(
+                f"  rank {rank}: busy at {_where(status)}, not in a collective"
+                + (f" (never entered {' / '.join(ops)})" if ops else "")
+            )
+    if waiting:
+        lines.append(
+            f"ranks {sorted(waiting)} wait for ranks {never} that never entered the "
+            "collective; the process group is stuck."
+        )
+    lines.append(
+        "Recover with `%wb restart` (cluster.recover()): it frees the waiting ranks "
+        "(or replaces their engines) and re-creates the process group on a fresh port."
+    )
+    report: dict[str, Any] = {"pending": list(pending), "finished": list(finished)}
+    if waiting:  # a hang, not just a slow cell: who waits where, who never came
+        report.update(waiting=waiting, never_entered=never, status=statuses)
+    return "\n".join(lines), report

@@ -1,0 +1,66 @@
+"""``%wb checkpoint save | load | list`` — checkpoints of the current stepper's run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from workbench.errors import CheckpointError, ConfigError
+from workbench.magics.args import MagicParser
+from workbench.magics.core import WorkbenchMagics, command
+
+ACTIONS = ("save", "load", "list")
+
+
+def _nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{text!r} is not a whole number; use e.g. --step 3") from None
+    if value < 0:
+        raise UsageError(f"{value} is not valid; it must be >= 0")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _nonnegative(text)
+    if value < 1:
+        raise UsageError(f"--keep-last {value} is not valid; it must be >= 1")
+    return value
+
+
+def _checkpoint_args(p: MagicParser) -> None:
+    p.add_argument("action", choices=ACTIONS, help="save, load or list checkpoints")
+    p.add_argument("--dir", default=None, help="checkpoint root (default: the session's)")
+    p.add_argument("--step", type=_nonnegative, default=None, help="load: which step")
+    p.add_argument("--keep-last", type=_positive, default=None, help="save: keep N newest")
+
+
+@command("checkpoint", "save, load or list checkpoints of the current stepper", _checkpoint_args)
+def checkpoint(magics: WorkbenchMagics, args: Any) -> Any:
+    from workbench.ui.stepper import Stepper
+
+    try:
+        stepper = Stepper.current()
+        if args.action == "save":
+            path = stepper.save(args.dir, keep_last=args.keep_last)
+            print(f"workbench: saved step {stepper.session.step_index} to {path}")
+        elif args.action == "load":
+            meta = stepper.load(args.step, path=args.dir)
+            print(
+                f"workbench: loaded the checkpoint of step {meta['step']} "
+                f"(saved under {meta['strategy']} on {meta['world_size']} ranks)"
+            )
+        else:
+            rows = stepper.checkpoints(args.dir)
+            if not rows:
+                print("workbench: no checkpoints yet")
+            for row in rows:
+                print(
+                    f"step {row['step']:>5}  {row['strategy']:<8} {row['world_size']} ranks  "
+                    f"loss {row['last_loss']}"
+                )
+    except (ConfigError, CheckpointError) as exc:
+        raise UsageError(str(exc)) from None
+    return None
