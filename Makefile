@@ -15,41 +15,45 @@ export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: venv demo test test-fast lint lab bench gpu-check browser-test clean
+.PHONY: state venv demo test test-fast lint lab bench gpu-check browser-test clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
+	mkdir -p $(IPYTHONDIR) $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 numpy
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+state:
+	@mkdir -p $(IPYTHONDIR) $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR)
+
+demo: $(STAMP) state
 	$(VENV)/bin/workbench demo --out reports/demo
 
-test: $(STAMP)
+test: $(STAMP) state
 	$(PY) -m ruff check workbench tests benchmarks
 	$(PY) -m pytest -q -p no:cacheprovider tests
 	@if ls notebooks/*.ipynb >/dev/null 2>&1; then \
 	  $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks; \
 	fi
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) state
 	$(PY) -m pytest -q -x -m "not slow and not browser" tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check workbench tests benchmarks
 	$(PY) -m ruff format --check workbench tests benchmarks
 
-lab: $(STAMP)
+lab: $(STAMP) state
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 notebooks
 
-bench: $(STAMP)
+bench: $(STAMP) state
 	$(PY) -m benchmarks.run_all
 
-gpu-check: $(STAMP)
+gpu-check: $(STAMP) state
 	$(PY) -m pytest -q -m gpu tests
 
 clean:

@@ -101,6 +101,12 @@ def test_runspec_layout_errors() -> None:
     spec = RunSpec(strategy="pp", batch_size=8, microbatches=3)
     with pytest.raises(ConfigError, match="microbatches=3 does not divide batch_size=8"):
         spec.check_batch(spec.dims(2))
+    spec = RunSpec(strategy="pp", batch_size=8, microbatches=1, schedule="1f1b")
+    with pytest.raises(ConfigError, match="1F1B needs at least one micro-batch per stage"):
+        spec.check_batch(spec.dims(2))
+    RunSpec(strategy="pp", batch_size=8, microbatches=1, schedule="gpipe").check_batch(
+        RunSpec(strategy="pp").dims(2)
+    )
 
 
 def test_distributed_strategy_without_process_group() -> None:

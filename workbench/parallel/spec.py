@@ -129,6 +129,12 @@ class RunSpec:
                 f"(batch_size={self.batch_size} / dp={dims.dp}); choose among "
                 f"{[d for d in range(1, per_rank + 1) if per_rank % d == 0]}"
             )
+        if self.strategy == "pp" and self.schedule == "1f1b" and self.microbatches < dims.pp:
+            raise ConfigError(
+                f"microbatches={self.microbatches} is not valid with schedule='1f1b' on "
+                f"pp={dims.pp} stages: 1F1B needs at least one micro-batch per stage; "
+                f"use microbatches >= {dims.pp} or schedule='gpipe'"
+            )
         if self.strategy == "pp" and self.batch_size % self.microbatches:
             raise ConfigError(
                 f"microbatches={self.microbatches} does not divide batch_size="
