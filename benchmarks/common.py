@@ -180,6 +180,9 @@ def prepare_environment() -> None:
         os.environ["JUPYTER_CONFIG_DIR"] = str(state / "jupyter" / "config")
         os.environ["JUPYTER_DATA_DIR"] = str(state / "jupyter" / "data")
         os.environ["JUPYTER_RUNTIME_DIR"] = str(state / "jupyter" / "runtime")
+    for key in ("IPYTHONDIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR"):
+        if os.environ.get(key):  # IPython falls back to a temp dir (and warns) if missing
+            Path(os.environ[key]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     path = os.environ.get("PYTHONPATH", "")
