@@ -50,8 +50,9 @@ ProgressCallback = Callable[[str, int, int], None]
 _CONTROLLER_ARGS = ["--HeartMonitor.period=500"]
 _MULTI_NODE = {"mpi", "ssh", "slurm"}
 # After an engine died, survivors' collectives fail at once ("connection reset"); any rank
-# still busy this long afterwards is treated as stuck instead of waited for.
-_DEATH_GRACE_S = 5.0
+# still busy this long afterwards is marked stuck (recover() frees it) instead of waited for,
+# so the death is reported within a second.
+_DEATH_GRACE_S = 0.5
 # After an interrupt, engines in Python code stop at once; one blocked in a collective
 # does not (signals run between bytecodes) and is left for recover().
 _INTERRUPT_GRACE_S = 2.0
@@ -501,6 +502,7 @@ class Cluster:
         if not self.ranks or self.state not in ("running", "degraded"):
             raise ClusterError("the cluster is not running; start it first (%wb start)")
         if ranks is None:
+            self.ensure_alive()
             return list(self.ranks)
         wanted = [ranks] if isinstance(ranks, int) else list(ranks)
         valid = range(self.world_size)
@@ -509,6 +511,7 @@ class Cluster:
             raise ConfigError(
                 f"ranks={wanted!r} is not valid; choose from 0..{self.world_size - 1}"
             )
+        self.ensure_alive(wanted)
         return [self.ranks[r] for r in sorted(set(wanted))]
 
     def run(
@@ -538,6 +541,19 @@ class Cluster:
         **kwargs: Any,
     ) -> list[Any]:
         return await asyncio.to_thread(self.run, fn, *args, ranks=ranks, timeout=timeout, **kwargs)
+
+    def ensure_alive(self, ranks: Sequence[int] | None = None) -> None:
+        """Raise ``EngineDied`` (before sending any work) when the engine of one of
+        ``ranks`` (default: all) already died."""
+        client = self._client
+        if client is None:
+            return
+        ids = set(client.ids)
+        chosen = self.ranks if ranks is None else [self.ranks[r] for r in ranks]
+        dead = sorted(r.rank for r in chosen if r.engine_id not in ids)
+        if dead:
+            self.state = "degraded"
+            raise EngineDied(self._describe_dead(dead), ranks=dead)
 
     def _dead_engine(self, future: Any, engine_id: int) -> bool:
         """True when the engine behind ``future`` died (ipyparallel reports it as a

@@ -1,9 +1,11 @@
 """``recover(cluster)``: back to a working process group after a dead or stuck engine.
 
-1. Ranks blocked in a collective (left by a timeout, an interrupt or a peer's death) are
-   freed by tearing the process group down on the healthy ranks: closing their sockets
-   makes the blocked collective fail at once. A rank still blocked after
-   ``FREE_GRACE_S`` (or busy in code that ignores interrupts) has its engine killed.
+1. Stuck ranks (left busy by a timeout, an interrupt or a peer's death) are interrupted
+   (frees Python code) and the process group is torn down on the healthy ranks: when that
+   destroys their group objects, the sockets close and a blocked collective fails at once.
+   (A group still referenced on a healthy rank, e.g. by a training run's device mesh, may
+   keep its sockets open.) A rank still busy after ``FREE_GRACE_S`` has its engine killed
+   and replaced like a dead one.
 2. Dead engines are replaced by new ones started through the same ipyparallel cluster;
    each new engine takes the dead rank's number. Surviving engines keep their rank and
    their namespace (but their training run, bound to the old process group, is closed).
@@ -53,7 +55,7 @@ class RecoveryReport:
         if self.killed:
             parts.append(f"ranks {self.killed} were stuck and had their engines replaced")
         if self.freed:
-            parts.append(f"ranks {self.freed} freed from their collective (engines kept)")
+            parts.append(f"ranks {self.freed} freed without replacing their engines")
         if not parts:
             parts.append("no engine needed replacing")
         return "; ".join(parts) + "; process group re-created on a fresh port"
@@ -72,6 +74,20 @@ async def _gather(futures: list[Any], timeout: float) -> list[Any]:
     )
 
 
+async def _interrupt(cluster: Cluster, ranks: list[int]) -> None:
+    for rank in ranks:
+        r = cluster.ranks[rank]
+        try:
+            if cluster.ipp_cluster is None:
+                raise ClusterError("external cluster")
+            await cluster.ipp_cluster.signal_engine(signal.SIGINT, r.engine_id)
+        except Exception:
+            try:
+                os.kill(r.pid, signal.SIGINT)
+            except OSError:
+                continue
+
+
 async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport) -> list[int]:
     """Free stuck ranks; returns the ranks whose engines had to be killed."""
     client = cluster.client_unchecked()
@@ -79,6 +95,7 @@ async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport)
     if not stuck:
         return []
     healthy = [r for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
+    await _interrupt(cluster, sorted(stuck))  # frees ranks busy in Python code
     if healthy:
         try:
             await _gather(

@@ -261,7 +261,14 @@ class TrainingSession:
     def checkpoints(self, path: str | Path | None = None) -> list[dict[str, Any]]:
         """Complete checkpoints under the root, oldest first (read on rank 0's host)."""
         root = self._root(path)
-        metas = self.cluster.run(remote_run.list_run_checkpoints, root, ranks=[0], timeout=60)[0]
+        try:
+            metas = self.cluster.run(remote_run.list_run_checkpoints, root, ranks=[0], timeout=60)[
+                0
+            ]
+        except EngineDied:  # rank 0 is gone: read the directory from here
+            from workbench.parallel.checkpoint import list_checkpoints
+
+            metas = list_checkpoints(root)
         return [{k: v for k, v in m.items() if k != "spec"} for m in metas]
 
     def recover(self) -> str:
@@ -340,6 +347,10 @@ class TrainingSession:
         ranks = sorted(self._state.status) or list(range(self.cluster.world_size))
         cursors = {r: self._state.cursors.get(r, 0) for r in ranks}
         client = self.cluster.client
+        try:
+            self.cluster.ensure_alive()
+        except EngineDied as exc:
+            raise EngineDied(f"{exc}\n{self._context()}", ranks=exc.ranks) from None
         futures = [
             client[self.cluster.ranks[r].engine_id].apply_async(fn, *args, cursors[r])
             for r in ranks
@@ -366,9 +377,7 @@ class TrainingSession:
         saved = ""
         if self.checkpoint_dir is not None:
             try:
-                found = self.cluster.run(
-                    remote_run.list_run_checkpoints, self.checkpoint_dir, ranks=[0], timeout=10
-                )[0]
+                found = self.checkpoints()
             except Exception:
                 found = None
             if found:
