@@ -118,7 +118,8 @@ collectives(stepper.events)
 # PyTorch's DTensor expresses the split as data: a plan mapping module paths to
 # `ColwiseParallel` or `RowwiseParallel`. The workbench's GPT plan splits attention too —
 # `wq`, `wk`, `wv` column-wise (each rank gets whole heads), `wo` row-wise — and the MLP as
-# above:
+# above. One more entry, `PrepareModuleInput` on the attention block, turns its input into a
+# single replicated DTensor that Q, K and V share:
 
 # %%
 from workbench.parallel import GPT_TP_PLAN
@@ -133,12 +134,13 @@ collectives(stepper.events)
 
 # %% [markdown]
 # Forward: 4 all-reduces = 2 layers × 2 row-parallel outputs (`wo` and `fc2`), Megatron's
-# two *g*'s per layer. Backward: 8, not 4. DTensor turns the input of *each*
-# column-parallel linear into a distributed tensor of its own, so each one's input
-# gradient is all-reduced separately: `wq`, `wk`, `wv` and `fc1` make 4 per layer. Megatron
-# fuses Q, K and V into one matrix behind a single *f*, so it needs 2. The planner's cost
-# model assumes Megatron's 4 per layer and step; this model's separate projections pay 6.
-# (The timeline shows where they sit: hover a bar for its bytes.)
+# two *g*'s per layer. Backward: 4 as well — one *f* in front of attention and one in front
+# of the MLP. Without the `PrepareModuleInput` entry DTensor would make the input of *each*
+# column-parallel linear a distributed tensor of its own and all-reduce `wq`'s, `wk`'s and
+# `wv`'s input gradients separately: 3 instead of 1. Sharing one DTensor lets the three
+# partial gradients add up first, exactly as Megatron's fused QKV matrix does. That is the
+# planner's cost model too: 4 all-reduces per layer and step. (The timeline shows where
+# they sit: hover a bar for its bytes.)
 
 # %% nbval-ignore-output
 stepper.figures()["comm"]

@@ -170,7 +170,13 @@ def _traced(rank: int, world_size: int, strategies: list[tuple[str, bool]]) -> d
             step.run_step()
         events = recorder.events
         out[f"{strategy},{overlap}"] = {
-            "memory_phases": [e.phase for e in events if isinstance(e, MemorySample)],
+            # boundary samples only: a "peak" sample marks a high point inside a phase
+            "memory_phases": [
+                e.phase for e in events if isinstance(e, MemorySample) and e.label != "peak"
+            ],
+            "peak_phases": [
+                e.phase for e in events if isinstance(e, MemorySample) and e.label == "peak"
+            ],
             "comm": sorted({(e.phase, e.source) for e in events if isinstance(e, CommEvent)}),
         }
     return out
@@ -189,6 +195,8 @@ def test_traced_step_emits_memory_and_comm_events() -> None:
     assert ("backward", "ddp-bucket") in result["dp,True"]["comm"]  # overlapped buckets
     assert ("optimizer", "zero") in result["zero1,True"]["comm"]  # ZeRO-1 broadcasts
     assert ("forward", "pipeline") in result["pp,False"]["comm"]  # activations sent
+    # the schedule frees its activations inside "forward": the peak is a sample of its own
+    assert result["pp,False"]["peak_phases"] == ["forward"]
     meg = result["megatron,False"]["comm"]
     assert ("forward", "workbench") in meg and ("backward", "workbench") in meg  # g and f
 

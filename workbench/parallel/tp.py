@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInput,
     RowwiseParallel,
     parallelize_module,
 )
@@ -28,6 +30,11 @@ MLP_TP_PLAN: dict[str, ParallelStyle] = {
 }
 
 GPT_TP_PLAN: dict[str, ParallelStyle] = {
+    # One replicated DTensor input shared by q, k and v: their input gradients add up as
+    # partial sums and are all-reduced once (Megatron's f), not once per projection.
+    "layers.*.attn": PrepareModuleInput(
+        input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False
+    ),
     "layers.*.attn.wq": ColwiseParallel(),
     "layers.*.attn.wk": ColwiseParallel(),
     "layers.*.attn.wv": ColwiseParallel(),
