@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     shell.run_line_magic("load_ext", "workbench")
     shell.run_line_magic("wb", "start -n 2")
     me = psutil.Process()
-    print(json.dumps([p.pid for p in me.children(recursive=True)]))
+    print("PIDS " + json.dumps([p.pid for p in me.children(recursive=True)]), flush=True)
     # no %wb stop: the interpreter exits as a kernel does on shutdown or restart
     """
 )
@@ -27,7 +27,9 @@ def test_normal_exit_stops_the_cluster() -> None:
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True
     )
-    pids = json.loads(out.stdout.strip().splitlines()[-1])
+    # Other output (exit-time messages) may follow: find our line by its marker.
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("PIDS "))
+    pids = json.loads(line[len("PIDS ") :])
     assert len(pids) >= 3
     procs = []
     for pid in pids:
