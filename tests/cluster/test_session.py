@@ -96,9 +96,10 @@ def test_failure_on_one_rank_is_reported_and_reset_recovers(
     session: TrainingSession, cluster: Cluster
 ) -> None:
     cluster.run(_break_rank1_data)
-    with pytest.raises(RankError) as info:
+    with pytest.raises(RankError, match=r"rank 1 on \S+ failed in phase 'data' of step 0") as info:
         session.phase()
     assert set(info.value.failures) == {1}
+    assert "StopIteration" in str(info.value)
     session.reset()
     session.step()
     assert [s.step for s in session.status] == [1, 1]

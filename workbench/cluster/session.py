@@ -19,6 +19,7 @@ from workbench.errors import (
     CollectiveTimeout,
     ConfigError,
     EngineDied,
+    RankError,
 )
 from workbench.parallel.models import get_config
 from workbench.parallel.spec import RunSpec
@@ -364,12 +365,28 @@ class TrainingSession:
             raise
         except (EngineDied, CollectiveTimeout) as exc:
             raise type(exc)(f"{exc}\n{self._context()}", **_error_fields(exc)) from None
+        except RankError as exc:
+            raise self._rank_failure(exc) from None
         if rebuild_events:
             step = int(results[0]["step"])
             self._drop_events_from(step)
         if fn is not remote_run.run_steps and fn is not remote_run.run_phases:
             self._absorb(results)
         return results
+
+    def _rank_failure(self, exc: RankError) -> RankError:
+        """The ranks' exceptions, headed by where each failing rank was (host, step, phase)."""
+        heads = []
+        for rank in sorted(exc.failures):
+            status = self._state.status.get(rank, RankStatus(rank=rank))
+            host = self.cluster.ranks[rank].host if rank < self.cluster.world_size else "?"
+            heads.append(
+                f"rank {rank} on {host} failed in phase {status.next_phase!r} of step "
+                f"{status.step}"
+            )
+        error = RankError.from_failures(exc.failures)
+        error.args = ("; ".join(heads) + "\n" + str(error.args[0]),)
+        return error
 
     def _context(self) -> str:
         statuses = self.status
