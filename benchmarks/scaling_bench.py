@@ -23,6 +23,7 @@ TITLE = "Scaling: steps/s on 1 vs 2 engines (DP, fixed global batch) vs the plan
 SPEEDUP = Target(">=", 1.7)
 PREDICTION = Target("<=", 0.15, "<= 0.15 (|predicted/measured - 1|)")
 MODEL = "gpt-small"
+BATCH = 16
 
 
 def predict_speedup(
@@ -74,13 +75,15 @@ def predict_speedup(
 
 
 def run(quick: bool = False) -> BenchResult:
+    import psutil
+
     from workbench.cluster import Cluster, remote_run
     from workbench.cluster.session import TrainingSession
     from workbench.parallel import RunSpec, build_model, get_config
     from workbench.parallel.commbench import allreduce_sweep
     from workbench.planner import fit_alpha_beta
 
-    batch = 16
+    batch = BATCH
     steps, repeats = (2, 1) if quick else (8, 3)
     single = RunSpec(model=MODEL, strategy="single", batch_size=batch, trace=False)
     dp = RunSpec(model=MODEL, strategy="dp", batch_size=batch, trace=False, overlap=True)
@@ -93,21 +96,35 @@ def run(quick: bool = False) -> BenchResult:
         samples = cluster.run(allreduce_sweep, sizes, 5, 1, timeout=300)[0]
         fit = fit_alpha_beta(samples, n=2)
 
+        engines = [psutil.Process(r.pid) for r in cluster.ranks]
+        # CPU seconds each engine used per step, and the share of a core it got: on a busy
+        # machine the second engine does not get a core of its own, and this shows it.
+        cpu: dict[str, list[list[float]]] = {"1 engine": [], "2 engines": []}
+
+        def cpu_now(procs: list[psutil.Process]) -> list[float]:
+            return [sum(p.cpu_times()[:2]) for p in procs]
+
+        def per_step(before: list[float], procs: list[psutil.Process]) -> list[float]:
+            return [(b - a) / steps for a, b in zip(before, cpu_now(procs), strict=True)]
+
         def one_engine() -> float:
             built = cluster.run(remote_run.build_run, asdict(single), ranks=[0], timeout=300)
             cursor = built[0]["cursor"]
             cursor = cluster.run(remote_run.run_steps, 1, cursor, ranks=[0])[0]["cursor"]
-            start = time.perf_counter()
+            c0, start = cpu_now(engines[:1]), time.perf_counter()
             cluster.run(remote_run.run_steps, steps, cursor, ranks=[0], timeout=600)
-            return (time.perf_counter() - start) / steps
+            elapsed = time.perf_counter() - start
+            cpu["1 engine"].append(per_step(c0, engines[:1]))
+            return elapsed / steps
 
         def two_engines() -> float:
             session = TrainingSession(cluster, dp, timeout=600)
             session.build()
             session.step(1)
-            start = time.perf_counter()
+            c0, start = cpu_now(engines), time.perf_counter()
             session.step(steps)
             elapsed = time.perf_counter() - start
+            cpu["2 engines"].append(per_step(c0, engines))
             session.close()
             return elapsed / steps
 
@@ -142,6 +159,23 @@ def run(quick: bool = False) -> BenchResult:
             samples=repeats,
         )
     )
+    cpu1 = median([c[0] for c in cpu["1 engine"]])
+    cpu2 = [median([c[r] for c in cpu["2 engines"]]) for r in range(2)]
+    result.rows.append(
+        Row.compare(
+            "CPU seconds per step: busiest of 2 engines vs 1 engine",
+            "ms",
+            max(cpu2) * 1e3,
+            cpu1 * 1e3,
+            raw_label="1 engine",
+            target=None,
+            samples=repeats,
+            note=f"share of a core the engines got: 1 engine {cpu1 / t1:.0%}; 2 engines "
+            + " / ".join(f"{c / t2:.0%}" for c in cpu2)
+            + f"; CPU-time speedup {cpu1 / max(cpu2):.2f}x",
+        )
+    )
+    result.details["cpu_s_per_step"] = cpu
     result.rows.append(
         Row(
             metric="speedup, measured vs planner prediction",
