@@ -53,7 +53,7 @@ def test_bad_layout_exits_2(capsys):
 def test_calibrate_saves_a_profile_that_plan_accepts(tmp_path, capsys):
     out = tmp_path / "cpu.json"
     rc = main(
-        ["calibrate", "--sizes", "4096", "262144", "1048576", "--iters", "2", "--warmup", "1",
+        ["calibrate", "--sizes", "4096", "1048576", "8388608", "--iters", "3", "--warmup", "1",
          "--no-flops", "--out", str(out)]
     )  # fmt: skip
     assert rc == 0

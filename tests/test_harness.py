@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tests.harness import run_ranks
+from workbench.errors import ParallelError
 
 
 def _sum_ranks(rank: int, world_size: int) -> float:
@@ -25,5 +26,5 @@ def test_run_ranks_all_reduce() -> None:
 
 
 def test_run_ranks_reports_failure() -> None:
-    with pytest.raises(RuntimeError, match="boom on rank 1"):
+    with pytest.raises(ParallelError, match="boom on rank 1"):
         run_ranks(_fail_on_one, timeout=60)

@@ -7,18 +7,15 @@ which is what ``workbench calibrate`` fits α and B to.
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 import time
-import traceback
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from workbench.errors import ConfigError, ParallelError
+from workbench.parallel.local import run_local_ranks
 
 __all__ = ["DEFAULT_SIZES", "allreduce_sweep", "run_local_sweep"]
 
@@ -59,32 +56,8 @@ def allreduce_sweep(
     return results
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _worker(
-    rank: int,
-    world_size: int,
-    port: int,
-    sizes: list[int],
-    iters: int,
-    warmup: int,
-    queue: Any,
-) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
-        result = allreduce_sweep(sizes, iters=iters, warmup=warmup)
-        queue.put((rank, True, result))
-    except BaseException:
-        queue.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def _sweep_rank(rank: int, world_size: int, sizes: list[int], iters: int, warmup: int) -> Any:
+    return allreduce_sweep(sizes, iters=iters, warmup=warmup)
 
 
 def run_local_sweep(
@@ -98,34 +71,7 @@ def run_local_sweep(
     return rank 0's (bytes, seconds) pairs."""
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise ConfigError(f"world_size={world_size!r} is not valid; it must be >= 2")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(r, world_size, port, list(sizes), iters, warmup, queue),
-            daemon=True,
-        )
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    failures: dict[int, str] = {}
-    try:
-        for _ in range(world_size):
-            rank, ok, value = queue.get(timeout=timeout)
-            (results if ok else failures)[rank] = value
-    except Exception as exc:  # queue.Empty: a rank hung or died
-        failures[-1] = f"no answer within {timeout}s: {exc!r}"
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if failures:
-        detail = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(failures.items()))
-        raise ParallelError(f"all-reduce sweep failed on {len(failures)} rank(s):\n{detail}")
+    results = run_local_ranks(
+        _sweep_rank, list(sizes), iters, warmup, world_size=world_size, timeout=timeout
+    )
     return results[0]
