@@ -279,6 +279,9 @@ class TrainingSession:
         rolled back to where."""
         statuses = self.status
         before = max((st.step for st in statuses), default=0)
+        first = self.phases[0] if self.phases else "data"
+        # Read now: rebuilding below resets every rank's status.
+        partial = any(st.next_phase != first for st in statuses)
         cluster_report = ""
         if self.cluster.state == "degraded" or self.cluster.stuck_ranks:
             cluster_report = str(self.cluster.recover_sync())
@@ -293,7 +296,8 @@ class TrainingSession:
             to = "step 0 (no checkpoint: fresh weights)"
             step = 0
         lost = max(before - step, 0)
-        message = f"rolled back from step {before} to {to}; {lost} step(s) will be redone" + (
+        redone = f"{lost} completed step(s)" + (" and the step in progress" if partial else "")
+        message = f"rolled back from step {before} to {to}; {redone} will be redone" + (
             f"; {cluster_report}" if cluster_report else ""
         )
         self.last_recovery = message
@@ -402,7 +406,7 @@ class TrainingSession:
             elif found is not None:
                 saved = "; no checkpoint yet"
         return (
-            f"The run was in step {self.step_index + 1} ({where}){saved}. Resume with "
+            f"The run had completed {self.step_index} step(s) ({where}){saved}. Resume with "
             "`%wb restart` or session.recover(): it rolls back to the last checkpoint."
         )
 

@@ -59,7 +59,7 @@ def checkpoint(magics: WorkbenchMagics, args: Any) -> Any:
             for row in rows:
                 print(
                     f"step {row['step']:>5}  {row['strategy']:<8} {row['world_size']} ranks  "
-                    f"loss {row['last_loss']}"
+                    + (f"loss {row['last_loss']:.6f}" if row.get("last_loss") is not None else "")
                 )
     except (ConfigError, CheckpointError) as exc:
         raise UsageError(str(exc)) from None
