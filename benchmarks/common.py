@@ -8,9 +8,7 @@ the machines are noisy, so a single absolute time means little.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -165,9 +163,11 @@ def interleaved(
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    # Imported here: workbench.parallel loads torch, which must wait for
+    # prepare_environment() to set the environment it reads at import.
+    from workbench.parallel.local import free_port as _free_port
+
+    return _free_port()
 
 
 def prepare_environment() -> None:
@@ -195,27 +195,6 @@ def prepare_environment() -> None:
     torch.set_num_threads(1)
 
 
-def _rank_worker(
-    rank: int, world: int, port: int, queue: Any, fn: Callable[..., Any], args: tuple, quiet: bool
-) -> None:
-    if quiet:  # the profiler's native start/stop lines; failures travel through the queue
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
-    )
-    import torch.distributed as dist
-
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        queue.put((rank, True, fn(rank, world, *args)))
-    except BaseException:
-        queue.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def spawn_ranks(
     fn: Callable[..., Any],
     args: tuple = (),
@@ -225,36 +204,12 @@ def spawn_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; results in rank order.
 
-    ``fn`` must be importable by module name. Raises RuntimeError with every failing rank's
-    traceback; always joins (or kills) the processes it started.
+    ``fn`` must be importable by module name. Raises ``ParallelError`` with every failing
+    rank's traceback; always joins (or kills) the processes it started.
     """
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=_rank_worker, args=(r, world, port, queue, fn, args, quiet))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results: dict[int, Any] = {}
-    failures: dict[int, str] = {}
-    try:
-        for _ in range(world):
-            rank, ok, value = queue.get(timeout=timeout)
-            (results if ok else failures)[rank] = value
-    except Exception as exc:  # queue.Empty: a rank hung or died without reporting
-        failures[-1] = f"no answer within {timeout}s: {exc!r}"
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if failures:
-        detail = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(failures.items()))
-        raise RuntimeError(f"{len(failures)} rank(s) failed:\n{detail}")
-    return [results[r] for r in range(world)]
+    from workbench.parallel.local import run_local_ranks
+
+    return run_local_ranks(fn, *args, world_size=world, timeout=timeout, quiet=quiet)
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.harness import run_ranks
+from workbench.parallel.local import run_local_ranks
 
 REPEATS = 5
 ALLREDUCES = 400
@@ -65,7 +65,7 @@ def _measure(rank: int, world: int) -> dict[str, float]:
 
 def main() -> None:
     torch.set_num_threads(1)
-    r0 = run_ranks(_measure, timeout=600)[0]
+    r0 = run_local_ranks(_measure, timeout=600, start_method="fork")[0]
     for key, value in r0.items():
         print(f"{key:>22}: {value:8.1f}")
     print(
