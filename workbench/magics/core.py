@@ -6,6 +6,7 @@ Subcommands are small functions registered in ``COMMANDS``; each builds its own 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +53,9 @@ def _usage() -> str:
     )
 
 
+@functools.cache
 def _cell_parser() -> MagicParser:
+    """Built once: %%wb parses its line on every cell, and building argparse is the cost."""
     p = MagicParser(prog="%%wb", description="Run this cell on every rank (or some ranks).")
     p.add_argument("--ranks", "-r", default=None, help="'all' (default), '0,2' or '0-3'")
     p.add_argument("--timeout", "-t", type=float, default=None, help="seconds before giving up")

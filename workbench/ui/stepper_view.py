@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["StepperView"]
 
-# Minimum seconds between figure refreshes during Run N (each refresh costs a few ms of
-# serialisation; events are buffered in between and flushed at the end).
+# Minimum seconds between figure refreshes during Run N (events are buffered in between
+# and flushed at the end); slower refreshes stretch the interval further (see _flush).
 THROTTLE_S = 0.25
 LABEL_WIDTH = "100px"
 # The status table: without padding its header reads "rankstepnext phaseloss". Scoped to
@@ -154,7 +154,10 @@ class StepperView:
 
     def _flush(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._last_flush < THROTTLE_S:
+        # A refresh re-sends each figure's arrays, so its cost grows with the history: wait
+        # at least 20x the last refresh, which keeps figure updates under ~5% of a long Run N.
+        last_cost = self.flush_times[-1] if self.flush_times else 0.0
+        if not force and now - self._last_flush < max(THROTTLE_S, 20 * last_cost):
             return
         pending, self._pending = self._pending, []
         started = time.perf_counter()
