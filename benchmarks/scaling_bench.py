@@ -26,14 +26,11 @@ MODEL = "gpt-small"
 BATCH = 16
 
 
-def predict_speedup(
-    n_params: int, batch: int, seq: int, t1: float, fit: object
-) -> tuple[float, dict[str, float]]:
+def predict_speedup(batch: int, seq: int, t1: float, fit: object) -> tuple[float, dict[str, float]]:
     """The planner's 2-rank DP speedup for ``MODEL``, with compute calibrated so that its
     1-rank step takes the measured ``t1`` seconds and links from the all-reduce ``fit``."""
-    from workbench.parallel import get_config
+    from workbench.parallel.models import planner_model
     from workbench.planner import (
-        ModelSpec,
         ParallelSpec,
         TrainingSpec,
         hardware_from_fit,
@@ -41,19 +38,7 @@ def predict_speedup(
         training_flops,
     )
 
-    cfg = get_config(MODEL)
-    model = ModelSpec(
-        name=MODEL,
-        params=n_params,
-        layers=cfg.n_layers,
-        hidden=cfg.dim,
-        heads=cfg.n_heads,
-        vocab=cfg.vocab,
-        seq=cfg.seq_len,
-        tied_embeddings=cfg.tie_head,
-        bias=True,
-        learned_positions=True,
-    )
+    model = planner_model(MODEL)
     one = TrainingSpec(
         micro_batch=batch, seq=seq, precision="fp32", optimizer="adamw", mfu=1.0, dropout=False
     )
@@ -135,7 +120,7 @@ def run(quick: bool = False) -> BenchResult:
 
     t1, t2 = median(times["1 engine"]), median(times["2 engines"])
     measured = t1 / t2
-    predicted, detail = predict_speedup(n_params, batch, seq, t1, fit)
+    predicted, detail = predict_speedup(batch, seq, t1, fit)
     error = abs(predicted / measured - 1)
     result = BenchResult(
         NAME,

@@ -19,12 +19,11 @@ from typing import Any
 from workbench.cluster import Cluster
 from workbench.cluster.remote_checks import compare_with_reference
 from workbench.cluster.session import TrainingSession
-from workbench.parallel.models import GPTConfig, build_model, get_config
+from workbench.parallel.models import get_config, planner_model
 from workbench.parallel.spec import RunSpec
 from workbench.planner import (
     HardwareSpec,
     LinkSpec,
-    ModelSpec,
     ParallelSpec,
     TrainingSpec,
     evaluate,
@@ -94,23 +93,6 @@ class StrategyResult:
         }
 
 
-def _planner_model(name: str, params: int) -> ModelSpec:
-    config = get_config(name)
-    if isinstance(config, GPTConfig):
-        return ModelSpec(
-            name=name,
-            params=params,
-            layers=config.n_layers,
-            hidden=config.dim,
-            heads=config.n_heads,
-            vocab=config.vocab,
-            seq=config.seq_len,
-            tied_embeddings=config.tie_head,
-            learned_positions=True,
-        )
-    return ModelSpec(name=name, params=params)
-
-
 _CPU = HardwareSpec(
     name="cpu",
     memory=24 * 2**30,
@@ -122,7 +104,7 @@ _CPU = HardwareSpec(
 )
 
 
-def _validation(result: StrategyResult, spec: RunSpec, params: int) -> dict[str, Any]:
+def _validation(result: StrategyResult, spec: RunSpec) -> dict[str, Any]:
     pipelined = spec.strategy == "pp"
     layout = ParallelSpec(
         **_LAYOUTS[spec.strategy],
@@ -137,7 +119,7 @@ def _validation(result: StrategyResult, spec: RunSpec, params: int) -> dict[str,
         optimizer=spec.optimizer,
         dropout=False,
     )
-    plan = evaluate(_planner_model(spec.model, params), training, layout, _CPU)
+    plan = evaluate(planner_model(spec.model), training, layout, _CPU)
     return validate(result.events, plan, rank=0).as_dict()
 
 
@@ -150,7 +132,6 @@ def run_demo(
     log: Callable[[str], None] = print,
 ) -> list[StrategyResult]:
     """Run every strategy on a fresh 2-rank cluster; always stops the cluster."""
-    params = sum(p.numel() for p in build_model(get_config(model)).parameters())
     results: list[StrategyResult] = []
     t0 = time.perf_counter()
     with Cluster(n=2) as cluster:
@@ -163,7 +144,7 @@ def run_demo(
             session.step(steps)
             result = StrategyResult(strategy=strategy, events=session.events)
             result.check = next(r for r in cluster.run(compare_with_reference) if r)
-            result.validation = _validation(result, spec, params)
+            result.validation = _validation(result, spec)
             session.close()
             result.seconds = time.perf_counter() - started
             log(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from workbench.errors import ConfigError, choices_error
+
+if TYPE_CHECKING:
+    from workbench.planner import ModelSpec
 
 __all__ = [
     "GPT",
@@ -36,6 +40,7 @@ __all__ = [
     "build_model",
     "get_config",
     "loss_fn_for",
+    "planner_model",
 ]
 
 
@@ -255,6 +260,28 @@ def _init_gpt(model: nn.Module) -> None:
     for name, p in model.named_parameters():
         if name.endswith("emb.weight"):
             nn.init.normal_(p, std=0.02)
+
+
+def planner_model(name: str) -> ModelSpec:
+    """The planner's description of preset ``name``: its exact parameter count and, for a
+    GPT, the shape the activation and communication formulas need."""
+    from workbench.planner import ModelSpec
+
+    config = get_config(name)
+    params = sum(p.numel() for p in build_model(config).parameters())  # tied counted once
+    if isinstance(config, GPTConfig):
+        return ModelSpec(
+            name=name,
+            params=params,
+            layers=config.n_layers,
+            hidden=config.dim,
+            heads=config.n_heads,
+            vocab=config.vocab,
+            seq=config.seq_len,
+            tied_embeddings=config.tie_head,
+            learned_positions=True,
+        )
+    return ModelSpec(name=name, params=params)
 
 
 def loss_fn_for(config: ModelConfig) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
