@@ -155,9 +155,9 @@ class StepperView:
     def _flush(self, *, force: bool = False) -> None:
         now = time.monotonic()
         # A refresh re-sends each figure's arrays, so its cost grows with the history: wait
-        # at least 20x the last refresh, which keeps figure updates under ~5% of a long Run N.
+        # at least 40x the last refresh, which keeps figure updates near 2.5% of a long Run N.
         last_cost = self.flush_times[-1] if self.flush_times else 0.0
-        if not force and now - self._last_flush < max(THROTTLE_S, 20 * last_cost):
+        if not force and now - self._last_flush < max(THROTTLE_S, 40 * last_cost):
             return
         pending, self._pending = self._pending, []
         started = time.perf_counter()
