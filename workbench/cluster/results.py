@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CellResult"]
+__all__ = ["CellResult", "format_remote"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -25,3 +25,15 @@ class CellResult:
     @property
     def ok(self) -> bool:
         return self.ename is None
+
+
+def format_remote(exc: Any) -> str:
+    """The remote traceback without ipyparallel's "[engine:apply]" header line, so identical
+    failures on different ranks compare equal."""
+    try:
+        lines = list(exc.render_traceback())
+    except Exception:
+        return f"{exc.ename}: {exc.evalue}"
+    if lines and lines[0].startswith("[") and lines[0].rstrip().endswith("]"):
+        lines = lines[1:]
+    return "\n".join(lines)

@@ -385,8 +385,7 @@ class TrainingSession:
             status = self._state.status.get(rank, RankStatus(rank=rank))
             host = self.cluster.ranks[rank].host if rank < self.cluster.world_size else "?"
             heads.append(
-                f"rank {rank} on {host} failed in phase {status.next_phase!r} of step "
-                f"{status.step}"
+                f"rank {rank} on {host} failed in phase {status.next_phase!r} of step {status.step}"
             )
         error = RankError.from_failures(exc.failures)
         error.args = ("; ".join(heads) + "\n" + str(error.args[0]),)
