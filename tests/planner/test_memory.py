@@ -140,3 +140,18 @@ def test_zero3_gathers_the_largest_unit_as_a_temporary_buffer():
     # Llama-3's 128256 x 4096 embedding is bigger than a block: gathered in bf16 with its
     # bf16 gradient.
     assert p.memory.temporary == 128256 * 4096 * (2 + 2)
+
+
+def test_vocab_parallel_off_keeps_the_embedding_whole_on_every_tp_rank() -> None:
+    from workbench.planner import ModelSpec
+    from workbench.planner.params import count_params, params_per_rank
+
+    model = ModelSpec(name="m", layers=2, hidden=64, heads=4, vocab=1000, seq=32,
+                      tied_embeddings=True)  # fmt: skip
+    c = count_params(model)
+    split = params_per_rank(model, tp=2)
+    whole = params_per_rank(model, tp=2, vocab_parallel=False)
+    # only the embedding's share changes: it is whole instead of halved
+    assert whole - split == c.embedding - c.embedding // 2
+    layer = c.layer_sharded // 2 + c.layer_replicated
+    assert whole == c.embedding + c.positions + 2 * layer + c.final_norm + c.head

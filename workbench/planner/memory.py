@@ -65,7 +65,7 @@ def model_state_bytes(
 ) -> tuple[int, int, int]:
     """(weights, grads, optimizer) bytes on the most loaded rank."""
     per = state_bytes_per_param(training)
-    n = params_per_rank(model, parallel.tp, parallel.pp)
+    n = params_per_rank(model, parallel.tp, parallel.pp, vocab_parallel=parallel.vocab_parallel)
     trainable = n if training.trainable == 1.0 else math.ceil(n * training.trainable)
     dp, z = parallel.dp, parallel.zero
     w = _shard(n, dp) if z >= 3 else n

@@ -60,24 +60,27 @@ def count_params(model: ModelSpec) -> ParamCount:
     )
 
 
-def params_per_rank(model: ModelSpec, tp: int = 1, pp: int = 1) -> int:
+def params_per_rank(
+    model: ModelSpec, tp: int = 1, pp: int = 1, *, vocab_parallel: bool = True
+) -> int:
     """Parameters held by the most loaded rank before ZeRO sharding.
 
-    Stage 0 holds the (vocab-parallel) embedding and positions, the last stage the final
-    norm and the head; a tied head needs its own copy on the last stage when pp > 1. An
-    explicit ``model.params`` is scaled by the derived per-rank fraction, so with tp = pp = 1
-    it is returned exactly.
+    Stage 0 holds the embedding (split by vocabulary over TP unless ``vocab_parallel`` is
+    False) and positions, the last stage the final norm and the head; a tied head needs its
+    own copy on the last stage when pp > 1. An explicit ``model.params`` is scaled by the
+    derived per-rank fraction, so with tp = pp = 1 it is returned exactly.
     """
     if tp == 1 and pp == 1:
         return model.n_params
     c = count_params(model)
     layer = c.layer_sharded // tp + c.layer_replicated
     per_stage = math.ceil(c.layers / pp)
-    head = (c.embedding if c.head == 0 else c.head) // tp
+    vtp = tp if vocab_parallel else 1
+    head = (c.embedding if c.head == 0 else c.head) // vtp
     if pp == 1:
-        rank = c.embedding // tp + c.positions + per_stage * layer + c.final_norm + c.head // tp
+        rank = c.embedding // vtp + c.positions + per_stage * layer + c.final_norm + c.head // vtp
     else:
-        first = c.embedding // tp + c.positions + per_stage * layer
+        first = c.embedding // vtp + c.positions + per_stage * layer
         last = per_stage * layer + c.final_norm + head
         rank = max(first, last)
     if model.params is None:

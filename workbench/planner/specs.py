@@ -232,6 +232,9 @@ class ParallelSpec:
     contiguous and stays inside a node when tp <= GPUs per node. ``micro_batches`` is the
     number of micro-batches per step per data-parallel replica (the pipeline's m); it is
     the same thing as gradient accumulation and may be given in either place.
+    ``vocab_parallel`` (Megatron's default) splits the embedding and head by vocabulary
+    across TP ranks; False keeps them whole on every TP rank, as a TP plan that shards only
+    the blocks does.
     """
 
     dp: int = 1
@@ -242,6 +245,7 @@ class ParallelSpec:
     micro_batches: int | None = None
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    vocab_parallel: bool = True
 
     def __post_init__(self) -> None:
         _int("dp", self.dp)

@@ -116,7 +116,7 @@ def step_time(
     # Data-parallel / ZeRO traffic over dp ranks spaced tp apart.
     d = training.dtype_bytes
     dp_link = group_link(hardware, dp, tp)
-    n_rank = params_per_rank(model, tp, pp)
+    n_rank = params_per_rank(model, tp, pp, vocab_parallel=parallel.vocab_parallel)
     trainable = n_rank * training.trainable
     grad_bytes = trainable * (4 if training.fp32_grads else d)
     z = parallel.zero

@@ -195,7 +195,7 @@ def _dp_bytes(plan: Plan) -> float:
     p, t = plan.parallel, plan.training
     if p.dp == 1:
         return 0.0
-    n = params_per_rank(plan.model, p.tp, p.pp)
+    n = params_per_rank(plan.model, p.tp, p.pp, vocab_parallel=p.vocab_parallel)
     trainable = n * t.trainable
     grads = trainable * (4 if t.fp32_grads else t.dtype_bytes)
     weights = n * t.dtype_bytes
