@@ -13,6 +13,8 @@ import time
 
 import psutil
 
+from tests.processes import alive
+
 SCRIPT = textwrap.dedent(
     """
     import json, sys, time, psutil
@@ -27,17 +29,6 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
 def test_sigkilled_kernel_leaves_no_processes() -> None:
     kernel = subprocess.Popen(
         [sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
@@ -48,20 +39,20 @@ def test_sigkilled_kernel_leaves_no_processes() -> None:
             line = kernel.stdout.readline()  # after `%wb start`'s own message
             assert line, "the kernel exited before starting its cluster"
         pids = json.loads(line)
-        cmdlines = {pid: " ".join(psutil.Process(pid).cmdline()) for pid in _alive(pids)}
+        cmdlines = {pid: " ".join(psutil.Process(pid).cmdline()) for pid in alive(pids)}
         assert any("workbench/cluster/watchdog.py" in c for c in cmdlines.values())
         assert len(pids) >= 4  # controller, 2 engines (+ nannies), watchdog
         started = time.monotonic()
         os.kill(kernel.pid, signal.SIGKILL)
         kernel.wait(10)
-        while _alive(pids) and time.monotonic() - started < 10:
+        while alive(pids) and time.monotonic() - started < 10:
             time.sleep(0.1)
         cleanup = time.monotonic() - started
-        assert _alive(pids) == [], {p: cmdlines.get(p) for p in _alive(pids)}
+        assert alive(pids) == [], {p: cmdlines.get(p) for p in alive(pids)}
         print(f"orphans gone {cleanup:.2f} s after SIGKILL")
     finally:
         if kernel.poll() is None:
             kernel.kill()
         kernel.wait(10)
-        for pid in _alive(pids if "pids" in locals() else []):
+        for pid in alive(pids if "pids" in locals() else []):
             os.kill(pid, signal.SIGKILL)

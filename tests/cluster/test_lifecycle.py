@@ -4,18 +4,8 @@ from __future__ import annotations
 
 import psutil
 
+from tests.processes import alive
 from workbench.cluster import Cluster
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
 
 
 def test_start_stop_leaves_no_processes() -> None:
@@ -29,4 +19,4 @@ def test_start_stop_leaves_no_processes() -> None:
         assert set(engine_pids) <= set(started)
         assert len(started) >= 3  # controller + 2 engines (+ schedulers, nannies)
     assert cluster.state == "stopped"
-    assert _alive(started) == []
+    assert alive(started) == []

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
 
-__all__ = ["HelpShown", "MagicParser", "parse_ranks", "split_line"]
+__all__ = ["HelpShown", "MagicParser", "parse_ranks", "split_line", "whole_number"]
 
 
 class HelpShown(Exception):
@@ -71,3 +71,25 @@ def parse_ranks(text: str | None, world_size: int) -> list[int] | None:
             f"0..{world_size - 1} (world size {world_size})"
         )
     return sorted(ranks)
+
+
+def whole_number(
+    option: str, minimum: int, example: int, meaning: str = ""
+) -> Callable[[str], int]:
+    """An argparse ``type`` for integer options: bad text or a value below ``minimum`` is a
+    ``UsageError`` naming the option, the value and the valid range (``meaning`` says it
+    in the option's own words)."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise UsageError(
+                f"{option} {text!r} is not a whole number; use e.g. {option} {example}"
+            ) from None
+        if value < minimum:
+            why = meaning or f"it must be >= {minimum}"
+            raise UsageError(f"{option} {value} is not valid; {why}")
+        return value
+
+    return convert

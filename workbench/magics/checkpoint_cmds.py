@@ -7,34 +7,24 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from workbench.errors import CheckpointError, ConfigError
-from workbench.magics.args import MagicParser
+from workbench.magics.args import MagicParser, whole_number
 from workbench.magics.core import WorkbenchMagics, command
 
 ACTIONS = ("save", "load", "list")
 
 
-def _nonnegative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"{text!r} is not a whole number; use e.g. --step 3") from None
-    if value < 0:
-        raise UsageError(f"{value} is not valid; it must be >= 0")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = _nonnegative(text)
-    if value < 1:
-        raise UsageError(f"--keep-last {value} is not valid; it must be >= 1")
-    return value
-
-
 def _checkpoint_args(p: MagicParser) -> None:
     p.add_argument("action", choices=ACTIONS, help="save, load or list checkpoints")
     p.add_argument("--dir", default=None, help="checkpoint root (default: the session's)")
-    p.add_argument("--step", type=_nonnegative, default=None, help="load: which step")
-    p.add_argument("--keep-last", type=_positive, default=None, help="save: keep N newest")
+    p.add_argument(
+        "--step", type=whole_number("--step", 0, 3), default=None, help="load: which step"
+    )
+    p.add_argument(
+        "--keep-last",
+        type=whole_number("--keep-last", 1, 3),
+        default=None,
+        help="save: keep N newest",
+    )
 
 
 @command("checkpoint", "save, load or list checkpoints of the current stepper", _checkpoint_args)

@@ -9,23 +9,18 @@ from IPython.core.error import UsageError
 from workbench.cluster import Cluster
 from workbench.config import BACKENDS, LAUNCHERS
 from workbench.errors import ConfigError
-from workbench.magics.args import MagicParser
+from workbench.magics.args import MagicParser, whole_number
 from workbench.magics.core import WorkbenchMagics, command
 from workbench.magics.progress import notebook_progress
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"-n {text!r} is not a whole number; use e.g. -n 2") from None
-    if value < 1:
-        raise UsageError(f"-n {value} is not valid; the number of engines must be >= 1")
-    return value
-
-
 def _start_args(p: MagicParser) -> None:
-    p.add_argument("-n", type=_positive_int, default=2, help="number of engines (ranks)")
+    p.add_argument(
+        "-n",
+        type=whole_number("-n", 1, 2, "the number of engines must be >= 1"),
+        default=2,
+        help="number of engines (ranks)",
+    )
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local", help="engine launcher")
     p.add_argument("--hosts", default="", help="comma-separated hosts for --launcher ssh")

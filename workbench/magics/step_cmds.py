@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from workbench.errors import ConfigError
-from workbench.magics.args import MagicParser
+from workbench.magics.args import MagicParser, whole_number
 from workbench.magics.core import WorkbenchMagics, command
 
 PLOTS = ("memory", "comm", "loss")
@@ -24,13 +24,13 @@ def _stepper() -> Any:
 
 def _step_args(p: MagicParser) -> None:
     p.add_argument("--phase", action="store_true", help="advance by phases, not whole steps")
-    p.add_argument("-n", type=int, default=1, help="how many steps (or phases)")
+    p.add_argument(
+        "-n", type=whole_number("-n", 1, 1), default=1, help="how many steps (or phases)"
+    )
 
 
 @command("step", "advance the current stepper by steps or phases", _step_args)
 def step(magics: WorkbenchMagics, args: Any) -> None:
-    if args.n < 1:
-        raise UsageError(f"-n {args.n} is not valid; it must be >= 1")
     stepper = _stepper()
     if args.phase:
         stepper.phase(args.n)

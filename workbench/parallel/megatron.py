@@ -37,8 +37,8 @@ __all__ = [
 ]
 
 
-class ColumnParallelLinear(nn.Module):
-    """``y_local = f(x) @ W_local.T + b_local``; W split along its output rows."""
+class _ShardedLinear(nn.Module):
+    """This rank's slice of a linear layer and the group it was split over."""
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, group: ProcessGroup
@@ -47,6 +47,10 @@ class ColumnParallelLinear(nn.Module):
         self.group = group
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    """``y_local = f(x) @ W_local.T + b_local``; W split along its output rows."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group: ProcessGroup) -> ColumnParallelLinear:
@@ -59,16 +63,8 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(copy_to_parallel_region(x, self.group), self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """``y = g(x_local @ W_local.T) + b``; W split along its input columns, bias whole."""
-
-    def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, group: ProcessGroup
-    ) -> None:
-        super().__init__()
-        self.group = group
-        self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias) if bias is not None else None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group: ProcessGroup) -> RowParallelLinear:
