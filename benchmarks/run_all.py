@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, str] = {
     "dispatch": "benchmarks.dispatch_bench",
     "live_plot": "benchmarks.live_plot_bench",
     "scaling": "benchmarks.scaling_bench",
+    "fault_timing": "benchmarks.fault_timing_bench",
     "cold_start": "benchmarks.cold_start_bench",
 }
 

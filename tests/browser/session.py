@@ -35,7 +35,7 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-# The profile directory's prefix: CI's clean-up matches Chromium processes by it.
+# The profile directory's prefix (a recognisable name in `ps`; clean-up goes by pid, never by name).
 PROFILE_PREFIX = "wb-browser-test-"
 
 # The notebook panel takes input once its session is ready and its kernel idle (keys or
