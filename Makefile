@@ -15,7 +15,7 @@ export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_PLATFORM_DIRS := 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: state venv demo test test-fast lint lab bench gpu-check browser-test clean
+.PHONY: state venv demo test test-fast lint lab notebooks bench gpu-check browser-test clean
 
 venv: $(STAMP)
 
@@ -34,7 +34,7 @@ demo: $(STAMP) state
 	$(VENV)/bin/workbench demo --out reports/demo
 
 test: $(STAMP) state
-	$(PY) -m ruff check workbench tests benchmarks
+	$(PY) -m ruff check workbench tests benchmarks notebooks/build.py
 	$(PY) -m pytest -q -p no:cacheprovider tests
 	@if ls notebooks/*.ipynb >/dev/null 2>&1; then \
 	  $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks; \
@@ -44,11 +44,15 @@ test-fast: $(STAMP) state
 	$(PY) -m pytest -q -x -m "not slow and not browser" tests
 
 lint: $(STAMP)
-	$(PY) -m ruff check workbench tests benchmarks
-	$(PY) -m ruff format --check workbench tests benchmarks
+	$(PY) -m ruff check workbench tests benchmarks notebooks/build.py
+	$(PY) -m ruff format --check workbench tests benchmarks notebooks/build.py
 
 lab: $(STAMP) state
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 notebooks
+
+# Rebuild the walkthrough notebooks from notebooks/src/ (executes each; see notebooks/build.py).
+notebooks: $(STAMP) state
+	$(PY) notebooks/build.py
 
 bench: $(STAMP) state
 	$(PY) -m benchmarks.run_all

@@ -1,4 +1,3 @@
-
 # %% [markdown]
 # # 01 · Why distributed: the memory arithmetic
 #
@@ -71,7 +70,7 @@ print(single["h100-80gb"].notes[0])
 #
 # The same numbers as stacked bars (the dashed line is each card's usable memory):
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 from workbench.plots.planner import memory_breakdown_figure
 
 memory_breakdown_figure(list(single.values()), labels=cards, title="10B, one GPU")
@@ -211,7 +210,7 @@ print("every row ok:", report.ok)
 # The memory figure shows the same samples over time, one panel per rank (both ranks run
 # the same single-device training here, so the panels agree):
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 stepper.figures()["memory"]
 
 # %% [markdown]

@@ -1,4 +1,3 @@
-
 # %% [markdown]
 # # 02 · Data parallel: same model, different data, one gradient
 #
@@ -146,7 +145,7 @@ print("losses:", [round(s.loss, 6) for s in stepper.status])
 # %%
 _ = stepper.step(2)  # returns the new events; we look at them in the figure
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 stepper.figures()["comm"]
 
 # %% [markdown]
@@ -200,7 +199,7 @@ print("step 2, rank 0 collectives:", [(e.op, e.bytes, e.source, e.phase) for e i
 # loss average. (In step 1 DDP also broadcasts a few bytes once: after the first
 # iteration it rebuilds its buckets in the order gradients actually arrived.)
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 stepper.figures()["comm"]
 
 # %% [markdown]
@@ -225,7 +224,7 @@ print("largest difference below 1e-5:", max(abs(a - b) for a, b in zip(dp_losses
 #
 # The figure overlays both ranks' losses with the single-device reference:
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 stepper.reference = True
 stepper.figures()["loss"]
 

@@ -1,4 +1,3 @@
-
 # %% [markdown]
 # # 03 · Tensor parallel: splitting the layers themselves
 #
@@ -142,7 +141,7 @@ collectives(stepper.events)
 # planner's cost model too: 4 all-reduces per layer and step. (The timeline shows where
 # they sit: hover a bar for its bytes.)
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 stepper.figures()["comm"]
 
 # %% [markdown]

@@ -1,4 +1,3 @@
-
 # %% [markdown]
 # # 04 · Sharding the model state, and cutting the model into a pipeline
 #
@@ -149,7 +148,7 @@ for strategy, events in runs.items():
 #
 # The FSDP timeline (gathers before each unit's compute, reduce-scatters during backward):
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 stepper.figures()["comm"]
 
 # %% [markdown]
@@ -252,7 +251,7 @@ for m in (1, 2, 4, 8):
 # so the measured idle share is larger and noisy — the numbers change from run to run
 # (which is why this cell's output is not compared):
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 def idle_share(events, step):
     spans = [e for e in events if e.kind == "phase" and e.step == step and "[mb=" in e.phase]
     t0, t1 = min(e.start for e in spans), max(e.end for e in spans)
@@ -272,7 +271,7 @@ for m in (1, 2, 4, 8):
 # The timeline of the last run (m = 8) shows the micro-batch spans inside each rank's
 # `forward` phase, the fill at the start and the drain at the end:
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 stepper.figures()["comm"]
 
 # %% [markdown]

@@ -1,4 +1,3 @@
-
 # %% [markdown]
 # # 05 · Scaling and communication: what the network costs
 #
@@ -53,7 +52,7 @@ small, large = samples[0], samples[-1]
 print("bandwidth of the largest message > 10 x that of the smallest:",
       large[0] / large[1] > 10 * small[0] / small[1])
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 from workbench.plots import bandwidth_figure
 
 bandwidth_figure(samples, op="all_reduce", world_size=2)
@@ -159,11 +158,12 @@ print(f"gradient bytes all-reduced per step: predicted {row.predicted:,.0f}, "
 
 # %% [markdown]
 # The byte count is exact; times are the noisy part. On a quiet machine the prediction
-# lands close; two shared CPU cores running other work can stretch either side. The
-# comparison that holds run after run is a coarse one:
+# lands close; two shared CPU cores running other work can stretch either side, so the
+# notebook prints the two times side by side and leaves the verdict to you (as a
+# regression test it compares the bytes, never the times):
 
 # %%
-print("prediction within a factor of 2 of the measured step:", 0.5 < measured / t.total < 2)
+print(f"step time: predicted {t.total * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms")
 
 # %% [markdown]
 # ## 4. Scaling to a real cluster: where the returns diminish
@@ -225,7 +225,7 @@ for p in strong:
 # From 8 to 512 GPUs (64×) the job runs 39× faster: the last doubling, 256 → 512 GPUs,
 # buys 1.6× for twice the hardware. The curves, with the linear ideal dotted:
 
-# %% nbval-ignore-output
+# %% tags=["nbval-ignore-output"]
 from workbench.plots.planner import scaling_figure
 
 scaling_figure({"strong, IB NDR": strong, "weak, 25GbE": curves["25gbe"]}, title="Llama 2 7B on H100")

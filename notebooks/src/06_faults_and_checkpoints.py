@@ -1,4 +1,3 @@
-
 # %% [markdown]
 # # 06 · Faults and checkpoints: when a rank dies, or never shows up
 #
@@ -226,7 +225,7 @@ print("max |Δloss| <= 1e-6:", max(abs(a - b) for a, b in zip(resumed, reference
 # %%
 pids_before_hang = [r.pid for r in cluster.ranks]
 
-# %% raises-exception
+# %% tags=["raises-exception"]
 %%wb --timeout 2
 import torch
 if rank == 0:

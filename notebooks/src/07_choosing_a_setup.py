@@ -1,4 +1,3 @@
-
 # %% [markdown]
 # # 07 · Choosing a setup: one GPU or many?
 #

@@ -1,4 +1,3 @@
-
 # %% [markdown]
 # # 08 · Many hosts: running the same notebook on a cluster
 #

@@ -1,0 +1,112 @@
+"""The walkthrough notebooks are built from their sources in ``notebooks/src/``.
+
+Each source is a jupytext "percent" script (``# %%`` code cells, ``# %% [markdown]`` prose,
+``# %% tags=["nbval-ignore-output"]`` for a cell whose output nbval must not compare). The
+committed ``.ipynb`` is that script executed top to bottom in a fresh kernel; strict nbval in
+``make test`` then re-runs it and compares outputs. Change a notebook by editing its source,
+then ``make notebooks`` (all) or ``python notebooks/build.py 06`` (one).
+
+    python notebooks/build.py [--check] [NAME ...]
+
+``--check`` executes nothing: it lists notebooks whose cells differ from their sources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+from nbclient import NotebookClient
+
+HERE = Path(__file__).resolve().parent
+SOURCES = HERE / "src"
+KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+CELL_TIMEOUT_S = 600
+
+
+def sources(names: list[str] | None = None) -> list[Path]:
+    """Source scripts, all or those whose file name starts with one of ``names``."""
+    found = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
+    if not names:
+        return found
+    chosen = [p for p in found if any(p.stem.startswith(n) for n in names)]
+    missing = [n for n in names if not any(p.stem.startswith(n) for p in found)]
+    if missing:
+        valid = ", ".join(p.stem for p in found)
+        raise SystemExit(f"no notebook source matches {missing}; valid: {valid}")
+    return chosen
+
+
+def notebook_path(source: Path) -> Path:
+    return HERE / f"{source.stem}.ipynb"
+
+
+def from_source(source: Path) -> nbformat.NotebookNode:
+    """The notebook a source describes, unexecuted."""
+    nb = jupytext.read(source)
+    nb.metadata = {"kernelspec": dict(KERNELSPEC)}
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags")
+        cell.metadata = {"tags": list(tags)} if tags else {}
+    return nb
+
+
+def _shape(nb: nbformat.NotebookNode) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(c.cell_type, c.source.strip(), tuple(c.metadata.get("tags", ()))) for c in nb.cells]
+
+
+def differences(source: Path) -> list[str]:
+    """How the committed notebook's cells differ from its source (empty when they match)."""
+    path = notebook_path(source)
+    if not path.exists():
+        return [f"{path.name} does not exist"]
+    want = _shape(from_source(source))
+    have = _shape(nbformat.read(path, as_version=4))
+    out = []
+    if len(want) != len(have):
+        out.append(f"{path.name}: {len(have)} cells, its source has {len(want)}")
+    for index, (w, h) in enumerate(zip(want, have, strict=False)):
+        if w != h:
+            out.append(f"{path.name} cell {index}: differs from {source.name} ({h[1][:50]!r})")
+            break
+    return out
+
+
+def build(source: Path) -> Path:
+    """Execute the source in a fresh kernel, from the notebooks folder, and write the .ipynb."""
+    nb = from_source(source)
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name=KERNELSPEC["name"],
+        resources={"metadata": {"path": str(HERE)}},
+    )
+    client.execute()
+    for cell in nb.cells:  # execution timestamps would change every build
+        cell.metadata.pop("execution", None)
+    path = notebook_path(source)
+    nbformat.write(nb, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="notebook number or name prefix, e.g. 06")
+    parser.add_argument("--check", action="store_true", help="compare only; execute nothing")
+    opts = parser.parse_args(argv)
+    chosen = sources(opts.names)
+    if opts.check:
+        problems = [line for s in chosen for line in differences(s)]
+        print("\n".join(problems) or f"{len(chosen)} notebooks match their sources")
+        return 1 if problems else 0
+    for source in chosen:
+        print(f"building {notebook_path(source).name} from {source.name}", flush=True)
+        build(source)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
