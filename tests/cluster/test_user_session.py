@@ -59,7 +59,7 @@ def test_user_model_steps_under_fsdp_like_a_builtin(fsdp: Stepper) -> None:
     assert all(m.params <= 4 * N_PARAMS // 2 + 4 * 64 for m in start)  # + shard padding
     assert max(m.activations for m in events if isinstance(m, MemorySample)) > 0
     ops = {e.op for e in events if isinstance(e, CommEvent) and e.source == "fsdp"}
-    assert {"all_gather_into_tensor", "reduce_scatter_tensor"} <= ops
+    assert {"all_gather", "reduce_scatter"} <= ops
     # Same numbers as one device on the same global batches.
     ref = fsdp.reference_losses()
     losses = [e.value for e in events if getattr(e, "name", "") == "loss" and e.rank == 0]
