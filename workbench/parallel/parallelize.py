@@ -169,13 +169,14 @@ def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def default_tp_plan(model: nn.Module) -> TpPlan:
-    """A built-in model's plan, or a Hugging Face model's own; else a clear error."""
-    own = getattr(model, "tp_plan", None)
-    if isinstance(own, Mapping) and own:
-        return own
+    """A Hugging Face model's own plan (its config's ``base_model_tp_plan``), a ``tp_plan``
+    dict on the model, or a built-in model's plan; else a clear error."""
     plan = hf_tp_plan(model)
     if plan:
         return plan
+    own = getattr(model, "tp_plan", None)
+    if isinstance(own, Mapping) and own:
+        return own
     return plan_for(model)  # raises with the choices when there is none
 
 
