@@ -218,7 +218,8 @@ class UserTrainingSession(TrainingSession):
             if changes.get("strategy", CUSTOM) != CUSTOM:  # a preset replaces dimensions
                 changes = {**dict.fromkeys(_DIMS), **changes}
             elif any(changes.get(n) is not None for n in _DIMS):
-                changes = {**changes, "strategy": CUSTOM}
+                # New dimensions replace the old ones: rebuild(pp=2) after tp=2 is pp=2 alone.
+                changes = {**dict.fromkeys(_DIMS), **changes, "strategy": CUSTOM}
             spec = replace(spec, **changes)
         spec.validate(self.cluster.world_size)
         self._state = _State(spec=spec)  # type: ignore[arg-type]
