@@ -17,6 +17,7 @@ __all__ = [
     "EngineDied",
     "ParallelError",
     "RankError",
+    "UserCodeError",
     "WorkbenchError",
     "choices_error",
 ]
@@ -87,6 +88,10 @@ class CollectiveTimeout(ClusterError):
 
 class CheckpointError(WorkbenchError):
     """A checkpoint is missing, incomplete or does not match the run."""
+
+
+class UserCodeError(WorkbenchError):
+    """The user's own model, data, loss or optimizer failed (or never arrived) on a rank."""
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

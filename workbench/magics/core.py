@@ -70,6 +70,7 @@ class WorkbenchMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.cluster: Cluster | None = None
+        self.trace_log: Any | None = None  # a cluster.traced_log.TraceLog once %wb trace is used
 
     def require_cluster(self) -> Cluster:
         if self.cluster is None or self.cluster.state not in ("running", "degraded"):
@@ -107,7 +108,15 @@ class WorkbenchMagics(Magics):
             raise UsageError(f"--timeout {args.timeout} must be a positive number of seconds")
         cluster = self.require_cluster()
         ranks = parse_ranks(args.ranks, cluster.world_size)
-        results = cluster.execute(cell, ranks=ranks, timeout=args.timeout)
+        log = getattr(self, "trace_log", None)  # %wb trace on: the cell is one traced span
+        if log is not None and log.cells and log.cluster is cluster:
+            log.begin_cell("cell")
+            try:
+                results = cluster.execute(cell, ranks=ranks, timeout=args.timeout)
+            finally:
+                log.end_cell()
+        else:
+            results = cluster.execute(cell, ranks=ranks, timeout=args.timeout)
         show_results(results, label_single=not args.no_labels)
 
 

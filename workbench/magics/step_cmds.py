@@ -51,11 +51,22 @@ def plot(magics: WorkbenchMagics, args: Any) -> Any:
 
 
 def _trace_args(p: MagicParser) -> None:
-    p.add_argument("action", choices=("export",), help="what to do with the trace")
-    p.add_argument("path", help="output file (.json), opens in ui.perfetto.dev")
+    from workbench.magics.trace_cmds import TRACE_ACTIONS
+
+    p.add_argument("action", choices=TRACE_ACTIONS, help="what to do with the trace")
+    p.add_argument(
+        "path", nargs="?", default=None, help="export: output file (.json); plot: which figure"
+    )
 
 
-@command("trace", "export every rank's events as a Perfetto trace", _trace_args)
-def trace(magics: WorkbenchMagics, args: Any) -> None:
+@command("trace", "Perfetto export of the stepper; on|off|pull|plot for %%wb cells", _trace_args)
+def trace(magics: WorkbenchMagics, args: Any) -> Any:
+    from workbench.magics.trace_cmds import run_trace
+
+    # Hand-written loops (wb.traced / %wb trace on) when there is no stepper to export.
+    if args.action != "export" or getattr(magics, "trace_log", None) is not None:
+        return run_trace(magics, args.action, args.path)
+    if not args.path:
+        raise UsageError("%wb trace export PATH: give the output file (.json)")
     path = _stepper().export_trace(args.path)
     print(f"workbench: wrote {len(_stepper().events)} events to {path}")

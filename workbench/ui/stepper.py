@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from workbench.cluster import Cluster
 from workbench.cluster.session import RankStatus, TrainingSession, validate_layout
+from workbench.cluster.user_session import UserTrainingSession, is_user_run, user_spec
 from workbench.errors import ConfigError
 from workbench.parallel.spec import RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
@@ -34,7 +35,7 @@ class Stepper:
 
     def __init__(
         self,
-        model: str = "gpt-tiny",
+        model: Any = "gpt-tiny",
         strategy: str = "dp",
         *,
         cluster: Cluster | None = None,
@@ -46,17 +47,27 @@ class Stepper:
         keep_last: int | None = 3,
         **options: Any,
     ) -> None:
-        spec = RunSpec(model=model, strategy=strategy, **options)
+        # Your own model: ``model=make_model, data=..., loss=..., optimizer=...`` (see
+        # workbench.cluster.user_session); a preset name otherwise.
+        user = user_spec(model, strategy, options) if is_user_run(model, options) else None
+        spec = RunSpec(model=model, strategy=strategy, **options) if user is None else None
         self.cluster = cluster if cluster is not None else Cluster.current()
-        validate_layout(spec, self.cluster.world_size)  # fail here, before any work
-        self.session = TrainingSession(
-            self.cluster,
-            spec,
-            timeout=timeout,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            keep_last=keep_last,
-        )
+        if spec is not None:
+            validate_layout(spec, self.cluster.world_size)  # fail here, before any work
+            self.session: TrainingSession = TrainingSession(
+                self.cluster,
+                spec,
+                timeout=timeout,
+                checkpoint_dir=checkpoint_dir,
+                checkpoint_every=checkpoint_every,
+                keep_last=keep_last,
+            )
+        else:
+            if checkpoint_dir is not None or checkpoint_every is not None:
+                raise ConfigError(
+                    "checkpoint_dir / checkpoint_every: not supported for your own model yet"
+                )
+            self.session = UserTrainingSession(self.cluster, user, timeout=timeout)  # type: ignore[arg-type]
         self.capacity = capacity
         self.reference = reference
         self._view: Any | None = None

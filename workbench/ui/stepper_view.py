@@ -49,6 +49,12 @@ _STATUS_CSS = (
 )
 
 
+def _with(choices: Any, value: Any) -> list[Any]:
+    """The choices plus the current value (your own model's label, a custom layout)."""
+    out = list(choices)
+    return out if value in out else [*out, value]
+
+
 class StepperView:
     """Widgets bound to one ``Stepper``."""
 
@@ -64,16 +70,20 @@ class StepperView:
 
         self.options = {
             "strategy": widgets.Dropdown(
-                options=STRATEGIES, value=spec.strategy, description="strategy"
+                options=_with(STRATEGIES, spec.strategy),
+                value=spec.strategy,
+                description="strategy",
             ),
             "model": widgets.Dropdown(
-                options=sorted(PRESETS), value=spec.model, description="model"
+                options=_with(sorted(PRESETS), spec.model), value=spec.model, description="model"
             ),
             "batch_size": widgets.BoundedIntText(
                 value=spec.batch_size, min=1, max=4096, description="batch"
             ),
             "optimizer": widgets.Dropdown(
-                options=OPTIMIZERS, value=spec.optimizer, description="optimizer"
+                options=_with(OPTIMIZERS, spec.optimizer),
+                value=spec.optimizer,
+                description="optimizer",
             ),
             "precision": widgets.Dropdown(
                 options=PRECISIONS, value=spec.precision, description="precision"
@@ -89,6 +99,9 @@ class StepperView:
                 options=sorted(SCHEDULES), value=spec.schedule, description="schedule"
             ),
         }
+        if spec.model not in PRESETS:  # your own model: its factories are fixed here
+            for name in ("model", "optimizer", "checkpointing"):
+                self.options[name].disabled = True
         for name, control in self.options.items():
             # One label width for the whole grid: the default (80px) cuts "micro-batches".
             control.style.description_width = LABEL_WIDTH
