@@ -9,10 +9,20 @@ from pathlib import Path
 from workbench import validate
 from workbench.errors import ConfigError
 
-__all__ = ["BACKENDS", "LAUNCHERS", "ClusterConfig", "find_connection_file", "parse_hosts"]
+__all__ = [
+    "BACKENDS",
+    "LAUNCHERS",
+    "MAX_ENGINES",
+    "ClusterConfig",
+    "find_connection_file",
+    "parse_hosts",
+]
 
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "ssh", "slurm")
+# More engines than this is a typo, not a run: every engine is a process with torch loaded,
+# and one controller serves them all.
+MAX_ENGINES = 1024
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -35,7 +45,7 @@ class ClusterConfig:
     threads_per_engine: int | None = None
 
     def __post_init__(self) -> None:
-        validate.integer("n", self.n, minimum=1, what="a number of engines")
+        validate.integer("n", self.n, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
         validate.choice("backend", self.backend, BACKENDS)
         validate.choice("launcher", self.launcher, LAUNCHERS)
         hosts = parse_hosts("hosts", self.hosts)

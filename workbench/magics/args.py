@@ -114,15 +114,13 @@ def whole_number(
     ``UsageError`` naming the option, the text and the valid range (``what`` names the
     quantity in the option's own words, e.g. "a number of engines")."""
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> int | str:
         try:
             return int(text)
         except ValueError:
-            raise validate.invalid(
-                option, text, "not a whole number", f"use {what} >= {minimum}"
-            ) from None
+            return text  # check() refuses it as "not a whole number", naming the text
 
-    def check(value: int) -> int | None:
+    def check(value: int | str) -> int | None:
         return validate.integer(option, value, minimum=minimum, maximum=maximum, what=what)
 
     return _option(option, parse, check)  # type: ignore[no-any-return]

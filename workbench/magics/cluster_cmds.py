@@ -7,7 +7,13 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
-from workbench.config import BACKENDS, LAUNCHERS, find_connection_file, parse_hosts
+from workbench.config import (
+    BACKENDS,
+    LAUNCHERS,
+    MAX_ENGINES,
+    find_connection_file,
+    parse_hosts,
+)
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, seconds_option, whole_number
 from workbench.magics.core import WorkbenchMagics, command
@@ -17,7 +23,7 @@ from workbench.magics.progress import notebook_progress
 def _start_args(p: MagicParser) -> None:
     p.add_argument(
         "-n",
-        type=whole_number("-n", 1, "a number of engines"),
+        type=whole_number("-n", 1, "a number of engines", maximum=MAX_ENGINES),
         default=2,
         help="number of engines (ranks)",
     )
@@ -46,20 +52,7 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
         raise UsageError(
             f"a cluster is already running ({magics.cluster!r}); `%wb stop` or `%wb restart` first"
         )
-    try:
-        _check_start_args(args)
-        cluster = Cluster(
-            n=args.n,
-            backend=args.backend,
-            launcher=args.launcher,
-            hosts=args.hosts,  # comma-separated: ClusterConfig splits it
-            profile=args.profile,
-            cluster_id=args.cluster_id,
-            init_timeout=args.timeout,
-            threads_per_engine=args.threads,
-        )
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    cluster = make_cluster(args)
     callback, close = notebook_progress(args.n)
     cluster.progress = callback
     try:
@@ -76,19 +69,36 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
     )
 
 
-def _check_start_args(args: Any) -> None:
-    """What the parser cannot check alone, in the magic's own words (``--hosts``, not
-    ``hosts=``); ``Cluster`` checks the same again for its Python callers."""
-    hosts = parse_hosts("--hosts", args.hosts)
-    if args.launcher == "ssh" and not hosts:
-        raise UsageError("--launcher ssh needs --hosts, e.g. --hosts node-a,node-b")
-    if args.launcher != "ssh" and hosts:
-        raise UsageError(
-            f"--hosts {args.hosts!r} is not valid: --launcher {args.launcher} does not place "
-            "engines on named hosts; use --launcher ssh with --hosts, or leave --hosts out"
+def make_cluster(args: Any) -> Cluster:
+    """The ``Cluster`` that ``%wb start`` asks for, or a ``UsageError``; nothing starts.
+
+    The checks that need the options together come first, in the magic's own words
+    (``--hosts``, not ``hosts=``); ``Cluster`` checks everything again for Python callers.
+    """
+    try:
+        hosts = parse_hosts("--hosts", args.hosts)
+        if args.launcher == "ssh" and not hosts:
+            raise UsageError("--launcher ssh needs --hosts, e.g. --hosts node-a,node-b")
+        if args.launcher != "ssh" and hosts:
+            raise UsageError(
+                f"--hosts {args.hosts!r} is not valid: --launcher {args.launcher} does not "
+                "place engines on named hosts; use --launcher ssh with --hosts, or leave "
+                "--hosts out"
+            )
+        if args.profile is not None or args.cluster_id is not None:
+            find_connection_file(args.profile, args.cluster_id, names=("--profile", "--cluster-id"))
+        return Cluster(
+            n=args.n,
+            backend=args.backend,
+            launcher=args.launcher,
+            hosts=hosts,
+            profile=args.profile,
+            cluster_id=args.cluster_id,
+            init_timeout=args.timeout,
+            threads_per_engine=args.threads,
         )
-    if args.profile is not None or args.cluster_id is not None:
-        find_connection_file(args.profile, args.cluster_id, names=("--profile", "--cluster-id"))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @command("stop", "stop the engines and the controller", lambda p: None)
