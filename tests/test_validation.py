@@ -142,6 +142,21 @@ def test_profile_without_a_controller_names_the_file_looked_for(
     assert Cluster(n=2, cluster_id="1234-abcd").config.cluster_id == "1234-abcd"
 
 
+@pytest.mark.parametrize("timeout", [0, -1.0, math.nan, math.inf, 1e300, "10"])
+def test_run_and_execute_refuse_a_bad_timeout_before_sending_work(timeout: Any) -> None:
+    """A zero or negative timeout used to end in a misleading CollectiveTimeout: now it is
+    refused first (this cluster never started, so any later check would say so instead)."""
+    cluster = Cluster(n=2)
+    for call in (
+        lambda: cluster.run(print, timeout=timeout),
+        lambda: cluster.execute("1", timeout=timeout),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            call()
+        _assert_message(exc, "timeout", timeout)
+        assert "or None (no limit)" in str(exc.value)
+
+
 # -- RunSpec ----------------------------------------------------------------------------
 @settings(max_examples=200, deadline=None)
 @given(lr=_FLOATS)
@@ -207,6 +222,7 @@ def test_stepper_timeout_is_checked_before_anything_else(timeout: float) -> None
         ({"checkpoint_dir": 3}, "checkpoint_dir=3 is not valid: not a path"),
         ({"overlap": "no"}, "overlap='no' is not valid: not a bool"),
         ({"lr": math.nan}, "lr=nan is not valid: not a finite number"),
+        ({"cluster": "local"}, "cluster='local' is not valid: not a Cluster"),
     ],
 )
 def test_stepper_refuses_bad_settings(kwargs: dict[str, Any], message: str) -> None:

@@ -81,6 +81,13 @@ class Stepper:
         keep_last: int | None = 3,
         **options: Any,
     ) -> None:
+        if cluster is not None and not isinstance(cluster, Cluster):
+            raise validate.invalid(
+                "cluster",
+                cluster,
+                "not a Cluster",
+                "use a workbench.Cluster, or None (the running one)",
+            )
         _check_arguments(timeout, capacity, reference, checkpoint_dir, checkpoint_every, keep_last)
         spec = RunSpec(model=model, strategy=strategy, **options)
         self.cluster = cluster if cluster is not None else Cluster.current()
