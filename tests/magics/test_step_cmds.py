@@ -64,7 +64,8 @@ def test_step_after_stop_names_the_magic_to_run(ipython_shell: Any, capsys: Any)
     magics.cluster = None
     try:
         ipython_shell.run_line_magic("wb", "start -n 2 --backend gloo")
-        Stepper(model="mlp-tiny", strategy="dp", batch_size=8, cluster=magics.cluster)
+        # Held here: the magics see the current stepper only while someone holds it.
+        stepper = Stepper(model="mlp-tiny", strategy="dp", batch_size=8, cluster=magics.cluster)
         ipython_shell.run_line_magic("wb", "stop")
         capsys.readouterr()
         for line in ("step", "step --phase", "checkpoint list", "checkpoint save"):
@@ -73,6 +74,7 @@ def test_step_after_stop_names_the_magic_to_run(ipython_shell: Any, capsys: Any)
             text = str(exc.value)
             assert "the current stepper's cluster is stopped" in text
             assert "`%wb start -n 2`" in text and "start_sync" not in text
+        assert stepper.cluster.state == "stopped"
     finally:
         if magics.cluster is not None:
             magics.cluster.stop_sync()
