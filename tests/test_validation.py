@@ -281,3 +281,15 @@ def test_a_non_object_status_file_is_reported_as_unreadable(content: str, tmp_pa
     assert "rank 0: busy, status file unreadable" in message
     message, _report = hang_report(tmp_path, pending=[1], finished=[], timeout=1.0)
     assert "rank 1: busy, no status (engine on another host?)" in message
+
+
+@pytest.mark.parametrize(
+    "value",
+    [10**5000, 10**100, ["node-a"] * 100_000, "x" * 10_000],
+    ids=["int", "big", "list", "str"],
+)
+def test_messages_stay_short_whatever_the_value(value: Any) -> None:
+    with pytest.raises(ConfigError) as exc:
+        validate.integer("n", value, minimum=1, maximum=64)
+    assert len(str(exc.value)) < 200, str(exc.value)[:300]
+    assert str(exc.value).startswith("n=")

@@ -41,8 +41,18 @@ MIN_REFRESH_S = 0.5
 
 def invalid(name: str, value: object, why: str, valid: str) -> ConfigError:
     """The standard "bad value, why, what is valid" error."""
-    shown = f"{name} {value!r}" if name.startswith("-") else f"{name}={value!r}"
+    shown = f"{name} {_shown(value)}" if name.startswith("-") else f"{name}={_shown(value)}"
     return ConfigError(f"{shown} is not valid: {why}; {valid}")
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr`` of the value, cut short: a message stays one line whatever was passed (a
+    list of a million hosts, an int too long for ``repr``)."""
+    try:
+        text = repr(value)
+    except ValueError:  # ints beyond Python's digit limit for str()
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _range_text(
