@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from workbench.errors import ConfigError, choices_error
+from workbench import validate
+from workbench.errors import ConfigError
 
-__all__ = ["BACKENDS", "LAUNCHERS", "ClusterConfig"]
+__all__ = [
+    "BACKENDS",
+    "LAUNCHERS",
+    "MAX_ENGINES",
+    "ClusterConfig",
+    "find_connection_file",
+    "parse_hosts",
+]
 
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "ssh", "slurm")
+# More engines than this is a typo, not a run: every engine is a process with torch loaded,
+# and one controller serves them all.
+MAX_ENGINES = 1024
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ClusterConfig:
-    """How to start (or connect to) engines and join them into a process group."""
+    """How to start (or connect to) engines and join them into a process group.
+
+    ``hosts`` (launcher ``'ssh'`` only) is a sequence of host names or one string: a
+    string is one host, or several separated by commas (``"node-a,node-b"``, as
+    ``%wb start --hosts`` takes them); it is stored as a tuple of names.
+    """
 
     n: int = 2
     backend: str = "auto"
     launcher: str = "local"
-    hosts: tuple[str, ...] = ()
+    hosts: Sequence[str] = ()
     profile: str | None = None
     cluster_id: str | None = None
     init_timeout: float = 60.0
@@ -27,19 +45,90 @@ class ClusterConfig:
     threads_per_engine: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ConfigError(f"n={self.n!r} is not valid; the number of engines must be >= 1")
-        if self.backend not in BACKENDS:
-            raise choices_error("backend", self.backend, BACKENDS)
-        if self.launcher not in LAUNCHERS:
-            raise choices_error("launcher", self.launcher, LAUNCHERS)
-        if self.launcher == "ssh" and not self.hosts:
+        validate.integer("n", self.n, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
+        validate.choice("backend", self.backend, BACKENDS)
+        validate.choice("launcher", self.launcher, LAUNCHERS)
+        hosts = parse_hosts("hosts", self.hosts)
+        object.__setattr__(self, "hosts", hosts)  # frozen: normalise once, here
+        if self.launcher == "ssh" and not hosts:
             raise ConfigError("launcher='ssh' needs hosts=('host1', 'host2', ...)")
-        if self.init_timeout <= 0:
-            raise ConfigError(f"init_timeout={self.init_timeout!r} must be > 0 seconds")
-        if self.start_timeout <= 0:
-            raise ConfigError(f"start_timeout={self.start_timeout!r} must be > 0 seconds")
-        if self.threads_per_engine is not None and self.threads_per_engine < 1:
-            raise ConfigError(
-                f"threads_per_engine={self.threads_per_engine!r} must be >= 1 or None (auto)"
+        if self.launcher != "ssh" and hosts:
+            raise validate.invalid(
+                "hosts",
+                hosts,
+                f"launcher={self.launcher!r} does not place engines on named hosts",
+                "use launcher='ssh' with hosts, or leave hosts empty",
             )
+        if self.profile is not None or self.cluster_id is not None:
+            find_connection_file(self.profile, self.cluster_id)
+        for name in ("init_timeout", "start_timeout"):
+            object.__setattr__(self, name, validate.seconds(name, getattr(self, name)))
+        validate.integer(
+            "threads_per_engine",
+            self.threads_per_engine,
+            minimum=1,
+            none_means="auto: the host's cores shared by its engines",
+            what="a number of threads",
+        )
+
+
+def parse_hosts(name: str, value: object) -> tuple[str, ...]:
+    """Host names from a sequence of names, or from one string of comma-separated names
+    (never the characters of a string: ``"node-a"`` is one host)."""
+    items = [h for h in value.split(",") if h.strip()] if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or isinstance(items, bytes):
+        raise validate.invalid(
+            name, value, "not a list of host names", "use e.g. ('node-a', 'node-b') or 'node-a'"
+        )
+    hosts = tuple(h.strip() if isinstance(h, str) else h for h in items)
+    bad = [h for h in hosts if not isinstance(h, str) or not h or any(c.isspace() for c in h)]
+    if bad:
+        raise validate.invalid(
+            name,
+            value,
+            f"{bad[0]!r} is not a host name",
+            "use names like 'node-a' or 'user@node-a', without spaces",
+        )
+    return hosts
+
+
+def find_connection_file(
+    profile: str | None,
+    cluster_id: str | None,
+    *,
+    names: tuple[str, str] = ("profile", "cluster_id"),
+) -> Path:
+    """The client connection file of the running ipyparallel cluster named by ``profile``
+    (default ``'default'``) and ``cluster_id``, or a ``ConfigError`` naming them, the file
+    looked for and the clusters that do run in that profile. ``names`` are how the caller
+    spells the two settings (``("--profile", "--cluster-id")`` for ``%wb start``)."""
+    from IPython.paths import get_ipython_dir
+
+    for name, value in zip(names, (profile, cluster_id), strict=True):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise validate.invalid(name, value, "not a name", "use a non-empty name, or None")
+    name, value = (names[0], profile) if profile is not None else (names[1], cluster_id)
+    profile_name = profile or "default"
+    security = Path(get_ipython_dir()) / f"profile_{profile_name}" / "security"
+    wanted = f"ipcontroller-{cluster_id}-client.json" if cluster_id else "ipcontroller-client.json"
+    path = security / wanted
+    if path.is_file():
+        return path
+    running = sorted(
+        f.name.removeprefix("ipcontroller-").removesuffix("-client.json")
+        for f in security.glob("ipcontroller-*-client.json")
+    )
+    found = (
+        f"running cluster ids in profile {profile_name!r}: {', '.join(running)}"
+        if running
+        else f"no running cluster in profile {profile_name!r}"
+    )
+    raise validate.invalid(
+        name,
+        value,
+        f"no ipyparallel controller to connect to (looked for {path}; {found})",
+        f"start one with `ipcluster start --profile={profile_name}"
+        + (f" --cluster-id={cluster_id}`" if cluster_id else "`")
+        + ", or leave out "
+        f"{names[0]} and {names[1]} to let the workbench start its own engines",
+    )

@@ -84,7 +84,7 @@ class Cluster(RankDispatch):
             n=n,
             backend=backend,
             launcher=launcher,
-            hosts=tuple(hosts),
+            hosts=hosts,  # ClusterConfig: a str is one host (or comma-separated hosts)
             profile=profile,
             cluster_id=cluster_id,
             init_timeout=init_timeout,

@@ -15,7 +15,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from workbench.cluster import Cluster
-from workbench.magics.args import HelpShown, MagicParser, parse_ranks, split_line
+from workbench.magics.args import (
+    HelpShown,
+    MagicParser,
+    parse_ranks,
+    seconds_option,
+    split_line,
+)
 from workbench.magics.render import show_results
 
 __all__ = ["COMMANDS", "Command", "WorkbenchMagics"]
@@ -58,7 +64,13 @@ def _cell_parser() -> MagicParser:
     """Built once: %%wb parses its line on every cell, and building argparse is the cost."""
     p = MagicParser(prog="%%wb", description="Run this cell on every rank (or some ranks).")
     p.add_argument("--ranks", "-r", default=None, help="'all' (default), '0,2' or '0-3'")
-    p.add_argument("--timeout", "-t", type=float, default=None, help="seconds before giving up")
+    p.add_argument(
+        "--timeout",
+        "-t",
+        type=seconds_option("--timeout"),
+        default=None,
+        help="seconds before giving up",
+    )
     p.add_argument("--no-labels", action="store_true", help="do not prefix output with [rank N]")
     return p
 
@@ -104,8 +116,6 @@ class WorkbenchMagics(Magics):
             args = _cell_parser().parse(split_line(line))
         except HelpShown:
             return
-        if args.timeout is not None and not args.timeout > 0:  # also catches nan
-            raise UsageError(f"--timeout {args.timeout} must be a positive number of seconds")
         cluster = self.require_cluster()
         ranks = parse_ranks(args.ranks, cluster.world_size)
         log = getattr(self, "trace_log", None)  # %wb trace on: the cell is one traced span

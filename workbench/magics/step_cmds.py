@@ -13,25 +13,37 @@ from workbench.magics.core import WorkbenchMagics, command
 PLOTS = ("memory", "comm", "loss")
 
 
-def _stepper() -> Any:
+def current_stepper(*, running: bool = False) -> Any:
+    """The current stepper, or a ``UsageError`` saying how to make one; with ``running``
+    its cluster must be up (the engines hold the run), said in magic terms."""
     from workbench.ui.stepper import Stepper
 
     try:
-        return Stepper.current()
+        stepper = Stepper.current()
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    state = stepper.cluster.state
+    if running and state not in ("running", "degraded"):
+        raise UsageError(
+            f"the current stepper's cluster is {state}; start a cluster with `%wb start -n 2`, "
+            "then create a new stepper (`stepper = workbench.Stepper(...)`)"
+        )
+    return stepper
 
 
 def _step_args(p: MagicParser) -> None:
     p.add_argument("--phase", action="store_true", help="advance by phases, not whole steps")
     p.add_argument(
-        "-n", type=whole_number("-n", 1, 1), default=1, help="how many steps (or phases)"
+        "-n",
+        type=whole_number("-n", 1, "a number of steps"),
+        default=1,
+        help="how many steps (or phases)",
     )
 
 
 @command("step", "advance the current stepper by steps or phases", _step_args)
 def step(magics: WorkbenchMagics, args: Any) -> None:
-    stepper = _stepper()
+    stepper = current_stepper(running=True)
     if args.phase:
         stepper.phase(args.n)
     else:
@@ -47,7 +59,7 @@ def _plot_args(p: MagicParser) -> None:
 
 @command("plot", "show the current stepper's memory, comm or loss figure", _plot_args)
 def plot(magics: WorkbenchMagics, args: Any) -> Any:
-    return _stepper().figures()[args.what]
+    return current_stepper().figures()[args.what]
 
 
 def _trace_args(p: MagicParser) -> None:
@@ -68,5 +80,5 @@ def trace(magics: WorkbenchMagics, args: Any) -> Any:
         return run_trace(magics, args.action, args.path)
     if not args.path:
         raise UsageError("%wb trace export PATH: give the output file (.json)")
-    path = _stepper().export_trace(args.path)
-    print(f"workbench: wrote {len(_stepper().events)} events to {path}")
+    path = current_stepper().export_trace(args.path)
+    print(f"workbench: wrote {len(current_stepper().events)} events to {path}")

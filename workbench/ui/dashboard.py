@@ -15,6 +15,7 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from workbench import validate
 from workbench.cluster import Cluster
 from workbench.cluster.probe import engine_memory
 from workbench.errors import WorkbenchError
@@ -30,6 +31,9 @@ class Dashboard:
     """A panel over one cluster (default: the running one)."""
 
     def __init__(self, cluster: Cluster | None = None, *, interval: float | None = None) -> None:
+        interval = validate.seconds(
+            "interval", interval, minimum=validate.MIN_REFRESH_S, none_means="refresh on demand"
+        )
         self.cluster = cluster if cluster is not None else Cluster.current()
         self.interval = interval
         self.rows: list[dict[str, Any]] = []
