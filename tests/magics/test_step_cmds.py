@@ -56,6 +56,7 @@ def test_step_plot_and_export(
         stepper.close()
 
 
+@pytest.mark.engines
 def test_step_after_stop_names_the_magic_to_run(ipython_shell: Any, capsys: Any) -> None:
     """After ``%wb stop`` the stepper's engines are gone: ``%wb step`` and ``%wb checkpoint``
     say so in magic terms (not ``start_sync()``), before touching the cluster."""

@@ -13,6 +13,8 @@ pytest.importorskip("transformers")
 from tests.harness import run_ranks
 from tests.parallel import _user_models as um
 
+pytestmark = pytest.mark.engines
+
 TOL, STEPS = 1e-5, 5
 LAYOUTS: dict[str, dict[str, Any]] = {
     "ddp": {"zero": 0},

@@ -82,6 +82,7 @@ def _check(results: dict[str, Any], expected: int) -> None:
         assert r["param"] <= TOL, f"{name}: parameters differ by {r['param']:.3e}"
 
 
+@pytest.mark.engines
 def test_user_model_matches_single_device_under_every_dimension() -> None:
     results = run_ranks(_compare, LAYOUTS, timeout=300)[0]
     _check(results, 2 * len(LAYOUTS))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from tests.harness import run_ranks
@@ -76,6 +77,7 @@ def _ddp_loop(rank: int, world: int) -> dict[str, Any]:
     }
 
 
+@pytest.mark.engines
 def test_ddp_buckets_are_seen_in_a_traced_loop() -> None:
     out = run_ranks(_ddp_loop, timeout=120)
     for r in out:

@@ -23,6 +23,7 @@ import psutil
 
 from workbench.cluster import engine as engine_fns
 from workbench.cluster import watchdog
+from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.loop import run_sync
 from workbench.cluster.processes import reap
@@ -91,6 +92,8 @@ class Cluster(RankDispatch):
             start_timeout=start_timeout,
             threads_per_engine=threads_per_engine,
         )
+        if profile is not None or cluster_id is not None:  # fail now, not at start
+            find_connection_file(profile, cluster_id)
         self.progress = progress
         self.state = "stopped"
         self.ranks: list[RankAssignment] = []

@@ -7,11 +7,11 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
+from workbench.cluster.connection import find_connection_file
 from workbench.config import (
     BACKENDS,
     LAUNCHERS,
     MAX_ENGINES,
-    find_connection_file,
     parse_hosts,
 )
 from workbench.errors import ConfigError
