@@ -8,7 +8,7 @@ the valid range or choices (never ``assert``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from workbench.errors import ConfigError, ParallelError, choices_error
@@ -52,8 +52,8 @@ def _opt_int(name: str, value: object, *, minimum: int = 1) -> None:
 def _float(
     name: str, value: object, *, low: float, high: float | None = None, low_open: bool = True
 ) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ConfigError(f"{name}={value!r} is not valid; it must be a number")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{name}={value!r} is not valid; it must be a finite number")
     bad_low = value <= low if low_open else value < low
     if bad_low or (high is not None and value > high):
         lo = f"> {low}" if low_open else f">= {low}"
@@ -286,6 +286,17 @@ class LinkSpec:
         _float("bandwidth", self.bandwidth, low=0.0)
         _float("latency", self.latency, low=0.0, low_open=False)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LinkSpec:
+        known = {f.name for f in fields(cls)}
+        extra = set(data) - known
+        if extra:
+            raise ConfigError(f"unknown link fields {sorted(extra)}; valid: {sorted(known)}")
+        missing = {"bandwidth", "latency"} - set(data)
+        if missing:
+            raise ConfigError(f"link fields {sorted(missing)} are missing")
+        return cls(**data)
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class HardwareSpec:
@@ -342,15 +353,26 @@ class HardwareSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HardwareSpec:
+        """Rebuild from ``to_dict`` output; any malformed field is a ``ConfigError``."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"hardware must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         extra = set(data) - known
         if extra:
             raise ConfigError(f"unknown hardware fields {sorted(extra)}; valid: {sorted(known)}")
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        missing = required - set(data)
+        if missing:
+            raise ConfigError(f"hardware fields {sorted(missing)} are missing")
         values = dict(data)
         for name in ("intra", "inter"):
             link = values.get(name)
-            if isinstance(link, dict):
-                values[name] = LinkSpec(**link)
+            if not isinstance(link, dict):
+                raise ConfigError(
+                    f"hardware {name}={link!r} is not valid; it must be an object with "
+                    "bandwidth and latency"
+                )
+            values[name] = LinkSpec.from_dict(link)
         return cls(**values)
 
 
