@@ -213,17 +213,21 @@ NUMERIC_FLAGS: dict[str, tuple[bool, float, float, bool]] = {
 def bad_numeric_flag(draw):
     flag = draw(st.sampled_from(sorted(NUMERIC_FLAGS)))
     integer, low, high, low_open = NUMERIC_FLAGS[flag]
-    below = st.floats(max_value=low, allow_nan=False, allow_infinity=False)
-    if not low_open:
-        below = below.filter(lambda x: x < low)
-    above = st.floats(min_value=high, allow_nan=False, allow_infinity=False).filter(
-        lambda x: x > high
-    )
+    if integer:
+        below = st.integers(max_value=int(low) - 1).map(str)
+        above = st.integers(min_value=int(high) + 1).map(str)
+    else:
+        below = st.floats(max_value=low, allow_nan=False, allow_infinity=False)
+        if not low_open:
+            below = below.filter(lambda x: x < low)
+        below = below.map(repr)
+        above = st.floats(min_value=high, allow_nan=False, allow_infinity=False)
+        above = above.filter(lambda x: x > high).map(repr)
     text = draw(
         st.one_of(
             st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "", "abc", "1e999"]),
-            below.map(lambda x: str(int(x)) if integer and abs(x) < 1e300 else repr(x)),
-            above.map(lambda x: str(int(x)) if integer else repr(x)),
+            below,
+            above,
             st.just("2.5") if integer else st.just("one"),
         )
     )
