@@ -271,3 +271,26 @@ def test_any_numeric_flags_plan_or_fail_in_one_line(values):
         assert err.getvalue().count("\n") == 1 and "Traceback" not in err.getvalue()
     else:
         assert err.getvalue() == ""
+
+
+def test_issue16_switches_reach_the_plan(capsys):
+    rc = main(
+        ["plan", "--model", "llama3-405b", "--gpu", "h100-80gb", "--tp", "8", "--pp", "16",
+         "--dp", "64", "--zero", "1", "--sp", "--micro-batches", "32", "--seq", "8192",
+         "--flash-attention", "--fused-swiglu", "--first-stage-layers", "7",
+         "--last-stage-layers", "7", "--json"]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["fits"] is True and data["memory"]["stage"] == 1
+    assert data["training"]["flash_attention"] and data["training"]["fused_swiglu"]
+    assert 0 < data["time"]["mfu"] <= data["time"]["hfu"]
+    rc = main(
+        ["plan", "--layers", "4", "--hidden", "256", "--heads", "4", "--vocab", "1000",
+         "--gated-mlp", "--norm", "rmsnorm", "--tied-embeddings", "--bias", "--tp", "2",
+         "--no-vocab-parallel", "--cp", "2", "--grads", "fp32", "--json"]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["parallel"]["cp"] == 2 and data["parallel"]["vocab_parallel"] is False
+    assert data["gpus"] == 4

@@ -108,7 +108,7 @@ def register(subparsers: Any) -> None:
     t.add_argument(
         "--mfu",
         type=real(0, 1, low_open=True),
-        default=0.4,
+        default=0.5,
         help="compute efficiency: share of peak the executed FLOPs reach",
     )
     t.add_argument("--overlap", type=real(0, 1), default=1.0)

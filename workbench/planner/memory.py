@@ -330,9 +330,10 @@ def memory_breakdown(
     per = state_bytes_per_param(training)
     temporary = 0
     if parallel.zero >= 3 and parallel.grad_group > 1:
-        # One unit (block or embedding) gathered in full, and its full gradient before
-        # the reduce-scatter.
-        temporary += largest_unit(model, parallel.tp) * (per.weights + per.grads)
+        # One unit (block or embedding) gathered in full, and its full gradient in the
+        # compute dtype before the reduce-scatter (fp32 copies exist only as shards):
+        # DeepSpeed's 4 bytes x largest layer for bf16.
+        temporary += largest_unit(model, parallel.tp) * (per.weights + training.dtype_bytes)
     elif parallel.grad_group > 1:
         temporary += 2 * training.bucket_bytes  # gradient buckets in flight
     best: MemoryBreakdown | None = None

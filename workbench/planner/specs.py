@@ -204,7 +204,7 @@ class TrainingSpec:
     dropout: bool = True
     fp32_grads: bool = False  # keep an fp32 gradient copy (Megatron main_grad, DeepSpeed 2+18)
     trainable: float = 1.0
-    mfu: float = 0.4
+    mfu: float = 0.5
     overlap: float = 1.0
     bucket_bytes: int = 25 * 2**20  # DDP bucket; two in flight when dp > 1
     flash_attention: bool = False  # no s x s scores stored (an fp32 logsumexp instead)
