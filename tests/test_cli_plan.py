@@ -99,6 +99,7 @@ def _run_cli_in_fresh_python(argv: list[str]) -> subprocess.CompletedProcess[str
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.engines
 @pytest.mark.parametrize(
     "argv",
     [
