@@ -398,6 +398,9 @@ class HardwareSpec:
     ``max_overlap`` caps how much communication can hide behind compute (a CPU rank's
     gloo all-reduce runs on the cores that compute: ~0); ``step_overhead`` is per-step time
     that does not shrink with the batch (optimizer, dispatch), from ``cpu_profile``.
+    ``cores`` (CPU ranks only) is how many cores a node's ranks run on, ``background`` how
+    many other busy processes compete for them; ``core_share`` turns both into the share
+    of a core each rank gets (None: every rank has its own device).
     """
 
     name: str = "custom"
@@ -411,10 +414,15 @@ class HardwareSpec:
     kind: str = "gpu"
     max_overlap: float = 1.0  # cap on comm/compute overlap (CPU gloo: the same cores)
     step_overhead: float = 0.0  # seconds per step per rank outside forward/backward
+    cores: float | None = None  # CPU cores a node's ranks share (None: a device per rank)
+    background: float = 0.0  # other busy processes on those cores, in whole-core demands
 
     def __post_init__(self) -> None:
         _float("max_overlap", self.max_overlap, low=0.0, high=1.0, low_open=False)
         _float("step_overhead", self.step_overhead, low=0.0, high=1e6, low_open=False)
+        if self.cores is not None:
+            _float("cores", self.cores, low=0.0, high=1e6)
+        _float("background", self.background, low=0.0, high=1e6, low_open=False)
         _int("memory", self.memory)
         _int("gpus_per_node", self.gpus_per_node)
         _int("reserved", self.reserved, minimum=0)
@@ -437,6 +445,17 @@ class HardwareSpec:
     @property
     def usable(self) -> int:
         return self.memory - self.reserved
+
+    def core_share(self, ranks: int) -> float:
+        """The share of one core each of ``ranks`` busy ranks on a node gets.
+
+        Processor sharing (the fair scheduler's steady state): ``ranks + background``
+        runnable processes on ``cores`` cores each run min(1, cores / (ranks +
+        background)) of the time. 1.0 when ``cores`` is None (a device per rank).
+        """
+        if self.cores is None:
+            return 1.0
+        return min(1.0, self.cores / (ranks + self.background))
 
     def with_(self, **changes: Any) -> HardwareSpec:
         return _replace(self, **changes)

@@ -21,6 +21,11 @@ cp        = ring attention: K and V gathered forward, their gradients reduce-sca
             backward, per layer per micro-batch (not hidden: an upper bound).
 pp        = a send of activations forward and of gradients backward per micro-batch.
 overhead  = the hardware's per-step time outside forward and backward (CPU profile).
+cores     = CPU ranks time-share a node's cores: with r = min(world, ranks per node) busy
+            ranks and ``background`` other busy processes on c cores, each rank runs
+            share = min(1, c / (r + background)) of the time, so compute (and the bubble)
+            and the overhead stretch by 1/share; the collectives keep their calibrated
+            cost (the fit was measured with the ranks sharing the cores).
 """
 
 from __future__ import annotations
@@ -201,7 +206,8 @@ def step_time(
     b = training.micro_batch
     tokens = b * m * dp * seq
     peak = hardware.flops(training.precision)
-    rate = training.mfu * peak
+    share = hardware.core_share(min(world, hardware.gpus_per_node))
+    rate = training.mfu * peak * share
     overlap = min(training.overlap, hardware.max_overlap)
 
     # Compute: the busiest stage, one micro-batch (b·s tokens over its tp·cp ranks).
@@ -298,5 +304,5 @@ def step_time(
         pp_inter=spans_nodes(pp, tp * cp * dp, hardware.gpus_per_node),
         hardware_flops=executed_flops_per_token(model, training, seq) * tokens,
         cp_comm=cp_comm,
-        overhead=hardware.step_overhead,
+        overhead=hardware.step_overhead / share,
     )
