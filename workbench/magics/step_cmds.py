@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, whole_number
-from workbench.magics.core import WorkbenchMagics, command
+from workbench.magics.registry import command
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
 
 PLOTS = ("memory", "comm", "loss")
 
