@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 _RUN = "run"
-_AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None}
+_AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None, "key": bytes}
 
 
 def _summary(cursor: int) -> dict[str, Any]:
@@ -76,7 +76,9 @@ def _autosave(train_step: Any) -> str | None:
         return None
     from workbench.parallel.checkpoint import save_checkpoint
 
-    return str(save_checkpoint(train_step, cfg["root"], keep_last=cfg.get("keep_last")))
+    return str(
+        save_checkpoint(train_step, cfg["root"], keep_last=cfg.get("keep_last"), key=cfg.get("key"))
+    )
 
 
 def run_phases(count: int, cursor: int) -> dict[str, Any]:
@@ -101,19 +103,21 @@ def run_steps(count: int, cursor: int) -> dict[str, Any]:
     return {"losses": losses, "saved": saved, **_summary(cursor)}
 
 
-def save_run(root: str, keep_last: int | None, cursor: int) -> dict[str, Any]:
-    """Checkpoint this rank's run under ``root`` (collective: every rank calls it)."""
+def save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
+    """Checkpoint this rank's run under ``root`` (collective: every rank calls it);
+    ``key`` signs the manifest (the client's checkpoint key)."""
     from workbench.parallel.checkpoint import save_checkpoint
 
-    path = save_checkpoint(engine_state()[_RUN], root, keep_last=keep_last)
+    path = save_checkpoint(engine_state()[_RUN], root, keep_last=keep_last, key=key)
     return {"path": str(path), **_summary(cursor)}
 
 
-def load_run(root: str, step: int | None, cursor: int) -> dict[str, Any]:
-    """Load a checkpoint into this rank's run (collective: every rank calls it)."""
+def load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
+    """Load a checkpoint into this rank's run (collective: every rank calls it); only
+    one whose manifest ``key`` signed."""
     from workbench.parallel.checkpoint import load_checkpoint
 
-    meta = load_checkpoint(engine_state()[_RUN], root, step)
+    meta = load_checkpoint(engine_state()[_RUN], root, step, key=key)
     return {"meta": {k: v for k, v in meta.items() if k != "spec"}, **_summary(cursor)}
 
 

@@ -77,6 +77,7 @@ class TrainingSession:
         checkpoint_dir: str | Path | None = None,
         checkpoint_every: int | None = None,
         keep_last: int | None = 3,
+        checkpoint_key: bytes | None = None,
     ) -> None:
         if checkpoint_every is not None and (
             isinstance(checkpoint_every, bool)
@@ -86,6 +87,13 @@ class TrainingSession:
             raise ConfigError(
                 f"checkpoint_every={checkpoint_every!r} is not valid; it must be an integer "
                 ">= 1 or None (no automatic checkpoints)"
+            )
+        if checkpoint_key is not None and (
+            not isinstance(checkpoint_key, bytes) or len(checkpoint_key) < 16
+        ):
+            raise ConfigError(
+                "checkpoint_key must be bytes of at least 16 (random) bytes, or None for the "
+                "per-user key file"
             )
         if checkpoint_every is not None and checkpoint_dir is None:
             raise ConfigError("checkpoint_every needs checkpoint_dir= (where to write them)")
@@ -100,6 +108,8 @@ class TrainingSession:
         )
         self.checkpoint_every = checkpoint_every
         self.keep_last = keep_last
+        # Signs checkpoints' manifests; default: the per-user key file (checkpoint_trust).
+        self.checkpoint_key = checkpoint_key
         self.last_recovery: str | None = None  # what the last recovery rolled back
         self._interrupted = False
         self._state = _State(spec=spec)
@@ -169,6 +179,7 @@ class TrainingSession:
                 "root": self.checkpoint_dir,
                 "every": self.checkpoint_every,
                 "keep_last": self.keep_last,
+                "key": self._key(),
             }
         results = self.cluster.run(
             remote_run.build_run, asdict(spec), autosave, timeout=self.timeout
@@ -231,6 +242,15 @@ class TrainingSession:
         return done
 
     # -- checkpoints ---------------------------------------------------------------------
+    def _key(self) -> bytes:
+        """This user's checkpoint key, read here (the kernel's host) and handed to every
+        rank, so engines on other hosts sign and check with the same key."""
+        if self.checkpoint_key is None:
+            from workbench.parallel.checkpoint_trust import checkpoint_key
+
+            self.checkpoint_key = checkpoint_key()
+        return self.checkpoint_key
+
     def _root(self, path: str | Path | None) -> str:
         root = path if path is not None else self.checkpoint_dir
         if root is None:
@@ -246,7 +266,10 @@ class TrainingSession:
         self._ensure_built()
         root = self._root(path)
         results = self._call_each(
-            remote_run.save_run, root, keep_last if keep_last is not None else self.keep_last
+            remote_run.save_run,
+            root,
+            keep_last if keep_last is not None else self.keep_last,
+            self._key(),
         )
         return str(results[0]["path"])
 
@@ -256,7 +279,7 @@ class TrainingSession:
         metadata."""
         self._ensure_built()
         root = self._root(path)
-        results = self._call_each(remote_run.load_run, root, step, rebuild_events=True)
+        results = self._call_each(remote_run.load_run, root, step, self._key(), rebuild_events=True)
         return dict(results[0]["meta"])
 
     def checkpoints(self, path: str | Path | None = None) -> list[dict[str, Any]]:

@@ -7,12 +7,18 @@ A checkpoint is a directory ``<root>/step-00000003`` holding
   FSDP2 / DTensor: every rank its shard), so a load under another layout reshards;
 - ``rng/rank-00001.pt``: each rank's torch RNG states (tensors only, loaded with
   ``weights_only=True``) and ``rng/rank-00001.json``: its Python ``random`` state;
-- ``meta.json``: step, data position, last loss, strategy, world size and the run's spec.
+- ``meta.json``: step, data position, last loss, strategy, world size and the run's spec;
+- ``manifest.json``: the SHA-256 sum of every other file, signed (HMAC) with a key kept
+  outside the checkpoint (``checkpoint_trust``).
 
 Saving is atomic: every rank writes into ``<root>/.tmp-step-00000003``; only after all
-ranks finished does rank 0 write ``meta.json`` and rename the directory into place. A save
-that dies halfway leaves a ``.tmp-*`` directory that loads ignore and the next save
-removes, and the previous checkpoint untouched. Nothing is unpickled on load.
+ranks finished does rank 0 write ``meta.json`` and the manifest and rename the directory
+into place. A save that dies halfway leaves a ``.tmp-*`` directory that loads ignore and
+the next save removes, and the previous checkpoint untouched.
+
+Loading trusts only what the key vouches for: the manifest's signature and every sum are
+checked before DCP reads anything, and DCP then reads through ``checkpoint_reader`` (no
+arbitrary unpickling even of verified files).
 
 All three functions are collective for distributed strategies: call them on every rank.
 """
@@ -32,9 +38,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from workbench.errors import CheckpointError
+from workbench.parallel.checkpoint_reader import (
+    VerifiedReader,
+    WeightsOnlyPlanner,
+    describe_failure,
+)
+from workbench.parallel.checkpoint_trust import (
+    checkpoint_key,
+    read_manifest,
+    verify_files,
+    write_manifest,
+)
 from workbench.parallel.step import TrainStep
 
 __all__ = [
@@ -125,13 +143,19 @@ def _meta(train_step: TrainStep, world: int) -> dict[str, Any]:
 
 
 def save_checkpoint(
-    train_step: TrainStep, root: str | os.PathLike[str], *, keep_last: int | None = None
+    train_step: TrainStep,
+    root: str | os.PathLike[str],
+    *,
+    keep_last: int | None = None,
+    key: bytes | None = None,
 ) -> Path:
     """Save ``train_step`` (at a step boundary) under ``root``; returns the checkpoint dir.
 
-    ``keep_last=N`` then deletes all but the newest N checkpoints.
+    ``keep_last=N`` then deletes all but the newest N checkpoints. ``key`` signs the
+    manifest (default: ``checkpoint_key()``, the per-user key file).
     """
     _check_strategy(train_step)
+    key = checkpoint_key() if key is None else key
     if keep_last is not None and (
         isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
     ):
@@ -167,6 +191,7 @@ def save_checkpoint(
         _barrier(train_step)  # every rank's files are written before the commit
         if rank == 0:
             _write_json(tmp / "meta.json", _meta(train_step, world))
+            write_manifest(tmp, key)  # last: it signs every other file
             _commit(tmp, final)
             if keep_last is not None:
                 for old in list_checkpoints(root)[:-keep_last]:
@@ -222,14 +247,21 @@ def list_checkpoints(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def load_checkpoint(
-    train_step: TrainStep, root: str | os.PathLike[str], step: int | None = None
+    train_step: TrainStep,
+    root: str | os.PathLike[str],
+    step: int | None = None,
+    *,
+    key: bytes | None = None,
 ) -> dict[str, Any]:
     """Load the checkpoint of ``step`` (default: the newest) into ``train_step``.
 
     The layout may differ from the one saved (e.g. saved under fsdp, loaded under dp): DCP
-    reshards to whatever ``train_step`` holds. Returns the checkpoint's metadata.
+    reshards to whatever ``train_step`` holds. Returns the checkpoint's metadata. Only a
+    checkpoint whose manifest is signed with ``key`` (default: ``checkpoint_key()``) and
+    whose files all match it is read.
     """
     _check_strategy(train_step)
+    key = checkpoint_key() if key is None else key
     available = list_checkpoints(root)
     if not available:
         raise CheckpointError(f"no complete checkpoint under {str(root)!r}; save one first")
@@ -250,13 +282,26 @@ def load_checkpoint(
             f"{spec.model!r}; load it into a run of the same model"
         )
     path = Path(meta["path"])
+    digests = read_manifest(path, key)
+    # Before DCP (or anything else) reads a file; .metadata and meta.json must be signed.
+    verify_files(path, digests, sorted({*digests, ".metadata", "meta.json"}))
+    meta = {**json.loads((path / "meta.json").read_text()), "path": str(path)}
     recorder = train_step.recorder
     previous, recorder.phase = recorder.phase, "checkpoint"
     try:
         model_sd, optim_sd = get_state_dict(train_step.model, train_step.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         with _quiet_single(train_step):
-            dcp.load(state, checkpoint_id=str(path))
+            try:
+                dcp.load(
+                    state,
+                    storage_reader=VerifiedReader(str(path), digests[".metadata"]),
+                    planner=WeightsOnlyPlanner(),
+                )
+            except CheckpointException as exc:  # a BaseException: not caught by Exception
+                raise CheckpointError(
+                    f"reading the checkpoint at {str(path)!r} failed: {describe_failure(exc)}"
+                ) from None
         set_state_dict(
             train_step.model,
             train_step.optimizer,
