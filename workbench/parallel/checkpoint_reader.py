@@ -23,7 +23,8 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
 
 from workbench.errors import CheckpointError
 
@@ -95,6 +96,20 @@ class VerifiedReader(FileSystemReader):
     def __init__(self, path: str, metadata_sha256: str) -> None:
         super().__init__(path)
         self._metadata_sha256 = metadata_sha256
+        self._reading: str | None = None  # the file being read, for error messages
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        self._reading = sinfo.relative_path
+        return super()._slice_file(file, sinfo)
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        try:
+            return super().read_data(plan, planner)
+        except Exception as exc:
+            raise CheckpointError(
+                f"{self._reading or 'a shard'} of the checkpoint at {str(self.path)!r} "
+                f"cannot be read: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+            ) from None
 
     # No **kwargs on purpose: DCP then does not fall back to per-rank ``__<rank>.metadata``
     # files (which the workbench never writes) when the global one is refused.

@@ -30,6 +30,7 @@ __all__ = [
     "file_digest",
     "key_path",
     "read_manifest",
+    "read_verified",
     "state_dir",
     "verify_files",
     "write_manifest",
@@ -202,3 +203,22 @@ def verify_files(directory: Path, digests: dict[str, str], names: Iterable[str])
                 f"{name} of the checkpoint at {str(directory)!r} does not match the SHA-256 "
                 f"sum in {MANIFEST} (changed or truncated after the save); refusing to load it"
             )
+
+
+def read_verified(directory: Path, digests: dict[str, str], name: str) -> bytes:
+    """The bytes of ``name``, read once and checked against the manifest (what is parsed
+    is exactly what was checked)."""
+    if name not in digests:
+        raise CheckpointError(
+            f"{name} is not listed in {MANIFEST} of the checkpoint at {str(directory)!r}"
+        )
+    path = directory / name
+    if not path.is_file():
+        raise CheckpointError(f"{name} of the checkpoint at {str(directory)!r} is missing")
+    data = path.read_bytes()
+    if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), digests[name]):
+        raise CheckpointError(
+            f"{name} of the checkpoint at {str(directory)!r} does not match the SHA-256 "
+            f"sum in {MANIFEST} (changed or truncated after the save); refusing to load it"
+        )
+    return data
