@@ -7,6 +7,7 @@ object, no widgets: the stepper widget is a view over it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 from workbench.cluster import remote_run
 from workbench.cluster.cluster import Cluster
 from workbench.errors import (
+    CheckpointError,
     ClusterError,
     CollectiveTimeout,
     ConfigError,
@@ -26,6 +28,30 @@ from workbench.parallel.spec import RunSpec
 from workbench.trace import Event, from_record, to_perfetto
 
 __all__ = ["RankStatus", "TrainingSession", "validate_layout"]
+
+
+# After one rank failed, how long the ranks still running get to finish (a peer freed by the
+# failed rank's teardown fails within milliseconds) before they are reported as waiting.
+PEER_GRACE_S = 3.0
+
+
+def _raised(future: Any) -> bool:
+    """A finished remote call that raised (a dead engine is collect()'s business)."""
+    try:
+        future.get(0)
+    except Exception as exc:
+        return getattr(exc, "ename", "") != "EngineError"
+    return False
+
+
+def _remote_failure(future: Any) -> str:
+    from workbench.cluster.results import format_remote
+
+    try:
+        future.get(0)
+    except Exception as exc:
+        return format_remote(exc)
+    return "?"
 
 
 def _error_fields(exc: Exception) -> dict[str, Any]:
@@ -112,6 +138,9 @@ class TrainingSession:
         self.checkpoint_key = checkpoint_key
         self.last_recovery: str | None = None  # what the last recovery rolled back
         self._interrupted = False
+        # A rank failed part-way and closed the process group on every rank (see
+        # fail_together): it is re-created before the run is rebuilt.
+        self._regroup = False
         self._state = _State(spec=spec)
         self._listeners: list[Listener] = []
         self._reference: list[float] = []
@@ -173,6 +202,9 @@ class TrainingSession:
         self._build_remote(spec)
 
     def _build_remote(self, spec: RunSpec, *, keep_events: bool = True) -> None:
+        if self._regroup:  # a failed rank closed the process group: a fresh one first
+            self.cluster.recover_sync()
+            self._regroup = False
         autosave = None
         if self.checkpoint_every is not None and self.checkpoint_dir is not None:
             autosave = {
@@ -181,9 +213,14 @@ class TrainingSession:
                 "keep_last": self.keep_last,
                 "key": self._key(),
             }
-        results = self.cluster.run(
-            remote_run.build_run, asdict(spec), autosave, timeout=self.timeout
-        )
+        try:
+            results = self.cluster.run(
+                remote_run.build_run, asdict(spec), autosave, timeout=self.timeout
+            )
+        except RankError as exc:
+            self._regroup = True
+            self.built = False
+            raise self._rank_failure(exc) from None
         self._state.phases = list(results[0]["phases"])
         self._state.cursors = {}
         before = len(self._state.events)
@@ -306,8 +343,9 @@ class TrainingSession:
         # Read now: rebuilding below resets every rank's status.
         partial = any(st.next_phase != first for st in statuses)
         cluster_report = ""
-        if self.cluster.state == "degraded" or self.cluster.stuck_ranks:
+        if self.cluster.state == "degraded" or self.cluster.stuck_ranks or self._regroup:
             cluster_report = str(self.cluster.recover_sync())
+            self._regroup = False
         self._build_remote(self.spec, keep_events=False)
         available = self.checkpoints() if self.checkpoint_dir is not None else []
         if available:
@@ -365,13 +403,19 @@ class TrainingSession:
                 "the last step was interrupted part-way on the engines; roll back with "
                 "`session.recover()` / `%wb restart` (to the last checkpoint) or reset()"
             )
-        results = self._call_each(fn, count)
+        results = self._call_each(fn, count)  # raises when an automatic checkpoint failed
         return self._absorb(results)
 
     def _call_each(self, fn: Callable[..., Any], *args: Any, rebuild_events: bool = False) -> Any:
         """Call ``fn(*args, cursor)`` on every rank with its own cursor, concurrently.
 
         A dead engine or a hang is re-raised with what the run was doing."""
+        if self._regroup:
+            raise ClusterError(
+                "a rank failed part-way through the last call and closed the process group "
+                "on every rank, so that none waits for it; roll back with session.recover() "
+                "/ `%wb restart` (to the last checkpoint) or start over with reset()"
+            )
         ranks = sorted(self._state.status) or list(range(self.cluster.world_size))
         cursors = {r: self._state.cursors.get(r, 0) for r in ranks}
         client = self.cluster.client
@@ -383,17 +427,23 @@ class TrainingSession:
             client[self.cluster.ranks[r].engine_id].apply_async(fn, *args, cursors[r])
             for r in ranks
         ]
+        targets = [self.cluster.ranks[r] for r in ranks]
         try:
-            results = self.cluster.collect(
-                [self.cluster.ranks[r] for r in ranks], futures, self.timeout
-            )
+            self._wait_unless_a_rank_failed(targets, futures)
+            results = self.cluster.collect(targets, futures, self.timeout)
         except KeyboardInterrupt:
             self._interrupted = True
             raise
         except (EngineDied, CollectiveTimeout) as exc:
             raise type(exc)(f"{exc}\n{self._context()}", **_error_fields(exc)) from None
         except RankError as exc:
+            self._regroup = True  # the failing rank closed the group (fail_together)
             raise self._rank_failure(exc) from None
+        errors = [r for r in results if r.get("error")] if isinstance(results[0], dict) else []
+        if errors:  # every rank agreed on a failed save / load (also an automatic one after
+            # a step): the run is as it was, with the steps it completed
+            self._absorb(results)
+            raise CheckpointError(str(errors[0]["error"]), ranks=errors[0].get("failed_ranks"))
         if rebuild_events:
             step = int(results[0]["step"])
             self._drop_events_from(step)
@@ -401,14 +451,53 @@ class TrainingSession:
             self._absorb(results)
         return results
 
+    def _wait_unless_a_rank_failed(self, targets: list[Any], futures: list[Any]) -> None:
+        """Return when every rank finished, or raise ``RankError`` soon after one rank
+        failed while others still run: those wait in a collective for the failed rank
+        (a gloo collective cannot be interrupted), so they are marked stuck for
+        ``recover()`` instead of being waited for until the process-group timeout. The
+        failed rank has written its error to the store and dropped its group
+        (``fail_together``); a peer that this frees finishes within the grace and names it.
+        """
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        failed_at: float | None = None
+        while True:
+            pending = [f for f in futures if not f.ready()]
+            now = time.monotonic()
+            if not pending or (deadline is not None and now >= deadline):
+                return  # collect() gathers the results or reports the timeout
+            if failed_at is None and any(_raised(f) for f in futures if f.ready()):
+                failed_at = now
+            if failed_at is not None and now - failed_at >= PEER_GRACE_S:
+                break
+            pending[0].wait(0.02)
+        failures: dict[int, str] = {}
+        waiting: list[int] = []
+        for target, future in zip(targets, futures, strict=True):
+            if not future.ready():
+                waiting.append(target.rank)
+            elif _raised(future):
+                failures[target.rank] = _remote_failure(future)
+        if not failures:  # an engine died meanwhile: collect() reports it
+            return
+        self.cluster._mark_stuck(targets, futures)
+        failed = sorted(failures)
+        for rank in waiting:
+            failures[rank] = (
+                f"rank {rank} still waits (in a collective) for rank(s) {failed}, which failed; "
+                "session.recover() / `%wb restart` frees it and rolls back to the last checkpoint"
+            )
+        raise RankError.from_failures(failures)
+
     def _rank_failure(self, exc: RankError) -> RankError:
         """The ranks' exceptions, headed by where each failing rank was (host, step, phase)."""
         heads = []
         for rank in sorted(exc.failures):
             status = self._state.status.get(rank, RankStatus(rank=rank))
             host = self.cluster.ranks[rank].host if rank < self.cluster.world_size else "?"
+            what = "stopped (a peer failed)" if "PeerFailed" in exc.failures[rank] else "failed"
             heads.append(
-                f"rank {rank} on {host} failed in phase {status.next_phase!r} of step {status.step}"
+                f"rank {rank} on {host} {what} in phase {status.next_phase!r} of step {status.step}"
             )
         error = RankError.from_failures(exc.failures)
         error.args = ("; ".join(heads) + "\n" + str(error.args[0]),)
