@@ -113,6 +113,7 @@ def _autosave(train_step: Any) -> tuple[str | None, str | None]:
 
 def run_phases(count: int, cursor: int) -> dict[str, Any]:
     """Run ``count`` phases (crossing step boundaries as needed)."""
+    _run()  # no run is the same on every rank: an error, not a failure to spread
     return fail_together(_run_phases, count, cursor)
 
 
@@ -131,6 +132,7 @@ def _run_phases(count: int, cursor: int) -> dict[str, Any]:
 
 def run_steps(count: int, cursor: int) -> dict[str, Any]:
     """Finish the step in progress, then run ``count - 1`` more whole steps."""
+    _run()  # no run is the same on every rank: an error, not a failure to spread
     return fail_together(_run_steps, count, cursor)
 
 
@@ -150,6 +152,7 @@ def save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -
     """Checkpoint this rank's run under ``root`` (collective: every rank calls it);
     ``key`` signs the manifest (the client's checkpoint key). A failure every rank agreed
     on comes back as ``error`` (the run is intact)."""
+    _run()  # no run is the same on every rank: an error, not a failure to spread
     return fail_together(_save_run, root, keep_last, key, cursor)
 
 
@@ -169,6 +172,7 @@ def load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> dic
     """Load a checkpoint into this rank's run (collective: every rank calls it); only
     one whose manifest ``key`` signed. A failure every rank agreed on comes back as
     ``error`` (the run is unchanged)."""
+    _run()  # no run is the same on every rank: an error, not a failure to spread
     return fail_together(_load_run, root, step, key, cursor)
 
 

@@ -141,6 +141,9 @@ class TrainingSession:
         # A rank failed part-way and closed the process group on every rank (see
         # fail_together): it is re-created before the run is rebuilt.
         self._regroup = False
+        # The engines (id, pid, rendezvous port) the run was built on: when they change
+        # (a restart, a recovery) the run is gone from the engines and is rebuilt.
+        self._built_on: tuple[tuple[int, int, int], ...] = ()
         self._state = _State(spec=spec)
         self._listeners: list[Listener] = []
         self._reference: list[float] = []
@@ -229,10 +232,24 @@ class TrainingSession:
             del self._state.events[before:]
         self._interrupted = False
         self.built = True
+        self._built_on = self._engines()
+
+    def _engines(self) -> tuple[tuple[int, int, int], ...]:
+        return tuple((r.engine_id, r.pid, r.master_port) for r in self.cluster.ranks)
 
     def _ensure_built(self) -> None:
         if not self.built:
             self.build()
+        elif self._engines() != self._built_on:
+            self._resume_on_new_engines()
+
+    def _resume_on_new_engines(self) -> None:
+        """The cluster was restarted (or recovered) since the run was built, so the run
+        is gone from the engines: rebuild it from its spec and its last checkpoint."""
+        self._regroup = False  # the new engines have a fresh process group
+        self._interrupted = False
+        message = self._roll_back()
+        self.last_recovery = f"the cluster was restarted since the run was built: {message}"
 
     def phase(self, count: int = 1) -> list[Event]:
         """Advance every rank by ``count`` phases; returns the new events."""
@@ -337,15 +354,22 @@ class TrainingSession:
         stuck engines, re-create the process group), rebuild the run on every rank and
         load the last checkpoint. Returns (and keeps in ``last_recovery``) what was
         rolled back to where."""
+        cluster_report = ""
+        if self.cluster.state == "degraded" or self.cluster.stuck_ranks or self._regroup:
+            cluster_report = str(self.cluster.recover_sync())
+            self._regroup = False
+        message = self._roll_back() + (f"; {cluster_report}" if cluster_report else "")
+        self.last_recovery = message
+        return message
+
+    def _roll_back(self) -> str:
+        """Rebuild the run on every rank and load the last checkpoint (fresh weights
+        without one); says what was rolled back to where."""
         statuses = self.status
         before = max((st.step for st in statuses), default=0)
         first = self.phases[0] if self.phases else "data"
         # Read now: rebuilding below resets every rank's status.
         partial = any(st.next_phase != first for st in statuses)
-        cluster_report = ""
-        if self.cluster.state == "degraded" or self.cluster.stuck_ranks or self._regroup:
-            cluster_report = str(self.cluster.recover_sync())
-            self._regroup = False
         self._build_remote(self.spec, keep_events=False)
         available = self.checkpoints() if self.checkpoint_dir is not None else []
         if available:
@@ -358,11 +382,7 @@ class TrainingSession:
             step = 0
         lost = max(before - step, 0)
         redone = f"{lost} completed step(s)" + (" and the step in progress" if partial else "")
-        message = f"rolled back from step {before} to {to}; {redone} will be redone" + (
-            f"; {cluster_report}" if cluster_report else ""
-        )
-        self.last_recovery = message
-        return message
+        return f"rolled back from step {before} to {to}; {redone} will be redone"
 
     def reset(self) -> None:
         """Back to step 0 with fresh weights and empty records (same options)."""

@@ -32,10 +32,13 @@ def _step_args(p: MagicParser) -> None:
 @command("step", "advance the current stepper by steps or phases", _step_args)
 def step(magics: WorkbenchMagics, args: Any) -> None:
     stepper = _stepper()
+    recovery = stepper.session.last_recovery
     if args.phase:
         stepper.phase(args.n)
     else:
         stepper.step(args.n)
+    if stepper.session.last_recovery is not recovery:  # rebuilt after a cluster restart
+        print(f"workbench: {stepper.session.last_recovery}")
     for s in stepper.status:
         loss = "-" if s.loss is None else f"{s.loss:.6f}"
         print(f"[rank {s.rank}] step {s.step}, next phase {s.next_phase}, loss {loss}")
