@@ -166,6 +166,7 @@ def _load_corrupt_meta(rank: int, world: int, root: str) -> dict[str, Any]:
     return {"error": error, "same": same, "step": ts.step, "loss": loss}
 
 
+@pytest.mark.engines
 def test_every_rank_refuses_and_keeps_its_shard(tmp_path: Path) -> None:
     results = run_ranks(_load_corrupt_meta, str(tmp_path))
     for r in results:
