@@ -19,6 +19,7 @@ from workbench.errors import ConfigError, ParallelError, choices_error
 from workbench.planner.hardware_spec import GPU_KINDS, HardwareSpec, LinkSpec
 from workbench.planner.model_spec import NORMS, ModelSpec, assumed_shape
 from workbench.planner.spec_checks import check_float, check_int, check_opt_int, replace_spec
+from workbench.vocab import OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES
 
 __all__ = [
     "GPU_KINDS",
@@ -37,10 +38,6 @@ __all__ = [
     "assumed_shape",
 ]
 
-PRECISIONS = ("fp32", "bf16-mixed")
-OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
-RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
 # Gradient storage: "auto" is the precision's own (fp32 -> fp32; bf16-mixed -> bf16, or
 # bf16 + an fp32 copy with fp32_grads=True); "fp32" alone is Megatron's main_grad and
 # DeepSpeed ZeRO-3's accounting (2 + 4 + 12 = 18 bytes/param with Adam).
