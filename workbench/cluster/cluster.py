@@ -384,14 +384,7 @@ class Cluster(RankDispatch):
             backend=self.config.backend,
             threads_per_engine=self.config.threads_per_engine,
         )
-        # The rendezvous port is chosen on rank 0's own host, bound where it will listen.
-        r0 = draft[0]
-        port = await asyncio.wrap_future(
-            client[r0.engine_id].apply_async(
-                engine_fns.pick_free_port,
-                r0.master_addr if r0.master_addr == "127.0.0.1" else "0.0.0.0",
-            )
-        )
+        port = await self._open_store(draft[0])
         ranks = assign_ranks(
             engines,
             backend=self.config.backend,
@@ -427,6 +420,16 @@ class Cluster(RankDispatch):
             raise ClusterError(f"init_process_group failed on an engine: {exc}") from exc
         self.ranks = ranks
         self._report("rendezvous", len(ranks), len(ranks))
+
+    async def _open_store(self, r0: RankAssignment) -> int:
+        """Rank 0 opens the rendezvous store on ``MASTER_ADDR`` only (loopback for a local
+        cluster) and keeps it for ``setup_rank``; returns the port it listens on."""
+        port = await asyncio.wrap_future(
+            self.client_unchecked()[r0.engine_id].apply_async(
+                engine_fns.open_store, r0.master_addr, r0.world_size, self.config.init_timeout
+            )
+        )
+        return int(port)
 
     def client_unchecked(self) -> ipp.Client:
         if self._client is None:

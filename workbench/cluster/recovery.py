@@ -177,11 +177,7 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     report.killed = killed
     await _replace(cluster, sorted({*dead, *killed}), report)
 
-    r0 = cluster.ranks[0]
-    bind = r0.master_addr if r0.master_addr == "127.0.0.1" else "0.0.0.0"
-    port = await asyncio.wrap_future(
-        client[r0.engine_id].apply_async(engine_fns.pick_free_port, bind)
-    )
+    port = await cluster._open_store(cluster.ranks[0])
     cluster.ranks = [replace(r, master_port=int(port)) for r in cluster.ranks]
     futures = [
         client[r.engine_id].apply_async(
