@@ -99,6 +99,7 @@ class Cluster(RankDispatch):
         self._client: ipp.Client | None = None
         self._owns_engines = profile is None and cluster_id is None
         self._info_futures: dict[int, Any] = {}
+        self._engine_ids: list[int] = []  # the engines that get ranks, chosen at start
         self._nanny_pids: set[int] = set()
         # Out-of-band status files of the engines (see flight.py) and the orphan watchdog.
         self.run_dir: str | None = None
@@ -325,16 +326,20 @@ class Cluster(RankDispatch):
         seen = -1
         self._info_futures = {}
         while True:
+            # One read of the ids per pass: an engine may register between two reads, and
+            # every id counted must be one whose facts were asked for.
+            ids = sorted(client.ids)
             # Ask each engine for its facts as soon as it registers: importing torch there
             # overlaps with the other engines still starting.
-            for eid in client.ids:
+            for eid in ids:
                 if eid not in self._info_futures:
                     self._info_futures[eid] = client[eid].apply_async(engine_fns.engine_info)
-            count = len(client.ids)
+            count = len(ids)
             if count != seen:
                 self._report("engines", min(count, n), n)
                 seen = count
             if count >= n:
+                self._engine_ids = ids[:n]
                 return
             if self._owns_engines and self._engines_exited():
                 raise ClusterError(
@@ -359,11 +364,16 @@ class Cluster(RankDispatch):
                     return True
         return False
 
-    async def _init_process_group(self) -> None:
-        client = self.client_unchecked()
-        ids = sorted(client.ids)[: self.config.n]
+    async def _engine_infos(self) -> tuple[list[int], list[dict[str, Any]]]:
+        """The engines chosen by ``_wait_for_engines`` and the facts each reported."""
+        ids = list(self._engine_ids)
         futures = [self._info_futures[eid] for eid in ids]
         infos = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        return ids, list(infos)
+
+    async def _init_process_group(self) -> None:
+        client = self.client_unchecked()
+        ids, infos = await self._engine_infos()
         # Clock offsets to rank 0 from one quick round trip per engine (torch is loaded now).
         sent = time.time_ns()
         clocks = await asyncio.wrap_future(client[ids].apply_async(time.time_ns))
