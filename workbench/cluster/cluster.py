@@ -43,6 +43,8 @@ ProgressCallback = Callable[[str, int, int], None]
 # detection fast and start-up near 3 s for 2 local engines (measured, see DESIGN.md).
 _CONTROLLER_ARGS = ["--HeartMonitor.period=500"]
 _MULTI_NODE = {"mpi", "ssh", "slurm"}
+# How often a starting cluster records its new processes for the orphan watchdog.
+_TRACK_S = 0.1
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _current: list[weakref.ref[Cluster]] = []  # the most recently started cluster, if alive
@@ -215,15 +217,23 @@ class Cluster(RankDispatch):
         self.state = "starting"
         t0 = time.perf_counter()
         self.run_dir = tempfile.mkdtemp(prefix="wb-run-")
+        # The watchdog runs before the first process starts, and learns every process as
+        # it appears: a kernel killed at any moment of the start leaves nothing behind.
+        self._start_watchdog()
+        tracker = asyncio.ensure_future(self._track_start()) if self._watchdog else None
         try:
             await self._start_engines()
             t1 = time.perf_counter()
             await self._init_process_group()
-            self._start_watchdog()
         except BaseException:
+            if tracker is not None:
+                tracker.cancel()
             await self._shutdown(quiet=True)
             self.state = "stopped"
             raise
+        if tracker is not None:
+            tracker.cancel()
+        self._write_pidfile()
         self.timings = {
             "engines_s": t1 - t0,
             "process_group_s": time.perf_counter() - t1,
@@ -268,8 +278,18 @@ class Cluster(RankDispatch):
     def _start_watchdog(self) -> None:
         if not self._owns_engines or self.run_dir is None:
             return
+        watchdog.write_pidfile(self.run_dir, [])
         self._watchdog = watchdog.spawn(self.run_dir)
-        self._write_pidfile()
+
+    async def _track_start(self) -> None:
+        """While starting, tell the watchdog about each process within ``_TRACK_S`` of its
+        launch (the controller, its schedulers, engines and their nannies)."""
+        while True:
+            try:
+                self._write_pidfile()
+            except Exception:  # a process exiting mid-walk: the next pass sees the rest
+                log.debug("pid file update failed", exc_info=True)
+            await asyncio.sleep(_TRACK_S)
 
     def _write_pidfile(self) -> None:
         if self.run_dir is not None and self._owns_engines:
@@ -311,7 +331,9 @@ class Cluster(RankDispatch):
         if self._owns_engines:
             self._ipp = self._make_ipp_cluster()
             await self._ipp.start_controller()
+            self._write_pidfile()
             await self._ipp.start_engines(c.n)
+            self._write_pidfile()
             self._client = await self._ipp.connect_client()
         else:
             self._client = ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "")

@@ -143,6 +143,7 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
     client = cluster.client_unchecked()
     before = set(client.ids)
     await ipp_cluster.start_engines(len(dead))
+    cluster._write_pidfile()  # the watchdog covers the new engines from their launch
     deadline = time.monotonic() + cluster.config.start_timeout
     while len(set(client.ids) - before) < len(dead):
         if time.monotonic() > deadline:
