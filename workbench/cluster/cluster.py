@@ -60,6 +60,24 @@ def _stop_all_at_exit() -> None:
             log.debug("atexit stop failed for %r", cluster, exc_info=True)
 
 
+def _terminate(processes: list[psutil.Process]) -> None:
+    """SIGTERM each process that is still the one we started (``reap`` kills the rest)."""
+    for proc in processes:
+        try:
+            if proc.is_running():
+                proc.terminate()
+        except psutil.Error:
+            continue
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Still this process (pid and start time) and not exited."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class Cluster(RankDispatch):
     """Engines + process group. Use as a context manager or call ``start_sync``/``stop_sync``.
 
@@ -94,7 +112,7 @@ class Cluster(RankDispatch):
             threads_per_engine=threads_per_engine,
         )
         self.progress = progress
-        self.state = "stopped"
+        self._state = "stopped"
         self.ranks: list[RankAssignment] = []
         self.timings: dict[str, float] = {}
         self._ipp: ipp.Cluster | None = None
@@ -108,17 +126,68 @@ class Cluster(RankDispatch):
         self._watchdog: Any | None = None
         # Ranks left blocked by a timeout / interrupt / death, and their unfinished futures.
         self._stuck: dict[int, Any] = {}
+        # Every process this cluster started, remembered from the moment it is seen: once a
+        # parent dies (a killed controller), its children cannot be found from here any more.
+        self._known: dict[int, psutil.Process] = {}
 
     @classmethod
     def current(cls) -> Cluster:
         """The most recently started cluster that is still running (e.g. by ``%wb start``)."""
         cluster = _current[0]() if _current else None
+        if cluster is not None and cluster.state == "broken":
+            raise cluster.controller_died()
         if cluster is None or cluster.state not in ("running", "degraded"):
             raise ClusterError(
                 "no running cluster; start one with `%wb start -n 2` or "
                 "`workbench.Cluster(n=2).start_sync()`"
             )
         return cluster
+
+    # ----------------------------------------------------------------- state
+    @property
+    def state(self) -> str:
+        """``stopped``, ``starting``, ``running``, ``degraded`` (a dead or stuck engine:
+        ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``."""
+        if self._state in ("running", "degraded") and self.controller_lost():
+            self._state = "broken"
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+
+    def controller_lost(self) -> bool:
+        """True when the controller this cluster started has exited. It is a child of this
+        process, so its pid is checked here; without it nothing routes work to the engines
+        or notices that one died."""
+        proc = self._controller_process()
+        if proc is None:
+            return False
+        try:
+            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
+
+    def _controller_process(self) -> psutil.Process | None:
+        if not self._owns_engines or self._ipp is None:
+            return None
+        proc = getattr(getattr(self._ipp, "controller", None), "process", None)
+        return proc if isinstance(proc, psutil.Process) else None
+
+    def controller_died(self) -> ClusterError:
+        """The error every call raises once the controller is gone."""
+        proc = self._controller_process()
+        pid = f" (pid {proc.pid})" if proc is not None else ""
+        return ClusterError(
+            f"the cluster's ipyparallel controller{pid} died: nothing can reach the engines "
+            "or notice an engine death any more. Rebuild the whole cluster with "
+            "`%wb restart` (cluster.restart_sync()); this stops every process it started."
+        )
+
+    def check_controller(self) -> None:
+        """Raise ``controller_died()`` when the controller is gone (fast, no round trip)."""
+        if self.state == "broken":
+            raise self.controller_died()
 
     # ----------------------------------------------------------------- introspection
     def __repr__(self) -> str:
@@ -145,6 +214,7 @@ class Cluster(RankDispatch):
 
     @property
     def client(self) -> ipp.Client:
+        self.check_controller()
         if self._client is None or self.state not in ("running", "degraded"):
             raise ClusterError("the cluster is not running; start it with start_sync()")
         return self._client
@@ -155,21 +225,22 @@ class Cluster(RankDispatch):
         return self._ipp
 
     def _process_tree(self) -> list[psutil.Process]:
-        """Controller, engines, nannies and every process they spawned (schedulers...)."""
-        tree: dict[int, psutil.Process] = {}
+        """Controller, engines, nannies and every process they spawned (schedulers...),
+        including those seen before whose parent has died since; only running ones."""
         engine_pids = {r.pid for r in self.ranks}
         self._nanny_pids = set()
         for pid in self.pids():
             try:
-                proc = psutil.Process(pid)
-                tree[pid] = proc
+                proc = self._known.get(pid) or psutil.Process(pid)
                 children = proc.children(recursive=True)
             except psutil.Error:
                 continue
-            tree.update((c.pid, c) for c in children)
+            self._known[pid] = proc
+            for child in children:
+                self._known.setdefault(child.pid, child)
             if pid in engine_pids:  # an engine's children are its nanny
                 self._nanny_pids.update(c.pid for c in children)
-        return list(tree.values())
+        return [p for p in self._known.values() if _running(p)]
 
     def pids(self) -> list[int]:
         """Process ids of the controller, engines and their nannies started by this cluster."""
@@ -245,7 +316,8 @@ class Cluster(RankDispatch):
         return self
 
     async def stop(self) -> None:
-        """Leave the process group; stop controller and engines if this cluster started them."""
+        """Leave the process group; stop controller and engines if this cluster started them
+        (every process it started, by pid, also after its controller died)."""
         if self.state == "stopped" and self._ipp is None and self._client is None:
             return
         self.state = "stopping"
@@ -254,7 +326,8 @@ class Cluster(RankDispatch):
         _live.discard(self)
 
     async def restart(self) -> Cluster:
-        """Stop everything and start again with the same settings (fresh ranks and port)."""
+        """Stop everything and start again with the same settings (fresh ranks and port).
+        This is the way back from a dead controller."""
         await self.stop()
         return await self.start()
 
@@ -363,6 +436,11 @@ class Cluster(RankDispatch):
             if count >= n:
                 self._engine_ids = ids[:n]
                 return
+            if self.controller_lost():
+                raise ClusterError(
+                    "the ipyparallel controller exited during start-up; run "
+                    "`ipcontroller --debug` by hand to see why"
+                )
             if self._owns_engines and self._engines_exited():
                 raise ClusterError(
                     f"engines exited during start-up ({count} of {n} registered); "
@@ -471,9 +549,11 @@ class Cluster(RankDispatch):
     async def _shutdown(self, *, quiet: bool) -> None:
         # Snapshot every process first: once engines exit, their nannies are orphans.
         processes = self._process_tree()
+        # Without a controller no request reaches the engines: stop them by pid below.
+        lost = self.controller_lost()
         client, self._client = self._client, None
         if client is not None:
-            if self.ranks and self._owns_engines:
+            if self.ranks and self._owns_engines and not lost:
                 try:  # leave the process group cleanly so engines exit without noise
                     ar = client[[r.engine_id for r in self.ranks if r.engine_id in client.ids]]
                     ar.apply_async(engine_fns.teardown_rank).get(timeout=5)
@@ -482,8 +562,10 @@ class Cluster(RankDispatch):
                 except Exception:
                     log.debug("teardown on engines failed", exc_info=True)
             client.close()
-        if client is not None and self._owns_engines:
+        if client is not None and self._owns_engines and not lost:
             await asyncio.to_thread(self._finish_engines, processes)
+        if lost:  # the dead controller's schedulers and the engines: nobody else ends them
+            await asyncio.to_thread(_terminate, processes)
         cluster, self._ipp = self._ipp, None
         if cluster is not None:
             try:
@@ -494,6 +576,7 @@ class Cluster(RankDispatch):
         self.ranks = []
         self._stuck = {}
         await asyncio.to_thread(reap, processes)
+        self._known = {}
         dog, self._watchdog = self._watchdog, None
         if dog is not None:
             watchdog.stop(dog)

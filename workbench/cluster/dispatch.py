@@ -35,13 +35,26 @@ _DEATH_GRACE_S = 0.5
 # does not (signals run between bytecodes) and is left for recover().
 _INTERRUPT_GRACE_S = 2.0
 _POLL_S = 0.02
+# While waiting, how often the controller (and, for local engines, their processes) are
+# checked: without a controller no reply and no death notice would ever arrive.
+_HEALTH_S = 0.25
 
 
 class RankDispatch:
     """Mixed into ``Cluster``; uses its ``ranks``, ``client``, ``state``, ``run_dir``,
-    ``_ipp`` and ``_stuck``."""
+    ``_ipp``, ``_stuck`` and ``check_controller``."""
+
+    ranks: list[RankAssignment]
+    run_dir: str | None
+    _client: Any
+    _ipp: Any
+    _stuck: dict[int, Any]
+
+    def check_controller(self) -> None:  # implemented by Cluster
+        raise NotImplementedError
 
     def _targets(self, ranks: int | Sequence[int] | None) -> list[RankAssignment]:
+        self.check_controller()
         if not self.ranks or self.state not in ("running", "degraded"):
             raise ClusterError("the cluster is not running; start it first (%wb start)")
         if ranks is None:
@@ -123,12 +136,16 @@ class RankDispatch:
         died; raises ``CollectiveTimeout`` with the hang report at ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         death_deadline: float | None = None
+        next_health = time.monotonic() + _HEALTH_S
         try:
             while True:
                 pending = [i for i, f in enumerate(futures) if not f.ready()]
                 if not pending:
                     return
                 now = time.monotonic()
+                if now >= next_health:
+                    next_health = now + _HEALTH_S
+                    self.check_controller()
                 if death_deadline is None and any(
                     self._dead_engine(f, r.engine_id) for r, f in zip(targets, futures, strict=True)
                 ):
@@ -270,6 +287,7 @@ class RankDispatch:
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""
+        self.check_controller()  # the queue query below would wait forever for a dead hub
         rows = []
         alive: set[int] = set()
         queues: dict[int, Any] = {}

@@ -167,6 +167,7 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
 
 async def recover(cluster: Cluster) -> RecoveryReport:
     """See the module docstring. Works from ``running`` too (re-creates the group)."""
+    cluster.check_controller()  # a dead controller needs a full restart, not a recovery
     if cluster.state not in ("running", "degraded") or not cluster.ranks:
         raise ClusterError("the cluster is not running; start it with `%wb start`")
     started = time.perf_counter()

@@ -72,7 +72,8 @@ class WorkbenchMagics(Magics):
         self.cluster: Cluster | None = None
 
     def require_cluster(self) -> Cluster:
-        if self.cluster is None or self.cluster.state not in ("running", "degraded"):
+        # A "broken" cluster (dead controller) is returned: its calls say what happened.
+        if self.cluster is None or self.cluster.state not in ("running", "degraded", "broken"):
             raise UsageError("no cluster is running; start one first with `%wb start -n 2`")
         return self.cluster
 
