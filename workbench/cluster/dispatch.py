@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +18,17 @@ import ipyparallel as ipp
 
 from workbench.cluster.hang import describe_rank, hang_report, read_status
 from workbench.cluster.loop import run_sync
+from workbench.cluster.processes import FROZEN, GONE, local_state, signal_local
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import CellResult, format_remote
-from workbench.errors import ClusterError, CollectiveTimeout, ConfigError, EngineDied, RankError
+from workbench.errors import (
+    ClusterError,
+    CollectiveTimeout,
+    ConfigError,
+    EngineDied,
+    EngineUnresponsive,
+    RankError,
+)
 
 __all__ = ["RankDispatch"]
 
@@ -106,10 +113,20 @@ class RankDispatch:
             return
         ids = set(client.ids)
         chosen = self.ranks if ranks is None else [self.ranks[r] for r in ranks]
-        dead = sorted(r.rank for r in chosen if r.engine_id not in ids)
+        dead = sorted(r.rank for r in chosen if r.engine_id not in ids or self._frozen(r))
         if dead:
             self.state = "degraded"
-            raise EngineDied(self._describe_dead(dead), ranks=dead)
+            raise self._lost_error(dead)
+
+    @staticmethod
+    def _frozen(r: RankAssignment) -> bool:
+        """A local engine whose process is stopped (SIGSTOP, a debugger): it cannot answer.
+        Engines on other hosts are not inspected from here."""
+        return local_state(r.host, r.pid) in FROZEN
+
+    def _lost(self, r: RankAssignment, future: Any) -> bool:
+        """The engine of ``r`` died or cannot answer any more."""
+        return self._dead_engine(future, r.engine_id) or self._frozen(r)
 
     def _dead_engine(self, future: Any, engine_id: int) -> bool:
         """True when the engine behind ``future`` died (ipyparallel reports it as a
@@ -147,7 +164,7 @@ class RankDispatch:
                     next_health = now + _HEALTH_S
                     self.check_controller()
                 if death_deadline is None and any(
-                    self._dead_engine(f, r.engine_id) for r, f in zip(targets, futures, strict=True)
+                    self._lost(r, f) for r, f in zip(targets, futures, strict=True)
                 ):
                     death_deadline = now + _DEATH_GRACE_S
                 if death_deadline is not None and now >= death_deadline:
@@ -163,7 +180,7 @@ class RankDispatch:
                 time.sleep(_POLL_S)
             self._mark_stuck(targets, futures)
             raise
-        if any(self._dead_engine(f, r.engine_id) for r, f in zip(targets, futures, strict=True)):
+        if any(self._lost(r, f) for r, f in zip(targets, futures, strict=True)):
             return
         pending_ranks = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
         done = [r.rank for r in targets if r.rank not in pending_ranks]
@@ -188,7 +205,7 @@ class RankDispatch:
         failures: dict[int, str] = {}
         dead: list[int] = []
         for r, future in zip(targets, futures, strict=True):
-            if self._dead_engine(future, r.engine_id):
+            if self._lost(r, future):
                 dead.append(r.rank)
                 continue
             if not future.ready():  # still blocked after a peer died
@@ -200,22 +217,45 @@ class RankDispatch:
         if dead:
             self._mark_stuck(targets, futures)
             self.state = "degraded"
-            raise EngineDied(self._describe_dead(dead), ranks=dead)
+            raise self._lost_error(dead)
         if failures:
             raise RankError.from_failures(failures)
         return results
 
-    def _describe_dead(self, dead: list[int]) -> str:
-        parts = [
-            f"rank {r} (engine {self.ranks[r].engine_id} on {self.ranks[r].host}, "
-            f"pid {self.ranks[r].pid}; last seen {describe_rank(read_status(self.run_dir, r))})"
-            for r in dead
-        ]
-        return (
-            f"engine died: {', '.join(parts)}; the process group is broken on every rank. "
-            "Recover with `%wb restart` (cluster.recover_sync()): it replaces only the dead "
+    def _lost_error(self, lost: list[int]) -> EngineDied:
+        """``EngineDied`` for ranks whose engine is gone; ``EngineUnresponsive`` when every
+        one of them still has a process (looked at on this host only) that does not answer."""
+        dead: list[str] = []
+        unresponsive: list[str] = []
+        for rank in lost:
+            r = self.ranks[rank]
+            state = local_state(r.host, r.pid)
+            where = f"rank {rank} (engine {r.engine_id} on {r.host}, pid {r.pid}"
+            seen = f"last seen {describe_rank(read_status(self.run_dir, rank))}"
+            if state is None or state == GONE:  # another host: its pid is not ours to read
+                dead.append(f"{where}; {seen})")
+            elif state in FROZEN:
+                unresponsive.append(
+                    f"{where}; its process is {state}, e.g. by SIGSTOP or a debugger; {seen})"
+                )
+            else:
+                unresponsive.append(
+                    f"{where}; its process is {state} but missed the controller's "
+                    f"heartbeats; {seen})"
+                )
+        parts = []
+        if dead:
+            parts.append(f"engine died: {', '.join(dead)}")
+        if unresponsive:
+            parts.append(f"engine unresponsive: {', '.join(unresponsive)}")
+        which = "dead" if not unresponsive else "unresponsive" if not dead else "lost"
+        message = (
+            f"{'; '.join(parts)}; the process group is broken on every rank. "
+            f"Recover with `%wb restart` (cluster.recover_sync()): it replaces only the {which} "
             "engine(s) and re-creates the process group."
         )
+        cls = EngineUnresponsive if not dead else EngineDied
+        return cls(message, ranks=lost)
 
     def execute(
         self,
@@ -235,7 +275,7 @@ class RankDispatch:
         self._wait_all(targets, futures, timeout)
         for r, future in zip(targets, futures, strict=True):
             # A reply can arrive before the engine's last stdout/display messages.
-            if future.ready() and not self._dead_engine(future, r.engine_id):
+            if future.ready() and not self._lost(r, future):
                 future.wait_for_output(5)
         out: list[CellResult] = []
         dead: list[int] = []
@@ -249,7 +289,7 @@ class RankDispatch:
                 outputs=list(md.get("outputs", [])),
                 execute_result=md.get("execute_result"),
             )
-            if self._dead_engine(future, r.engine_id):
+            if self._lost(r, future):
                 dead.append(r.rank)
                 out.append(result)
                 continue
@@ -268,7 +308,7 @@ class RankDispatch:
         if dead:
             self._mark_stuck(targets, futures)
             self.state = "degraded"
-            raise EngineDied(self._describe_dead(dead), ranks=dead)
+            raise self._lost_error(dead)
         return out
 
     def interrupt(self, ranks: Sequence[int] | None = None) -> None:
@@ -280,9 +320,7 @@ class RankDispatch:
             try:
                 run_sync(self._ipp.signal_engine(signal.SIGINT, r.engine_id), timeout=5)
             except Exception:
-                try:
-                    os.kill(r.pid, signal.SIGINT)
-                except OSError:
+                if not signal_local(r.host, r.pid, signal.SIGINT):
                     log.debug("could not interrupt rank %s", r.rank, exc_info=True)
 
     def status(self) -> list[dict[str, Any]]:
@@ -298,7 +336,14 @@ class RankDispatch:
             except Exception:
                 queues = {}
         for r in self.ranks:
-            if r.engine_id not in alive:
+            local = local_state(r.host, r.pid)
+            if (
+                local is not None
+                and local != GONE
+                and (r.engine_id not in alive or local in FROZEN)
+            ):
+                state = "unresponsive"  # the process is there but does not answer
+            elif r.engine_id not in alive:
                 state = "dead"
             else:
                 q = queues.get(r.engine_id, {}) if isinstance(queues, dict) else {}
