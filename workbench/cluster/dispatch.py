@@ -42,6 +42,11 @@ _DEATH_GRACE_S = 0.5
 # does not (signals run between bytecodes) and is left for recover().
 _INTERRUPT_GRACE_S = 2.0
 _POLL_S = 0.02
+# ipykernel drops requests queued behind one that failed; say so instead of a task uuid.
+_ABORTED = (
+    "the engine dropped this work because the work before it on that rank failed "
+    "(ipykernel aborts what was queued behind an error); run it again"
+)
 # While waiting, how often the controller (and, for local engines, their processes) are
 # checked: without a controller no reply and no death notice would ever arrive.
 _HEALTH_S = 0.25
@@ -60,22 +65,44 @@ class RankDispatch:
     def check_controller(self) -> None:  # implemented by Cluster
         raise NotImplementedError
 
-    def _targets(self, ranks: int | Sequence[int] | None) -> list[RankAssignment]:
+    def _targets(
+        self, ranks: int | Sequence[int] | None, *, blocked_ok: bool = False
+    ) -> list[RankAssignment]:
         self.check_controller()
         if not self.ranks or self.state not in ("running", "degraded"):
             raise ClusterError("the cluster is not running; start it first (%wb start)")
         if ranks is None:
-            self.ensure_alive()
-            return list(self.ranks)
-        wanted = [ranks] if isinstance(ranks, int) else list(ranks)
-        valid = range(self.world_size)
-        bad = [r for r in wanted if isinstance(r, bool) or not isinstance(r, int) or r not in valid]
-        if bad or not wanted:
-            raise ConfigError(
-                f"ranks={wanted!r} is not valid; choose from 0..{self.world_size - 1}"
-            )
-        self.ensure_alive(wanted)
+            wanted = list(range(self.world_size))
+        else:
+            wanted = [ranks] if isinstance(ranks, int) else list(ranks)
+            valid = range(self.world_size)
+            bad = [
+                r for r in wanted if isinstance(r, bool) or not isinstance(r, int) or r not in valid
+            ]
+            if bad or not wanted:
+                raise ConfigError(
+                    f"ranks={wanted!r} is not valid; choose from 0..{self.world_size - 1}"
+                )
+        self.ensure_alive(None if ranks is None else wanted)
+        if not blocked_ok:
+            self._ensure_free(wanted)
         return [self.ranks[r] for r in sorted(set(wanted))]
+
+    def _ensure_free(self, ranks: Sequence[int]) -> None:
+        """Raise at once when a rank still runs an earlier cell that timed out or was
+        interrupted: new work would only queue behind it (and be dropped by the engine
+        when that cell finally fails)."""
+        self._stuck = {r: f for r, f in self._stuck.items() if not f.ready()}
+        blocked = sorted(r for r in set(ranks) if r in self._stuck)
+        if blocked:
+            where = "; ".join(
+                f"rank {r}: {describe_rank(read_status(self.run_dir, r))}" for r in blocked
+            )
+            raise ClusterError(
+                f"ranks {blocked} are still blocked by an earlier cell that timed out or was "
+                f"interrupted ({where}); free them with `%wb restart` (cluster.recover_sync()), "
+                "which keeps their engines when it can"
+            )
 
     def run(
         self,
@@ -173,21 +200,38 @@ class RankDispatch:
                     break
                 futures[pending[0]].wait(_POLL_S)
         except KeyboardInterrupt:
-            busy = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
-            self.interrupt(busy)
-            end = time.monotonic() + _INTERRUPT_GRACE_S
-            while time.monotonic() < end and not all(f.ready() for f in futures):
-                time.sleep(_POLL_S)
-            self._mark_stuck(targets, futures)
+            self._give_up(targets, futures)
             raise
         if any(self._lost(r, f) for r, f in zip(targets, futures, strict=True)):
             return
         pending_ranks = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
         done = [r.rank for r in targets if r.rank not in pending_ranks]
+        # The report first: it shows where the ranks were when time ran out.
         message, report = hang_report(self.run_dir, pending_ranks, done, timeout)
-        if "waiting" in report:  # blocked in a collective: only recover() frees them
-            self._mark_stuck(targets, futures)
+        blocked = self._give_up(targets, futures)
+        freed = [r for r in pending_ranks if r not in blocked]
+        if freed:
+            message += f"\nranks {freed} were interrupted and are free for the next cell."
+        if blocked:
+            message += (
+                f"\nranks {blocked} are still blocked (an interrupt does not end a "
+                "collective) and cannot run another cell until `%wb restart` "
+                "(cluster.recover_sync()) frees them."
+            )
         raise CollectiveTimeout(message, report=report)
+
+    def _give_up(self, targets: list[RankAssignment], futures: list[Any]) -> list[int]:
+        """Interrupt the ranks still busy (ends Python code at once), wait a moment, and
+        mark those still busy as stuck (e.g. blocked in a collective). Returns them."""
+        busy = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+        if not busy:
+            return []
+        self.interrupt(busy)
+        end = time.monotonic() + _INTERRUPT_GRACE_S
+        while time.monotonic() < end and not all(f.ready() for f in futures):
+            time.sleep(_POLL_S)
+        self._mark_stuck(targets, futures)
+        return [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
 
     def _mark_stuck(self, targets: list[RankAssignment], futures: list[Any]) -> None:
         for r, f in zip(targets, futures, strict=True):
@@ -214,6 +258,8 @@ class RankDispatch:
                 results.append(future.get(0))
             except ipp.error.RemoteError as exc:
                 failures[r.rank] = format_remote(exc)
+            except ipp.error.TaskAborted:
+                failures[r.rank] = _ABORTED
         if dead:
             self._mark_stuck(targets, futures)
             self.state = "degraded"
@@ -304,6 +350,8 @@ class RankDispatch:
             except ipp.error.CompositeError as exc:
                 ename, evalue, tb, _ = exc.elist[0]
                 result.ename, result.evalue, result.traceback = ename, str(evalue), tb
+            except ipp.error.TaskAborted:
+                result.ename, result.evalue, result.traceback = "TaskAborted", _ABORTED, _ABORTED
             out.append(result)
         if dead:
             self._mark_stuck(targets, futures)
@@ -315,7 +363,7 @@ class RankDispatch:
         """Send SIGINT to the engines of ``ranks`` (default: all) to stop running code."""
         if self._ipp is None:
             return
-        targets = self._targets(ranks)
+        targets = self._targets(ranks, blocked_ok=True)
         for r in targets:
             try:
                 run_sync(self._ipp.signal_engine(signal.SIGINT, r.engine_id), timeout=5)
