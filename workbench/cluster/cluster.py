@@ -25,7 +25,7 @@ from workbench.cluster import engine as engine_fns
 from workbench.cluster import watchdog
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.loop import run_sync
-from workbench.cluster.processes import reap
+from workbench.cluster.processes import is_local, reap
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.config import ClusterConfig
 from workbench.errors import (
@@ -243,7 +243,8 @@ class Cluster(RankDispatch):
         return [p for p in self._known.values() if _running(p)]
 
     def pids(self) -> list[int]:
-        """Process ids of the controller, engines and their nannies started by this cluster."""
+        """Process ids (on this host) of the controller, engines and their nannies started
+        by this cluster."""
         pids: list[int] = []
         if self._ipp is None:
             return pids
@@ -256,7 +257,9 @@ class Cluster(RankDispatch):
                 proc = getattr(launcher, "process", None)
                 if proc is not None:
                     pids.append(proc.pid)
-        pids += [r.pid for r in self.ranks if r.pid not in pids]
+        # An engine on another host has a pid that means nothing here (its launcher's local
+        # process, e.g. ssh, is listed above instead).
+        pids += [r.pid for r in self.ranks if is_local(r.host) and r.pid not in pids]
         return pids
 
     # ----------------------------------------------------------------- lifecycle

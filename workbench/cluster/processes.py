@@ -11,17 +11,22 @@ import time
 
 import psutil
 
-__all__ = ["FROZEN", "GONE", "local_state", "reap", "signal_local"]
+__all__ = ["FROZEN", "GONE", "is_local", "local_state", "reap", "signal_local"]
 
 GONE = "gone"
 # Process states in which an engine cannot answer at all (SIGSTOP / a debugger's stop).
 FROZEN = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 
 
+def is_local(host: str) -> bool:
+    """True when an engine reporting ``host`` runs on this machine (same host name)."""
+    return host == socket.gethostname()
+
+
 def local_state(host: str, pid: int) -> str | None:
     """psutil's status of the engine process ``pid`` ("running", "sleeping", "stopped",
     ...), ``GONE`` when it has exited, or None when ``host`` is another host."""
-    if host != socket.gethostname():
+    if not is_local(host):
         return None
     try:
         status = psutil.Process(pid).status()
@@ -33,7 +38,7 @@ def local_state(host: str, pid: int) -> str | None:
 def signal_local(host: str, pid: int, sig: int) -> bool:
     """Send ``sig`` to engine process ``pid`` if it runs on this host; False when it is on
     another host (its pid means nothing here) or already gone."""
-    if host != socket.gethostname():
+    if not is_local(host):
         return False
     try:
         psutil.Process(pid).send_signal(sig)
