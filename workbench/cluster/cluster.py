@@ -126,6 +126,8 @@ class Cluster(RankDispatch):
         self._watchdog: Any | None = None
         # Ranks left blocked by a timeout / interrupt / death, and their unfinished futures.
         self._stuck: dict[int, Any] = {}
+        # Those of them a timeout or an interrupt gave up on: they refuse new work.
+        self._given_up: set[int] = set()
         # Every process this cluster started, remembered from the moment it is seen: once a
         # parent dies (a killed controller), its children cannot be found from here any more.
         self._known: dict[int, psutil.Process] = {}
@@ -578,6 +580,7 @@ class Cluster(RankDispatch):
                     raise
         self.ranks = []
         self._stuck = {}
+        self._given_up = set()
         await asyncio.to_thread(reap, processes)
         self._known = {}
         dog, self._watchdog = self._watchdog, None

@@ -54,13 +54,14 @@ _HEALTH_S = 0.25
 
 class RankDispatch:
     """Mixed into ``Cluster``; uses its ``ranks``, ``client``, ``state``, ``run_dir``,
-    ``_ipp``, ``_stuck`` and ``check_controller``."""
+    ``_ipp``, ``_stuck``, ``_given_up`` and ``check_controller``."""
 
     ranks: list[RankAssignment]
     run_dir: str | None
     _client: Any
     _ipp: Any
     _stuck: dict[int, Any]
+    _given_up: set[int]
 
     def check_controller(self) -> None:  # implemented by Cluster
         raise NotImplementedError
@@ -89,19 +90,34 @@ class RankDispatch:
         return [self.ranks[r] for r in sorted(set(wanted))]
 
     def _ensure_free(self, ranks: Sequence[int]) -> None:
-        """Raise at once when a rank still runs an earlier cell that timed out or was
-        interrupted: new work would only queue behind it (and be dropped by the engine
-        when that cell finally fails)."""
+        """Raise at once when a rank is still blocked by an earlier cell that timed out or
+        was interrupted, or waits in a collective that cannot finish: new work would only
+        queue behind it (and be dropped by the engine when that cell finally fails). A rank
+        merely still busy after a peer died is waited for, as before: it fails out of its
+        next collective and is free a moment later."""
+        wanted = set(ranks)
+        suspects = [r for r in sorted(wanted) if r in self._stuck]
+        if not suspects:
+            return
+        if any(r not in self._given_up for r in suspects):
+            # a survivor of a peer's death fails out of its collective a moment later
+            end = time.monotonic() + _INTERRUPT_GRACE_S
+            while time.monotonic() < end and not all(self._stuck[r].ready() for r in suspects):
+                time.sleep(_POLL_S)
         self._stuck = {r: f for r, f in self._stuck.items() if not f.ready()}
-        blocked = sorted(r for r in set(ranks) if r in self._stuck)
+        self._given_up &= set(self._stuck)
+        statuses = {r: read_status(self.run_dir, r) for r in suspects if r in self._stuck}
+        blocked = [
+            r
+            for r, status in statuses.items()
+            if r in self._given_up or (status is not None and status.get("in_flight"))
+        ]
         if blocked:
-            where = "; ".join(
-                f"rank {r}: {describe_rank(read_status(self.run_dir, r))}" for r in blocked
-            )
+            where = "; ".join(f"rank {r}: {describe_rank(statuses[r])}" for r in blocked)
             raise ClusterError(
-                f"ranks {blocked} are still blocked by an earlier cell that timed out or was "
-                f"interrupted ({where}); free them with `%wb restart` (cluster.recover_sync()), "
-                "which keeps their engines when it can"
+                f"ranks {blocked} are still blocked by an earlier cell (it timed out, was "
+                f"interrupted or lost a peer: {where}); free them with `%wb restart` "
+                "(cluster.recover_sync()), which keeps their engines when it can"
             )
 
     def run(
@@ -231,7 +247,9 @@ class RankDispatch:
         while time.monotonic() < end and not all(f.ready() for f in futures):
             time.sleep(_POLL_S)
         self._mark_stuck(targets, futures)
-        return [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+        blocked = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+        self._given_up.update(blocked)
+        return blocked
 
     def _mark_stuck(self, targets: list[RankAssignment], futures: list[Any]) -> None:
         for r, f in zip(targets, futures, strict=True):

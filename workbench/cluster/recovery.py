@@ -227,6 +227,7 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     except Exception as exc:
         raise ClusterError(f"re-creating the process group failed: {exc}") from exc
     cluster._stuck = {}
+    cluster._given_up = set()
     cluster.state = "running"
     cluster._write_pidfile()
     report.seconds = time.perf_counter() - started
