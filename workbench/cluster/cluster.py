@@ -290,6 +290,8 @@ class Cluster(RankDispatch):
         """Start (or connect to) engines, assign ranks and initialise the process group."""
         if self.state in ("running", "degraded"):
             return self
+        if self.state == "broken":  # reap what outlived the controller before starting anew
+            await self.stop()
         self.state = "starting"
         t0 = time.perf_counter()
         self.run_dir = tempfile.mkdtemp(prefix="wb-run-")
