@@ -12,10 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.processes import alive
 from workbench.cluster import Cluster
 from workbench.errors import ClusterError
+
+pytestmark = pytest.mark.engines
 
 BOUND_S = 30.0  # generous: "fast" means no hang, not a speed on a busy machine
 

@@ -17,6 +17,8 @@ from tests.processes import alive
 from workbench.cluster import Cluster
 from workbench.errors import EngineUnresponsive
 
+pytestmark = pytest.mark.engines
+
 LOOP = """
 t = torch.ones(4)
 while True:

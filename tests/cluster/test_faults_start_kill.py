@@ -11,8 +11,11 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from tests.processes import alive
+
+pytestmark = pytest.mark.engines
 
 # The progress callback runs while engines register; it announces that moment and holds
 # the start there, so the kill lands mid-start every time.

@@ -11,6 +11,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from workbench.cluster import Cluster
 from workbench.cluster.processes import FROZEN, GONE, local_state, signal_local
@@ -26,6 +27,7 @@ def test_remote_pid_is_not_looked_at_or_signalled() -> None:
     assert psutil.Process(me).status() not in FROZEN
 
 
+@pytest.mark.engines
 def test_local_states_running_stopped_gone() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -7,6 +7,8 @@ import asyncio
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
+
 from workbench.cluster import Cluster
 
 
@@ -36,8 +38,12 @@ class _GrowingClient:
         return _Engine(eid, self.asked)
 
 
-def test_engine_registering_between_reads_is_counted_with_its_facts() -> None:
-    cluster = Cluster(n=2, cluster_id="fake")  # an external cluster: nothing is launched
+def test_engine_registering_between_reads_is_counted_with_its_facts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An external cluster (nothing is launched); no controller runs, so skip looking for one.
+    monkeypatch.setattr("workbench.cluster.cluster.find_connection_file", lambda *a: None)
+    cluster = Cluster(n=2, cluster_id="fake")
     client = _GrowingClient(limit=3)
     cluster._client = client  # type: ignore[assignment]
 
