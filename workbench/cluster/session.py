@@ -442,7 +442,7 @@ class TrainingSession:
         try:
             self.cluster.ensure_alive()
         except EngineDied as exc:
-            raise EngineDied(f"{exc}\n{self._context()}", ranks=exc.ranks) from None
+            raise type(exc)(f"{exc}\n{self._context()}", ranks=exc.ranks) from None
         futures = [
             client[self.cluster.ranks[r].engine_id].apply_async(fn, *args, cursors[r])
             for r in ranks
