@@ -30,6 +30,7 @@ _LAZY: dict[str, str] = {
     "Dashboard": "workbench.ui.dashboard",
     "PlannerWidget": "workbench.ui.planner",
     "plan": "workbench.planner",
+    "plan_from": "workbench.parallel.plan_from",
     "traced": "workbench.cluster.traced_engine",
 }
 
@@ -49,6 +50,7 @@ __all__ = [
     "__version__",
     "load_ipython_extension",
     "plan",
+    "plan_from",
     "traced",
 ]
 
