@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 # name -> module that defines it; resolved on first attribute access.
 _LAZY: dict[str, str] = {
     "Cluster": "workbench.cluster",
+    "compare": "workbench.compare",
     "Stepper": "workbench.ui.stepper",
     "Dashboard": "workbench.ui.dashboard",
     "PlannerWidget": "workbench.ui.planner",
@@ -48,6 +49,7 @@ __all__ = [
     "Stepper",
     "WorkbenchError",
     "__version__",
+    "compare",
     "load_ipython_extension",
     "plan",
     "plan_from",
