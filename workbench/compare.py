@@ -38,11 +38,12 @@ PLANNER_TEXT = (
     "The planner's per-rank memory for the same layout, from your model's parameter count "
     "(counted on the meta device) and the dimensions read from it, against what the tracer "
     "measured. Model state (weights, gradients, optimizer) and data-parallel bytes are "
-    "arithmetic on the count: they match to the byte for DDP, ZeRO-1 and FSDP when every "
+    "arithmetic on the count: they match to the byte for DDP, and for FSDP when every "
     "parameter's first dimension divides by the number of ranks (FSDP pads each shard to "
-    "equal size). Activations come from the planner's transformer formula (within 10% for a "
-    "transformer; wb.plan_from measures them instead). TP and PP rows depend on which "
-    "modules your plan and split points place on each rank."
+    "equal size); ZeRO-1 places whole parameters, so its optimizer share is the planner's "
+    "for an even split only. Activations come from the planner's transformer formula "
+    "(within 10% for a transformer; wb.plan_from measures them instead). TP and PP rows "
+    "depend on which modules your plan and split points place on each rank."
 )
 
 
