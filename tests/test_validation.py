@@ -40,7 +40,8 @@ def _valid_seconds(x: float) -> bool:
 
 def _assert_message(exc: pytest.ExceptionInfo[ConfigError], name: str, value: Any) -> None:
     text = str(exc.value)
-    assert text.startswith(f"{name}={value!r} is not valid: "), text
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."  # cut to a line
+    assert text.startswith(f"{name}={shown} is not valid: "), text
     assert "; use " in text, text  # the valid range follows the reason
 
 

@@ -32,6 +32,7 @@ from workbench.planner import (
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
 from workbench.report import ReportSection, write_report
 from workbench.trace import CommEvent, Event, MemorySample, Metric, PhaseSpan, to_perfetto
+from workbench.vocab import planner_name
 
 __all__ = ["DEFAULT_STRATEGIES", "StrategyResult", "run_demo", "write_demo_report"]
 
@@ -117,7 +118,7 @@ def _validation(result: StrategyResult, spec: RunSpec) -> dict[str, Any]:
         micro_batch=spec.batch_size // layout.dp // (layout.micro_batches or 1),
         seq=getattr(config, "seq_len", 1),
         precision="fp32",
-        optimizer=spec.optimizer,
+        optimizer=planner_name("optimizer", spec.optimizer),
         dropout=False,
     )
     plan = evaluate(planner_model(spec.model), training, layout, _CPU)

@@ -87,7 +87,12 @@ class CollectiveTimeout(ClusterError):
 
 
 class CheckpointError(WorkbenchError):
-    """A checkpoint is missing, incomplete or does not match the run."""
+    """A checkpoint is missing, incomplete or does not match the run. ``ranks``: the ranks
+    that failed, when every rank of a collective save / load agreed on it (else None)."""
+
+    def __init__(self, message: str, *, ranks: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.ranks = None if ranks is None else list(ranks)
 
 
 class UserCodeError(WorkbenchError):

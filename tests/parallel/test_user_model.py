@@ -96,6 +96,7 @@ def test_user_model_matches_single_device_under_every_dimension() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.engines
 def test_user_model_on_a_dp_by_tp_mesh_of_four_ranks() -> None:
     layouts = {"dp2xtp2": {"dp": 2, "tp": 2, "zero": 3, "tp_plan": um.TP_PLAN}}
     results = run_ranks(_compare, layouts, world_size=4, timeout=300)[0]

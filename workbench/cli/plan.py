@@ -49,6 +49,19 @@ def register(subparsers: Any) -> None:
         description="Predict per-GPU memory (weights, gradients, optimizer state, "
         "activations, buffers), whether it fits, the step time and throughput.",
     )
+    _model_args(p)
+    _training_args(p)
+    _hardware_args(p)
+    _parallel_args(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--recommend", action="store_true", help="search layouts for --gpus")
+    o.add_argument("--json", action="store_true", help="machine-readable output")
+    o.add_argument("--list", action="store_true", help="list model, GPU and link presets")
+    p.set_defaults(handler=run)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """A preset or the model's dimensions."""
     m = p.add_argument_group("model")
     m.add_argument("--model", help=f"preset: {', '.join(MODELS)}")
     m.add_argument("--params", type=real(1, 1e15), help="parameter count, e.g. 10e9")
@@ -68,6 +81,10 @@ def register(subparsers: Any) -> None:
         help="SwiGLU MLP (gate, up, down; --ffn is the inner size)",
     )
     m.add_argument("--norm", choices=NORMS, help="default: the preset's, else layernorm")
+
+
+def _training_args(p: argparse.ArgumentParser) -> None:
+    """Batch, precision, optimizer, recompute and what the step stores."""
     t = p.add_argument_group("training")
     t.add_argument("--seq", type=count(1, _MAX_DIM), help="sequence length (default: the model's)")
     t.add_argument("--micro-batch", type=count(1, _MAX_DIM), default=1)
@@ -112,6 +129,10 @@ def register(subparsers: Any) -> None:
         help="compute efficiency: share of peak the executed FLOPs reach",
     )
     t.add_argument("--overlap", type=real(0, 1), default=1.0)
+
+
+def _hardware_args(p: argparse.ArgumentParser) -> None:
+    """The GPU, how many, and the links between them."""
     h = p.add_argument_group("hardware")
     h.add_argument("--gpu", default="a100-80gb", help=f"preset: {', '.join(GPUS)}")
     h.add_argument("--hardware-json", type=Path, help="a profile saved by workbench calibrate")
@@ -124,6 +145,10 @@ def register(subparsers: Any) -> None:
         type=real(0, 1e6),
         help="memory kept by the runtime, GB (default 1 GiB); less than the card's memory",
     )
+
+
+def _parallel_args(p: argparse.ArgumentParser) -> None:
+    """Degrees of data, tensor, pipeline and context parallelism; ZeRO stage."""
     x = p.add_argument_group("parallelism")
     x.add_argument("--dp", type=count(1, _MAX_GPUS))
     x.add_argument("--tp", type=count(1, _MAX_GPUS), default=1)
@@ -154,11 +179,6 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="TP keeps the embedding and head whole on every rank",
     )
-    o = p.add_argument_group("output")
-    o.add_argument("--recommend", action="store_true", help="search layouts for --gpus")
-    o.add_argument("--json", action="store_true", help="machine-readable output")
-    o.add_argument("--list", action="store_true", help="list model, GPU and link presets")
-    p.set_defaults(handler=run)
 
 
 _MODEL_KEYS = (

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
 from workbench.errors import CheckpointError, ConfigError
 from workbench.magics.args import MagicParser, whole_number
-from workbench.magics.core import WorkbenchMagics, command
+from workbench.magics.registry import command
 from workbench.magics.step_cmds import current_stepper
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
 
 ACTIONS = ("save", "load", "list")
 

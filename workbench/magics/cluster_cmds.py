@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
@@ -16,8 +16,11 @@ from workbench.config import (
 )
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, seconds_option, whole_number
-from workbench.magics.core import WorkbenchMagics, command
 from workbench.magics.progress import notebook_progress
+from workbench.magics.registry import command
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
 
 
 def _start_args(p: MagicParser) -> None:

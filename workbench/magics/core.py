@@ -1,14 +1,12 @@
 """The ``%wb`` line magic and ``%%wb`` cell magic: thin adapters over ``workbench.Cluster``.
 
-Subcommands are small functions registered in ``COMMANDS``; each builds its own parser, so
-``%wb <cmd> --help`` works everywhere and bad arguments raise ``UsageError``.
+Subcommands are small functions in the ``*_cmds`` modules, registered in
+``registry.COMMANDS``; bad arguments raise ``UsageError``.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -22,41 +20,14 @@ from workbench.magics.args import (
     seconds_option,
     split_line,
 )
+
+# Importing a command module registers its subcommands; this order is `%wb --help`'s order.
+from workbench.magics import cluster_cmds, step_cmds, ui_cmds  # noqa: F401  # isort: skip
+from workbench.magics import checkpoint_cmds  # noqa: F401  # isort: skip
+from workbench.magics.registry import COMMANDS, usage
 from workbench.magics.render import show_results
 
-__all__ = ["COMMANDS", "Command", "WorkbenchMagics"]
-
-
-@dataclass(frozen=True)
-class Command:
-    """A ``%wb`` subcommand: a parser factory and a handler(magics, args)."""
-
-    help: str
-    parser: Callable[[MagicParser], None]
-    run: Callable[[WorkbenchMagics, Any], Any]
-
-
-COMMANDS: dict[str, Command] = {}
-
-
-def command(name: str, help: str, parser: Callable[[MagicParser], None]) -> Callable[..., Any]:
-    def register(
-        fn: Callable[[WorkbenchMagics, Any], Any],
-    ) -> Callable[[WorkbenchMagics, Any], Any]:
-        COMMANDS[name] = Command(help=help, parser=parser, run=fn)
-        return fn
-
-    return register
-
-
-def _usage() -> str:
-    width = max(len(n) for n in COMMANDS)
-    rows = "\n".join(f"  {n:<{width}}  {c.help}" for n, c in COMMANDS.items())
-    return (
-        "usage: %wb COMMAND [options]   (each command has --help)\n\n"
-        f"commands:\n{rows}\n\n"
-        "cell magic:\n  %%wb [--ranks R] [--timeout S]   run the cell on the ranks"
-    )
+__all__ = ["COMMANDS", "WorkbenchMagics"]
 
 
 @functools.cache
@@ -93,7 +64,7 @@ class WorkbenchMagics(Magics):
     def wb(self, line: str) -> Any:
         argv = split_line(line)
         if not argv or argv[0] in ("-h", "--help", "help"):
-            print(_usage())
+            print(usage())
             return None
         name, rest = argv[0], argv[1:]
         cmd = COMMANDS.get(name)
@@ -128,13 +99,3 @@ class WorkbenchMagics(Magics):
         else:
             results = cluster.execute(cell, ranks=ranks, timeout=args.timeout)
         show_results(results, label_single=not args.no_labels)
-
-
-# Register the built-in subcommands (they import this module for ``command``).
-from workbench.magics import cluster_cmds as _cluster_cmds  # noqa: E402, F401
-from workbench.magics import step_cmds as _step_cmds  # noqa: E402, F401
-from workbench.magics import ui_cmds as _ui_cmds  # noqa: E402, F401
-
-# isort: split
-# After the commands above, so `%wb --help` lists them first.
-from workbench.magics import checkpoint_cmds as _checkpoint_cmds  # noqa: E402, F401

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, whole_number
-from workbench.magics.core import WorkbenchMagics, command
+from workbench.magics.registry import command
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
 
 PLOTS = ("memory", "comm", "loss")
 
@@ -44,10 +47,14 @@ def _step_args(p: MagicParser) -> None:
 @command("step", "advance the current stepper by steps or phases", _step_args)
 def step(magics: WorkbenchMagics, args: Any) -> None:
     stepper = current_stepper(running=True)
+    recovery = getattr(stepper.session, "last_recovery", None)
     if args.phase:
         stepper.phase(args.n)
     else:
         stepper.step(args.n)
+    rebuilt = getattr(stepper.session, "last_recovery", None)
+    if rebuilt is not recovery:  # rebuilt after a cluster restart
+        print(f"workbench: {rebuilt}")
     for s in stepper.status:
         loss = "-" if s.loss is None else f"{s.loss:.6f}"
         print(f"[rank {s.rank}] step {s.step}, next phase {s.next_phase}, loss {loss}")

@@ -9,11 +9,13 @@ kernel pulls the events by cursor after each traced cell (and on ``pull``/``plot
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from workbench.magics.core import WorkbenchMagics
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
+
 
 __all__ = ["TRACE_ACTIONS", "run_trace", "trace_log"]
 

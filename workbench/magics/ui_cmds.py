@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench.magics.args import MagicParser, seconds_option
-from workbench.magics.core import WorkbenchMagics, command
+from workbench.magics.registry import command
 from workbench.validate import MIN_REFRESH_S
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
 
 
 def _dashboard_args(p: MagicParser) -> None:

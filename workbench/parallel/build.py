@@ -163,14 +163,9 @@ def _make_optimizer(spec: RunSpec, model: nn.Module, dims: ParallelDims) -> torc
 def _make_tracers(
     spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: Recorder
 ) -> tuple[Any, Any]:
-    try:
-        from workbench.trace.comm import CommTracer
-        from workbench.trace.memory import MemoryTracer
-    except ImportError as exc:
-        raise ConfigError(
-            f"trace=True needs workbench.trace.memory and workbench.trace.comm ({exc}); "
-            "pass trace=False to run without tracing"
-        ) from exc
+    from workbench.trace.comm import CommTracer
+    from workbench.trace.memory import MemoryTracer
+
     inner = _inner_module(model)
     memory = MemoryTracer(inner, optimizer, recorder, per_module=spec.per_module)
     comm = CommTracer(recorder)

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from workbench import validate
 from workbench.errors import ConfigError, ParallelError
-from workbench.parallel.dims import ParallelDims
+from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.models import PRESETS
 from workbench.parallel.options import PRECISIONS
 from workbench.parallel.pp import SCHEDULES
+from workbench.vocab import RUN_OPTIMIZERS
 
 __all__ = ["DEFAULT_LR", "MAX_BATCH_SIZE", "MAX_SEED", "OPTIMIZERS", "STRATEGIES", "RunSpec"]
 
@@ -28,7 +29,7 @@ STRATEGIES: tuple[str, ...] = (
     "pp",
     "dp_tp",
 )
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+OPTIMIZERS = RUN_OPTIMIZERS  # "sgd" has momentum 0.9; see workbench.vocab
 DEFAULT_LR: dict[str, float] = {"sgd": 1e-2, "adamw": 1e-3}
 
 
@@ -125,27 +126,10 @@ class RunSpec:
 
     def check_batch(self, dims: ParallelDims) -> None:
         """The global batch must split evenly over dp ranks, accumulation and micro-batches."""
-        if self.batch_size % dims.dp:
-            raise ConfigError(
-                f"batch_size={self.batch_size} does not split over dp={dims.dp} ranks; "
-                f"choose a multiple of {dims.dp}"
-            )
-        per_rank = self.batch_size // dims.dp
-        if per_rank % self.grad_accum:
-            raise ConfigError(
-                f"grad_accum={self.grad_accum} does not divide the per-rank batch {per_rank} "
-                f"(batch_size={self.batch_size} / dp={dims.dp}); choose among "
-                f"{[d for d in range(1, per_rank + 1) if per_rank % d == 0]}"
-            )
+        check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
         if self.strategy == "pp" and self.schedule == "1f1b" and self.microbatches < dims.pp:
             raise ConfigError(
                 f"microbatches={self.microbatches} is not valid with schedule='1f1b' on "
                 f"pp={dims.pp} stages: 1F1B needs at least one micro-batch per stage; "
                 f"use microbatches >= {dims.pp} or schedule='gpipe'"
-            )
-        if self.strategy == "pp" and self.batch_size % self.microbatches:
-            raise ConfigError(
-                f"microbatches={self.microbatches} does not divide batch_size="
-                f"{self.batch_size}; choose among "
-                f"{[d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]}"
             )

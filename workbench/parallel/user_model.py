@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 from workbench.errors import ConfigError, ParallelError
 from workbench.parallel.build import _default_device, full_state_dict
 from workbench.parallel.data import batches, make_loader
-from workbench.parallel.dims import ParallelDims
+from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.fsdp import zero_optimizer
 from workbench.parallel.options import PRECISIONS, check_precision, compute_dtype
 from workbench.parallel.parallelize import Layout, check_zero_optimizer, parallelize
@@ -106,23 +106,9 @@ class UserRun:
             )
 
     def check_batch(self, dims: ParallelDims) -> None:
-        if self.batch_size % dims.dp:
-            raise ConfigError(
-                f"batch_size={self.batch_size} does not split over dp={dims.dp} ranks; "
-                f"choose a multiple of {dims.dp}"
-            )
-        per_rank = self.batch_size // dims.dp
-        if per_rank % self.grad_accum:
-            raise ConfigError(
-                f"grad_accum={self.grad_accum} does not divide the per-rank batch {per_rank}; "
-                f"choose among {[d for d in range(1, per_rank + 1) if per_rank % d == 0]}"
-            )
+        check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
         if dims.pp > 1 and self.grad_accum != 1:
             raise ConfigError("grad_accum must be 1 with pp > 1: set microbatches instead")
-        if dims.pp > 1 and self.batch_size % self.microbatches:
-            raise ConfigError(
-                f"microbatches={self.microbatches} does not divide batch_size={self.batch_size}"
-            )
 
 
 def build_user_model(run: UserRun) -> nn.Module:

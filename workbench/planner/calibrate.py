@@ -141,6 +141,9 @@ def cpu_profile(
     exposed_s: float | None = None,
     name: str = "local-cpu",
     memory: int | None = None,
+    cores: float | None = None,
+    background: float = 0.0,
+    processes_per_node: int | None = None,
 ) -> HardwareSpec:
     """A CPU hardware profile calibrated from one measured step, so plans of CPU ranks
     account for what a dedicated-device model leaves out.
@@ -152,6 +155,13 @@ def cpu_profile(
     From a DDP step, ``allreduce_s`` (the gradient all-reduce) and ``exposed_s`` (how much
     of it the step waited for) give the overlap; without them the overlap is 0, which is
     what gloo gets when the ranks compute on the same cores that run the all-reduce.
+
+    ``cores`` and ``background`` describe the host the step was measured on: how many
+    cores the ranks share and how many other busy processes compete for them (see
+    ``HardwareSpec.core_share``). The measured step ran at the share of one rank,
+    s1 = min(1, cores / (1 + background)); the profile stores the rate and the fixed
+    time of a whole core (measured rate / s1, ``outside_s`` · s1), so a plan with more
+    ranks per node than free cores stretches them by its own, smaller share.
     """
     from workbench.planner.timing import executed_flops_per_token
 
@@ -162,15 +172,28 @@ def cpu_profile(
         raise ConfigError(
             f"outside_s={outside_s!r} is not valid; it must be >= 0 and < step_s={step_s!r}"
         )
-    overlap = 0.0
-    if allreduce_s is not None and exposed_s is not None:
-        if not (math.isfinite(allreduce_s) and math.isfinite(exposed_s)) or allreduce_s <= 0:
-            raise ConfigError(
-                f"allreduce_s={allreduce_s!r}, exposed_s={exposed_s!r} are not valid; "
-                "give finite seconds, allreduce_s > 0"
-            )
-        overlap = min(1.0, max(0.0, 1.0 - exposed_s / allreduce_s))
+    overlap = _measured_overlap(allreduce_s, exposed_s)
     tokens = training.micro_batch * seq
+    base = hardware_from_fit(
+        fit, name=name, memory=memory, processes_per_node=processes_per_node
+    ).with_(cores=cores, background=background)
+    share = base.core_share(1)  # what the measured single rank got
     rate = executed_flops_per_token(model, training, seq) * tokens / (step_s - outside_s)
-    base = hardware_from_fit(fit, name=name, memory=memory, peak_flops=rate / training.mfu)
-    return base.with_(max_overlap=overlap, step_overhead=float(outside_s))
+    return base.with_(
+        peak_flops=rate / share / training.mfu,
+        peak_flops_fp32=rate / share / training.mfu,
+        max_overlap=overlap,
+        step_overhead=float(outside_s) * share,
+    )
+
+
+def _measured_overlap(allreduce_s: float | None, exposed_s: float | None) -> float:
+    """The share of a measured all-reduce hidden behind compute (0 when not measured)."""
+    if allreduce_s is None or exposed_s is None:
+        return 0.0
+    if not (math.isfinite(allreduce_s) and math.isfinite(exposed_s)) or allreduce_s <= 0:
+        raise ConfigError(
+            f"allreduce_s={allreduce_s!r}, exposed_s={exposed_s!r} are not valid; "
+            "give finite seconds, allreduce_s > 0"
+        )
+    return min(1.0, max(0.0, 1.0 - exposed_s / allreduce_s))
