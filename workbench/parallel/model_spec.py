@@ -255,7 +255,10 @@ def planner_optimizer(optimizer: torch.optim.Optimizer) -> str:
 
 def planner_precision(precision: str) -> str:
     """The workbench's run precision (fp32 | bf16) in the planner's words."""
-    names = {"fp32": "fp32", "bf16": "bf16-mixed"}
-    if precision not in names:
-        raise ConfigError(f"precision={precision!r} is not valid; choose from {list(names)}")
-    return names[precision]
+    from workbench.vocab import RUN_PRECISIONS, planner_name
+
+    if precision not in RUN_PRECISIONS:
+        raise ConfigError(
+            f"precision={precision!r} is not valid; choose from {list(RUN_PRECISIONS)}"
+        )
+    return planner_name("precision", precision)
