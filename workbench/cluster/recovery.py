@@ -64,8 +64,9 @@ class RecoveryReport:
             )
         if self.killed:
             parts.append(f"ranks {self.killed} were stuck and had their engines replaced")
-        if self.freed:
-            parts.append(f"ranks {self.freed} freed without replacing their engines")
+        # ``freed`` is left out on purpose: a freed rank keeps its engine exactly like a rank
+        # that was never stuck, and whether a survivor was caught inside a collective when
+        # its peer died is a race; the report says what changed, the same on every run.
         if not parts:
             parts.append("no engine needed replacing")
         return "; ".join(parts) + "; process group re-created on a fresh port"
