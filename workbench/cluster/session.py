@@ -224,6 +224,11 @@ class TrainingSession:
             self._regroup = True
             self.built = False
             raise self._rank_failure(exc) from None
+        self._built(results, keep_events=keep_events)
+
+    def _built(self, results: list[dict[str, Any]], *, keep_events: bool) -> None:
+        """Bookkeeping once every rank built its run: phases, cursors, the baseline events
+        and which engines hold the run (a restart since then means rebuilding)."""
         self._state.phases = list(results[0]["phases"])
         self._state.cursors = {}
         before = len(self._state.events)
