@@ -129,6 +129,9 @@ class Cluster(RankDispatch):
         self._watchdog: Any | None = None
         # Ranks left blocked by a timeout / interrupt / death, and their unfinished futures.
         self._stuck: dict[int, Any] = {}
+        # Set when a failing rank closed the process group on every rank (a session's
+        # fail-together operation); the next session build re-creates it (recover()).
+        self.group_closed = False
         # Those of them a timeout or an interrupt gave up on: they refuse new work.
         self._given_up: set[int] = set()
         # Every process this cluster started, remembered from the moment it is seen: once a

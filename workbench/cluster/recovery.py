@@ -233,4 +233,5 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     cluster._write_pidfile()
     report.seconds = time.perf_counter() - started
     cluster.timings["recover_s"] = report.seconds
+    cluster.group_closed = False  # a fresh group on every rank
     return report

@@ -140,7 +140,6 @@ class TrainingSession:
         self._interrupted = False
         # A rank failed part-way and closed the process group on every rank (see
         # fail_together): it is re-created before the run is rebuilt.
-        self._regroup = False
         # The engines (id, pid, rendezvous port) the run was built on: when they change
         # (a restart, a recovery) the run is gone from the engines and is rebuilt.
         self._built_on: tuple[tuple[int, int, int], ...] = ()
@@ -205,9 +204,6 @@ class TrainingSession:
         self._build_remote(spec)
 
     def _build_remote(self, spec: RunSpec, *, keep_events: bool = True) -> None:
-        if self._regroup:  # a failed rank closed the process group: a fresh one first
-            self.cluster.recover_sync()
-            self._regroup = False
         autosave = None
         if self.checkpoint_every is not None and self.checkpoint_dir is not None:
             autosave = {
@@ -216,15 +212,31 @@ class TrainingSession:
                 "keep_last": self.keep_last,
                 "key": self._key(),
             }
+        results = self._build_on_engines(remote_run.build_run, asdict(spec), autosave)
+        self._built(results, keep_events=keep_events)
+
+    def _build_on_engines(self, fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
+        """Run a build on every rank; a rank-local failure closes the group on every rank
+        (``fail_together``), so the next build re-creates it first."""
+        if self._regroup:  # a failed rank closed the process group: a fresh one first
+            self.cluster.recover_sync()
+            self._regroup = False
         try:
-            results = self.cluster.run(
-                remote_run.build_run, asdict(spec), autosave, timeout=self.timeout
-            )
+            return self.cluster.run(fn, *args, timeout=self.timeout)
         except RankError as exc:
             self._regroup = True
             self.built = False
             raise self._rank_failure(exc) from None
-        self._built(results, keep_events=keep_events)
+
+    @property
+    def _regroup(self) -> bool:
+        """The cluster's process group was closed by a failing rank: kept on the cluster,
+        so every session (and a new one) re-creates the group before its next build."""
+        return self.cluster.group_closed
+
+    @_regroup.setter
+    def _regroup(self, value: bool) -> None:
+        self.cluster.group_closed = value
 
     def _built(self, results: list[dict[str, Any]], *, keep_events: bool) -> None:
         """Bookkeeping once every rank built its run: phases, cursors, the baseline events

@@ -46,7 +46,14 @@ def _user_run(payload: dict[str, Any]) -> Any:
 def build_user_run(
     payload: dict[str, Any], autosave: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """(Re)build this rank's run of the user's model; closes any previous run."""
+    """(Re)build this rank's run of the user's model; closes any previous run. A factory
+    that raises on one rank ends the build on every rank at once (``fail_together``)."""
+    from workbench.cluster.fail_together import fail_together
+
+    return fail_together(_build_user_run, payload, autosave)
+
+
+def _build_user_run(payload: dict[str, Any], autosave: dict[str, Any] | None) -> dict[str, Any]:
     import torch.distributed as dist
 
     from workbench.cluster import flight

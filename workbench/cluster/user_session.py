@@ -227,8 +227,8 @@ class UserTrainingSession(TrainingSession):
         self._build_remote(spec)  # type: ignore[arg-type]
 
     def _build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
-        results = self.cluster.run(
-            user_remote.build_user_run, spec.payload(self.cluster.world_size), timeout=self.timeout
+        results = self._build_on_engines(
+            user_remote.build_user_run, spec.payload(self.cluster.world_size)
         )
         self._built(results, keep_events=keep_events)
 

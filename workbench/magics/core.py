@@ -89,6 +89,9 @@ class WorkbenchMagics(Magics):
         except HelpShown:
             return
         cluster = self.require_cluster()
+        if cluster.group_closed:  # a failed run closed the process group on every rank
+            cluster.recover_sync()
+            print("workbench: a failed run had closed the process group; re-created it")
         ranks = parse_ranks(args.ranks, cluster.world_size)
         log = getattr(self, "trace_log", None)  # %wb trace on: the cell is one traced span
         if log is not None and log.cells and log.cluster is cluster:
