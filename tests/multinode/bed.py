@@ -20,6 +20,7 @@ PID-namespace init. ``python -m tests.multinode.bed up|down|status`` drives it b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -421,7 +422,7 @@ class Bed:
         """Stop every node (by its init's pid), remove namespaces, bridge, user and files."""
         for node in self.nodes:
             if node.unshare_pid:
-                _stop_pid(node.unshare_pid)  # --kill-child: the node's PID 1, and all, go too
+                _stop_node(node)
             _run("ip", "netns", "del", node.name, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
         if self.created_user:
@@ -440,16 +441,19 @@ class Bed:
         STATE_FILE.unlink(missing_ok=True)
 
 
-def _stop_pid(pid: int) -> None:
+def _stop_node(node: Node) -> None:
+    """SIGKILL the node's PID 1: the kernel then ends every process of its PID namespace."""
     try:
-        proc = psutil.Process(pid)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(5)
-    except psutil.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+        unshare = psutil.Process(node.unshare_pid)
     except psutil.Error:
         return
+    with contextlib.suppress(BedError, psutil.Error, OSError):
+        os.kill(node.init_pid(), signal.SIGKILL)
+    try:
+        unshare.wait(5)
+    except psutil.TimeoutExpired:
+        unshare.kill()  # --kill-child: its child (the node's init) goes too
+        unshare.wait(5)
 
 
 def main(argv: list[str]) -> int:
