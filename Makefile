@@ -40,8 +40,9 @@ test: $(STAMP) state
 	  $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks; \
 	fi
 
+# The unit tier: no engines, ranks or subprocesses (tests/conftest.py enforces it), < 1 min.
 test-fast: $(STAMP) state
-	$(PY) -m pytest -q -x -m "not slow and not browser" tests
+	WB_TEST_TIER=unit $(PY) -m pytest -q -p no:cacheprovider -m "not engines and not browser and not slow" tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check workbench tests benchmarks notebooks/build.py

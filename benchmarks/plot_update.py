@@ -4,7 +4,7 @@ The stepper appends each step's events (~30 for 2 ranks) to its memory, timeline
 figures. This measures, side by side on the same machine, the median time to apply that
 increment with the update functions and to rebuild the three figures from all 101 steps, for
 go.Figure and go.FigureWidget (when anywidget is installed). Synthetic events
-(``demo_events``), no engines: the live-plot benchmark measures the same on a real run.
+(``synthetic_events``), no engines: the live-plot benchmark measures the same on a real run.
 
     .venv/bin/python -m benchmarks.plot_update [--quick]
 """
@@ -20,9 +20,9 @@ import plotly.graph_objects as go
 from benchmarks.common import BenchResult, Row, Target, run_main
 from workbench.plots import (
     comm_timeline_figure,
-    demo_events,
     loss_figure,
     memory_figure,
+    synthetic_events,
     update_comm_timeline,
     update_loss_figure,
     update_memory_figure,
@@ -52,7 +52,7 @@ def _median_s(fn: Callable[[object], object], prepare: Callable[[], object], rep
 
 def measure(steps: int = 100, repeats: int = 7) -> dict[str, object]:
     """Median seconds to rebuild, and to update each kind of figure, at step ``steps``."""
-    events = demo_events(steps + 1, 2)
+    events = synthetic_events(steps + 1, 2)
     history = [e for e in events if e.step < steps]
     increment = [e for e in events if e.step == steps]
 

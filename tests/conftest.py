@@ -1,4 +1,11 @@
-"""Shared fixtures. Every test run uses private IPython/Jupyter state directories."""
+"""Shared fixtures. Every test run uses private IPython/Jupyter state directories.
+
+Tiers: ``make test-fast`` runs the unit tier (``WB_TEST_TIER=unit``, ``-m "not engines and
+not browser"``): no engines, no forked ranks, no subprocesses. A test that starts processes
+must carry the ``engines`` marker (tests using the ``cluster`` fixture get it automatically);
+in the unit tier, starting a process fails the test with a message saying so, so the tier
+cannot quietly grow slow.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,34 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 import pytest
+
+UNIT_TIER = os.environ.get("WB_TEST_TIER") == "unit"
+ENGINE_FIXTURES = {"cluster"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engines)
+
+
+def _refuse_processes(*args: object, **kwargs: object) -> None:
+    pytest.fail(
+        "this test starts processes (engines, ranks or a subprocess): mark it "
+        "`@pytest.mark.engines` (module: `pytestmark = pytest.mark.engines`) so the unit tier "
+        "(make test-fast) leaves it to make test",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(autouse=UNIT_TIER)
+def _unit_tier_starts_no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing.process
+    import subprocess
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse_processes)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse_processes)
+    monkeypatch.setattr(os, "fork", _refuse_processes)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ import pytest
 from benchmarks.common import Row, Target, interleaved
 from benchmarks.run_all import BENCHMARKS, render_markdown
 
+pytestmark = pytest.mark.engines
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

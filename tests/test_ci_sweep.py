@@ -9,7 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.processes import alive
+
+pytestmark = pytest.mark.engines
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / ".ci" / "sweep.py"

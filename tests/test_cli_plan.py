@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from workbench.cli import main
 
 
@@ -50,6 +52,7 @@ def test_bad_layout_exits_2(capsys):
     assert main(["plan", "--gpus", "abc"]) == 2  # argparse type error
 
 
+@pytest.mark.engines
 def test_calibrate_saves_a_profile_that_plan_accepts(tmp_path, capsys):
     out = tmp_path / "cpu.json"
     rc = main(
@@ -67,6 +70,7 @@ def test_calibrate_saves_a_profile_that_plan_accepts(tmp_path, capsys):
     assert plan["hardware"]["intra"]["bandwidth"] == profile["fit"]["bandwidth_Bps"]
 
 
+@pytest.mark.engines
 def test_python_dash_m_workbench_runs_the_cli():
     out = subprocess.run(
         [sys.executable, "-m", "workbench", "plan", "--list"],

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from workbench.cli import main
 from workbench.demo import run_demo, write_demo_report
+
+pytestmark = pytest.mark.engines
 
 
 def test_demo_runs_checks_and_reports(tmp_path: Path) -> None:
@@ -16,9 +20,9 @@ def test_demo_runs_checks_and_reports(tmp_path: Path) -> None:
         assert r.check["max_param_diff"] <= 1e-5
         row = r.summary(2)
         assert row["model state / rank (MiB)"] > 0
-        assert "all_reduce" in row["collectives / step"] or "all_gather" in row[
-            "collectives / step"
-        ]
+        assert (
+            "all_reduce" in row["collectives / step"] or "all_gather" in row["collectives / step"]
+        )
         categories = {x["category"] for x in r.validation["rows"]}
         assert {"weights", "grads", "optimizer", "activations"} <= categories
     # fsdp shards parameters: less model state per rank than dp

@@ -5,6 +5,8 @@ import pytest
 from tests.harness import run_ranks
 from workbench.errors import ParallelError
 
+pytestmark = pytest.mark.engines
+
 
 def _sum_ranks(rank: int, world_size: int) -> float:
     import torch

@@ -1,40 +1,141 @@
-"""The core layers stay free of the notebook stack (DESIGN.md: layers)."""
+"""The package's layers, read statically from every import (module level and inside functions).
+
+DESIGN.md: each layer may import only itself and the layers above it, and the core layers run
+in plain scripts, under torchrun and on engines, so they never import the notebook stack.
+``tests/planner/test_import.py`` keeps one subprocess check that ``workbench.planner`` loads
+no torch at run time; everything else is decided here from the source, in well under a second.
+"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
+import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-FORBIDDEN = ("IPython", "ipywidgets", "ipyparallel", "plotly")
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "workbench"
+
+# Top to bottom: a module may import its own layer and the layers listed before it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("workbench.errors", "workbench.config", "workbench.validate", "workbench.vocab")),
+    ("trace", ("workbench.trace",)),
+    ("planner", ("workbench.planner",)),
+    ("parallel", ("workbench.parallel",)),
+    ("engine", ("workbench.engine",)),
+    ("cluster", ("workbench.cluster",)),
+    ("session", ("workbench.session",)),
+    ("plots", ("workbench.plots", "workbench.report")),
+    ("ui", ("workbench.ui",)),
+    ("apps", ("workbench.magics", "workbench.cli", "workbench.demo", "workbench.__main__")),
+]
+NOTEBOOK_STACK = ("IPython", "ipywidgets", "ipyparallel", "plotly", "anywidget")
+# Third-party packages a layer must never import, even inside a function.
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "base": ("torch", "numpy", *NOTEBOOK_STACK),
+    "trace": NOTEBOOK_STACK,
+    "planner": ("torch", "numpy", *NOTEBOOK_STACK),
+    "parallel": NOTEBOOK_STACK,
+    "plots": ("torch", "IPython", "ipywidgets", "ipyparallel", "anywidget"),
+}
+# The package root is a lazy façade (``workbench.Cluster`` etc.): it may name any layer.
+FACADE = "workbench"
 
 
-def _loaded_after_import(module: str) -> list[str]:
-    code = (
-        f"import sys, json; import {module}; "
-        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+@dataclass(frozen=True, slots=True)
+class Import:
+    module: str  # the importing module
+    target: str  # the imported module, absolute
+    line: int
 
 
-@pytest.mark.parametrize(
-    "module", ["workbench", "workbench.trace", "workbench.parallel", "workbench.planner"]
-)
-def test_core_layers_do_not_import_the_notebook_stack(module: str) -> None:
-    if not (ROOT / module.replace(".", "/")).exists():
-        pytest.skip(f"{module} does not exist yet")
-    loaded = _loaded_after_import(module)
-    assert [m for m in FORBIDDEN if m in loaded] == []
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
-def test_planner_needs_no_torch() -> None:
-    if not (ROOT / "workbench/planner").exists():
-        pytest.skip("planner does not exist yet")
-    assert "torch" not in _loaded_after_import("workbench.planner")
+def _imports(path: Path) -> list[Import]:
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return _imports_in(path.read_text(), module, package)
+
+
+def _imports_in(source: str, module: str, package: str) -> list[Import]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                targets = [".".join([*base, node.module] if node.module else base)]
+            else:
+                targets = [node.module or ""]
+            # `from workbench.x import y` may name a submodule y: count it as x.y when it is one
+            targets += [
+                f"{targets[0]}.{alias.name}"
+                for alias in node.names
+                if _is_module(f"{targets[0]}.{alias.name}")
+            ]
+        else:
+            continue
+        found += [Import(module, t, node.lineno) for t in targets if t]
+    return found
+
+
+def _is_module(name: str) -> bool:
+    if not name.startswith("workbench."):
+        return False
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _layer(module: str) -> int | None:
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return None
+
+
+ALL_IMPORTS = [imp for path in sorted(PACKAGE.rglob("*.py")) for imp in _imports(path)]
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")} - {FACADE}
+    assert sorted(m for m in modules if _layer(m) is None) == []
+
+
+def test_no_layer_imports_a_layer_below_it() -> None:
+    upward = []
+    for imp in ALL_IMPORTS:
+        if imp.module == FACADE or not imp.target.startswith("workbench"):
+            continue
+        here, there = _layer(imp.module), _layer(imp.target)
+        if there is not None and here is not None and there > here:
+            upward.append(
+                f"{imp.module}:{imp.line} ({LAYERS[here][0]}) imports {imp.target} "
+                f"({LAYERS[there][0]})"
+            )
+    assert upward == []
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_keeps_out_forbidden_packages(layer: str) -> None:
+    index = [name for name, _ in LAYERS].index(layer)
+    bad = [
+        f"{imp.module}:{imp.line} imports {imp.target}"
+        for imp in ALL_IMPORTS
+        if _layer(imp.module) == index and imp.target.split(".")[0] in FORBIDDEN[layer]
+    ]
+    assert bad == []
+
+
+def test_the_checker_sees_imports_inside_functions() -> None:
+    """The rule would be toothless if a function-level import slipped past the reader."""
+    source = "def f():\n    import torch\n    from ..ui import stepper\n"
+    imports = _imports_in(source, "workbench.planner.probe", "workbench.planner")
+    assert {imp.target for imp in imports} == {"torch", "workbench.ui", "workbench.ui.stepper"}
+    assert _layer("workbench.ui.stepper") > _layer("workbench.planner.probe")  # type: ignore[operator]

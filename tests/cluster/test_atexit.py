@@ -8,6 +8,9 @@ import sys
 import textwrap
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.engines
 
 SCRIPT = textwrap.dedent(
     """

@@ -18,6 +18,8 @@ from workbench.errors import EngineDied
 from workbench.parallel import RunSpec
 from workbench.trace import Metric
 
+pytestmark = pytest.mark.engines
+
 STEPS = 6
 
 

@@ -13,6 +13,8 @@ import pytest
 from workbench.cluster import Cluster
 from workbench.errors import CollectiveTimeout
 
+pytestmark = pytest.mark.engines
+
 TIMEOUT = 2.0
 
 

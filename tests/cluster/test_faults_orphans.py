@@ -12,8 +12,11 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from tests.processes import alive
+
+pytestmark = pytest.mark.engines
 
 SCRIPT = textwrap.dedent(
     """

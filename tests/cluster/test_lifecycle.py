@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import psutil
+import pytest
 
 from tests.processes import alive
 from workbench.cluster import Cluster
+
+pytestmark = pytest.mark.engines
 
 
 def test_start_stop_leaves_no_processes() -> None:

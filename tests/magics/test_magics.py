@@ -105,6 +105,7 @@ def test_help_everywhere(ipython_shell: Any, capsys: Any) -> None:
     assert "--ranks" in capsys.readouterr().out
 
 
+@pytest.mark.engines
 def test_start_and_stop_through_magics(ipython_shell: Any, capsys: Any) -> None:
     magics = _magics(ipython_shell)
     magics.cluster = None

@@ -16,6 +16,8 @@ from workbench.parallel import RunSpec, build_train_step, full_state_dict
 from workbench.parallel.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from workbench.parallel.data import batches, make_loader
 
+pytestmark = pytest.mark.engines
+
 STEPS = 6
 SAVE_AT = 3
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -115,14 +113,3 @@ def test_grad_accumulation_matches_one_pass() -> None:
     assert max(abs(a - b) for a, b in zip(l1, l4, strict=True)) <= 1e-6
     assert p1 is not None and p4 is not None
     assert max(float((p1[k] - p4[k]).abs().max()) for k in p1) <= 1e-5
-
-
-def test_parallel_imports_no_notebook_stack() -> None:
-    code = (
-        "import sys, workbench.parallel, workbench.parallel.build;"
-        "bad = [m for m in sys.modules if m.split('.')[0] in "
-        "('IPython', 'ipywidgets', 'plotly', 'ipyparallel')];"
-        "print(bad); sys.exit(1 if bad else 0)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr

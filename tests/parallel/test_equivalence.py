@@ -13,6 +13,8 @@ import pytest
 from tests.harness import run_ranks
 from tests.parallel._equivalence import STEPS, TOL, cases_for, compare_cases
 
+pytestmark = pytest.mark.engines
+
 
 def _report(results: dict[str, dict[str, float]]) -> None:
     for name, r in results.items():

@@ -129,6 +129,7 @@ def _distributed_checks(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.engines
 def test_distributed_step_machine() -> None:
     results = run_ranks(_distributed_checks, timeout=120)
     for r in results:
@@ -182,6 +183,7 @@ def _traced(rank: int, world_size: int, strategies: list[tuple[str, bool]]) -> d
     return out
 
 
+@pytest.mark.engines
 def test_traced_step_emits_memory_and_comm_events() -> None:
     pytest.importorskip("workbench.trace.memory")
     pytest.importorskip("workbench.trace.comm")
@@ -201,6 +203,7 @@ def test_traced_step_emits_memory_and_comm_events() -> None:
     assert ("forward", "workbench") in meg and ("backward", "workbench") in meg  # g and f
 
 
+@pytest.mark.engines
 def test_traced_step_with_dtensor_parameters() -> None:
     pytest.importorskip("workbench.trace.memory")
     result = run_ranks(_traced, [("fsdp", False), ("tp", False)], timeout=120)[0]

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.harness import free_port
+
+pytestmark = pytest.mark.engines
 
 
 def test_torchrun_fsdp_matches_single_device() -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.harness import run_ranks
 from workbench.planner import fit_alpha_beta
+
+pytestmark = pytest.mark.engines
 
 SIZES = [4096, 65536, 1048576]
 

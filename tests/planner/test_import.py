@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.engines
+
 FORBIDDEN = ("torch", "numpy", "IPython", "ipywidgets", "ipyparallel", "plotly")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.plots import demo_events
+from workbench.plots import synthetic_events
 from workbench.trace.events import CommEvent, Event, MemorySample, PhaseSpan
 
 MS = 1_000_000
@@ -10,7 +10,7 @@ MS = 1_000_000
 
 def ddp_events(steps: int = 4) -> list[Event]:
     """2 ranks, DDP-like: bucket all-reduces overlapping backward (15 events/rank/step)."""
-    return demo_events(steps, 2, seed=1)
+    return synthetic_events(steps, 2, seed=1)
 
 
 def of_steps(events: list[Event], steps: range) -> list[Event]:

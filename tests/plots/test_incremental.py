@@ -23,7 +23,7 @@ from workbench.plots import (
     update_loss_figure,
     update_memory_figure,
 )
-from workbench.plots._common import as_float_array, event_time
+from workbench.plots.event_input import as_float_array, event_time
 from workbench.trace.events import MemorySample, to_record
 
 FIGURES: dict[str, tuple[Callable, Callable]] = {

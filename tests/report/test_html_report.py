@@ -7,7 +7,7 @@ import pytest
 from plotly.offline import get_plotlyjs
 
 from workbench.errors import ConfigError
-from workbench.plots import comm_timeline_figure, demo_events, loss_figure, memory_figure
+from workbench.plots import comm_timeline_figure, loss_figure, memory_figure, synthetic_events
 from workbench.report import ReportSection, figure_div_id, write_report
 
 EVIL = "<script>alert('x')</script>"
@@ -15,7 +15,7 @@ EVIL = "<script>alert('x')</script>"
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[ReportSection]]:
-    events = demo_events(2)
+    events = synthetic_events(2)
     sections = [
         ReportSection(
             title="Memory & time <per rank>",

@@ -73,6 +73,7 @@ def _ddp_rank(rank: int, world_size: int) -> dict[str, Any]:
     }
 
 
+@pytest.mark.engines
 def test_ddp_buckets_traced_identical_and_sum_to_gradients() -> None:
     for rank, out in enumerate(run_ranks(_ddp_rank)):
         assert out["identical"], f"rank {rank}: traced DDP changed the parameters"
@@ -174,6 +175,7 @@ def _collectives_rank(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.engines
 def test_plain_functional_and_dtensor_collectives() -> None:
     n, f32, world = 1000, 4, 2
     results = run_ranks(_collectives_rank)

@@ -6,7 +6,6 @@ place with NEW events only. Never imports IPython or ipywidgets.
 """
 
 from workbench.plots.bandwidth import bandwidth_figure, update_bandwidth_figure
-from workbench.plots.demo import demo_events
 from workbench.plots.loss import loss_figure, update_loss_figure
 from workbench.plots.memory import memory_figure, update_memory_figure
 from workbench.plots.planner import (
@@ -24,6 +23,7 @@ from workbench.plots.style import (
     op_color,
     phase_color,
 )
+from workbench.plots.synthetic import synthetic_events
 from workbench.plots.timeline import comm_timeline_figure, update_comm_timeline
 from workbench.plots.update import extend_figure
 
@@ -35,7 +35,6 @@ __all__ = [
     "bandwidth_figure",
     "base_phase",
     "comm_timeline_figure",
-    "demo_events",
     "extend_figure",
     "format_bytes",
     "loss_figure",
@@ -45,6 +44,7 @@ __all__ = [
     "op_color",
     "phase_color",
     "scaling_figure",
+    "synthetic_events",
     "update_bandwidth_figure",
     "update_comm_timeline",
     "update_loss_figure",

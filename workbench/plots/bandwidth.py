@@ -15,14 +15,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.errors import ConfigError
-from workbench.plots._common import (
-    FigureLike,
-    Patch,
-    as_float_array,
-    coerce_events,
-    figure_state,
-    initial_meta,
-)
+from workbench.plots.event_input import as_float_array, coerce_events
+from workbench.plots.figure_patch import FigureLike, Patch, figure_state, initial_meta
 from workbench.plots.style import GB, format_bytes, op_color
 from workbench.trace.events import CommEvent, bus_factor
 

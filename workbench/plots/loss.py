@@ -13,14 +13,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.errors import ConfigError
-from workbench.plots._common import (
-    FigureLike,
-    Patch,
-    coerce_events,
-    figure_state,
-    initial_meta,
-    validate_ranks,
-)
+from workbench.plots.event_input import coerce_events, validate_ranks
+from workbench.plots.figure_patch import FigureLike, Patch, figure_state, initial_meta
 from workbench.trace.events import Event, Metric
 
 __all__ = ["RANK_COLORS", "loss_figure", "update_loss_figure"]

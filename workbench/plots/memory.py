@@ -14,14 +14,8 @@ from typing import Any
 import plotly.graph_objects as go
 
 from workbench.errors import ConfigError, choices_error
-from workbench.plots._common import (
-    FigureLike,
-    Patch,
-    coerce_events,
-    figure_state,
-    initial_meta,
-    validate_ranks,
-)
+from workbench.plots.event_input import coerce_events, validate_ranks
+from workbench.plots.figure_patch import FigureLike, Patch, figure_state, initial_meta
 from workbench.plots.style import CATEGORIES, MIB, category_color, format_bytes
 from workbench.trace.events import Event, MemorySample
 

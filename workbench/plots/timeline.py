@@ -14,15 +14,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from workbench.plots._common import (
-    FigureLike,
-    Patch,
-    coerce_events,
-    event_time,
-    figure_state,
-    initial_meta,
-    validate_ranks,
-)
+from workbench.plots.event_input import coerce_events, event_time, validate_ranks
+from workbench.plots.figure_patch import FigureLike, Patch, figure_state, initial_meta
 from workbench.plots.style import GB, base_phase, format_bytes, op_color, phase_color
 from workbench.trace.events import CommEvent, Event, PhaseSpan
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from workbench.errors import ConfigError, choices_error
-from workbench.plots._common import FigureLike
 from workbench.plots.bandwidth import update_bandwidth_figure
+from workbench.plots.figure_patch import FigureLike
 from workbench.plots.loss import update_loss_figure
 from workbench.plots.memory import update_memory_figure
 from workbench.plots.timeline import update_comm_timeline

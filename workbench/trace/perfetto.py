@@ -11,8 +11,10 @@ absolute origin); absolute nanosecond clocks would lose precision as JSON double
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -63,110 +65,112 @@ def _event_time(e: Event) -> int:
 def to_perfetto(events: Iterable[Event], path: str | os.PathLike[str] | None = None) -> dict:
     """Chrome Trace Event JSON for ``events`` of any number of ranks.
 
-    Returns the dict; also writes it to ``path`` when given. Open the file in
-    https://ui.perfetto.dev or chrome://tracing.
+    Returns the dict; also writes it to ``path`` when given (atomically: a temporary file
+    renamed into place). Open the file in https://ui.perfetto.dev or chrome://tracing.
     """
     items = sorted(events, key=lambda e: (e.rank, _event_time(e)))
     times = [_event_time(e) for e in items if _event_time(e) > 0]
-    t0 = min(times) if times else 0
-    trace: list[dict[str, Any]] = []
-    lanes: dict[tuple[int, str], _Lanes] = defaultdict(_Lanes)
-    used_tids: dict[tuple[int, int], str] = {}
-    ranks: set[int] = set()
-
-    def lane_tid(rank: int, kind: str, start: int, end: int) -> int:
-        index = lanes[(rank, kind)].place(start, end)
-        tid = _LANE_BASE[kind] + index
-        used_tids[(rank, tid)] = kind if index == 0 else f"{kind} {index + 1}"
-        return tid
-
+    builder = _TraceBuilder(t0=min(times) if times else 0)
     for e in items:
-        ranks.add(e.rank)
-        if isinstance(e, PhaseSpan):
-            trace.append(
-                {
-                    "name": e.phase,
-                    "cat": "phase",
-                    "ph": "X",
-                    "pid": e.rank,
-                    "tid": lane_tid(e.rank, "compute", e.start, e.end),
-                    "ts": _us(e.start, t0),
-                    "dur": (e.end - e.start) / 1000.0,
-                    "args": {"step": e.step},
-                }
-            )
-        elif isinstance(e, CommEvent):
-            trace.append(
-                {
-                    "name": e.op,
-                    "cat": f"comm,{e.source}",
-                    "ph": "X",
-                    "pid": e.rank,
-                    "tid": lane_tid(e.rank, "comm", e.start, e.end),
-                    "ts": _us(e.start, t0),
-                    "dur": (e.end - e.start) / 1000.0,
-                    "args": {
-                        "bytes": e.bytes,
-                        "group_size": e.group_size,
-                        "source": e.source,
-                        "step": e.step,
-                        "phase": e.phase,
-                        "algbw_GBps": e.algbw / 1e9,
-                        "busbw_GBps": e.busbw / 1e9,
-                    },
-                }
-            )
-        elif isinstance(e, MemorySample):
-            for field, name in MEMORY_COUNTERS.items():
-                trace.append(
-                    {
-                        "name": name,
-                        "cat": "memory",
-                        "ph": "C",
-                        "pid": e.rank,
-                        "ts": _us(e.t, t0),
-                        "args": {"bytes": getattr(e, field)},
-                    }
-                )
-        elif isinstance(e, Metric) and e.t > 0:
-            trace.append(
-                {
-                    "name": e.name,
-                    "cat": "metric",
-                    "ph": "C",
-                    "pid": e.rank,
-                    "ts": _us(e.t, t0),
-                    "args": {"value": e.value},
-                }
-            )
-
-    meta: list[dict[str, Any]] = []
-    for rank in sorted(ranks):
-        meta.append(
-            {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}
-        )
-        meta.append(
-            {"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}}
-        )
-    for (rank, tid), name in sorted(used_tids.items()):
-        meta.append(
-            {"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}}
-        )
-        meta.append(
-            {
-                "name": "thread_sort_index",
-                "ph": "M",
-                "pid": rank,
-                "tid": tid,
-                "args": {"sort_index": tid},
-            }
-        )
+        builder.add(e)
     result = {
-        "traceEvents": meta + trace,
+        "traceEvents": builder.metadata() + builder.trace,
         "displayTimeUnit": "ns",
-        "otherData": {"t0_ns": t0, "ranks": sorted(ranks)},
+        "otherData": {"t0_ns": builder.t0, "ranks": sorted(builder.ranks)},
     }
     if path is not None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(result, f)
+        _write_atomically(result, path)
     return result
+
+
+class _TraceBuilder:
+    """Trace events per rank, each on the first free lane of its kind; names for the lanes."""
+
+    def __init__(self, t0: int) -> None:
+        self.t0 = t0
+        self.trace: list[dict[str, Any]] = []
+        self.ranks: set[int] = set()
+        self._lanes: dict[tuple[int, str], _Lanes] = defaultdict(_Lanes)
+        self._thread_names: dict[tuple[int, int], str] = {}
+
+    def add(self, e: Event) -> None:
+        self.ranks.add(e.rank)
+        if isinstance(e, PhaseSpan):
+            self._span(e, e.phase, "phase", "compute", {"step": e.step})
+        elif isinstance(e, CommEvent):
+            args = {
+                "bytes": e.bytes,
+                "group_size": e.group_size,
+                "source": e.source,
+                "step": e.step,
+                "phase": e.phase,
+                "algbw_GBps": e.algbw / 1e9,
+                "busbw_GBps": e.busbw / 1e9,
+            }
+            self._span(e, e.op, f"comm,{e.source}", "comm", args)
+        elif isinstance(e, MemorySample):
+            for field, name in MEMORY_COUNTERS.items():
+                self._counter(e.rank, e.t, name, "memory", {"bytes": getattr(e, field)})
+        elif isinstance(e, Metric) and e.t > 0:
+            self._counter(e.rank, e.t, e.name, "metric", {"value": e.value})
+
+    def _span(
+        self, e: PhaseSpan | CommEvent, name: str, cat: str, kind: str, args: dict[str, Any]
+    ) -> None:
+        self.trace.append(
+            {
+                "name": name,
+                "cat": cat,
+                "ph": "X",
+                "pid": e.rank,
+                "tid": self._lane_tid(e.rank, kind, e.start, e.end),
+                "ts": _us(e.start, self.t0),
+                "dur": (e.end - e.start) / 1000.0,
+                "args": args,
+            }
+        )
+
+    def _counter(self, rank: int, t: int, name: str, cat: str, args: dict[str, Any]) -> None:
+        self.trace.append(
+            {"name": name, "cat": cat, "ph": "C", "pid": rank, "ts": _us(t, self.t0), "args": args}
+        )
+
+    def _lane_tid(self, rank: int, kind: str, start: int, end: int) -> int:
+        index = self._lanes[(rank, kind)].place(start, end)
+        tid = _LANE_BASE[kind] + index
+        self._thread_names[(rank, tid)] = kind if index == 0 else f"{kind} {index + 1}"
+        return tid
+
+    def metadata(self) -> list[dict[str, Any]]:
+        """Process names "rank N" and lane names, sorted by rank and lane."""
+        meta: list[dict[str, Any]] = []
+        for rank in sorted(self.ranks):
+            meta += [
+                {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}},
+                {
+                    "name": "process_sort_index",
+                    "ph": "M",
+                    "pid": rank,
+                    "args": {"sort_index": rank},
+                },
+            ]
+        for (rank, tid), name in sorted(self._thread_names.items()):
+            base = {"ph": "M", "pid": rank, "tid": tid}
+            meta += [
+                {"name": "thread_name", **base, "args": {"name": name}},
+                {"name": "thread_sort_index", **base, "args": {"sort_index": tid}},
+            ]
+        return meta
+
+
+def _write_atomically(result: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    target = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(prefix=".perfetto-", dir=os.path.dirname(target) or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(result, f)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
