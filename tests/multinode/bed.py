@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -44,6 +45,7 @@ USER = "wbmn"
 PID_BASE = 20000
 PID_STEP = 4000
 NODE_INIT = Path(__file__).with_name("node_init.py")
+DRIVER = Path(__file__).with_name("driver.py")
 # The interpreter's own install (a venv's base): every bed process must be able to run it.
 PYTHON_BASE = os.path.realpath(sys.base_prefix)
 REQUIRED_COMMANDS = (
@@ -277,7 +279,7 @@ class Bed:
                 "PubkeyAuthentication yes\nPasswordAuthentication no\n"
                 "KbdInteractiveAuthentication no\nPermitRootLogin no\n"
                 f"AllowUsers {self.user}\nUsePAM no\nUseDNS no\nPrintMotd no\nStrictModes no\n"
-                "MaxStartups 200:30:400\nMaxSessions 200\n"
+                "MaxStartups 200:30:400\nMaxSessions 200\nSubsystem sftp internal-sftp\n"
             )
             cfg = {
                 "name": node.name,
@@ -394,6 +396,23 @@ class Bed:
         if check and done.returncode != 0:
             raise BedError(f"{argv} failed ({done.returncode}): {done.stderr[-3000:]}")
         return done
+
+    def drive(self, cfg: dict[str, object], timeout: float = 600) -> dict[str, Any]:
+        """Run ``driver.py`` (the notebook side) as the user on the login node; its report."""
+        out = self.home / f"result-{time.monotonic_ns()}.json"
+        done = self.run_user(
+            [sys.executable, str(DRIVER), json.dumps(cfg), str(out)],
+            timeout=timeout,
+            check=False,
+            cwd=str(DRIVER.parents[2]),
+        )
+        if not out.exists():
+            raise BedError(f"the driver wrote no report (exit {done.returncode}):\n"
+                           f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}")  # fmt: skip
+        report: dict[str, Any] = json.loads(out.read_text())
+        out.unlink()
+        report["stderr"] = done.stderr[-6000:]
+        return report
 
     def node_exec(
         self, node: Node, argv: list[str], **kw: object

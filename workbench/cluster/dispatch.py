@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -18,9 +17,9 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench.cluster.hang import describe_rank, hang_report, read_status
-from workbench.cluster.loop import run_sync
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import CellResult, format_remote
+from workbench.cluster.signals import signal_rank_sync
 from workbench.errors import ClusterError, CollectiveTimeout, ConfigError, EngineDied, RankError
 
 __all__ = ["RankDispatch"]
@@ -259,14 +258,8 @@ class RankDispatch:
         if self._ipp is None:
             return
         targets = self._targets(ranks)
-        for r in targets:
-            try:
-                run_sync(self._ipp.signal_engine(signal.SIGINT, r.engine_id), timeout=5)
-            except Exception:
-                try:
-                    os.kill(r.pid, signal.SIGINT)
-                except OSError:
-                    log.debug("could not interrupt rank %s", r.rank, exc_info=True)
+        for r in targets:  # through the engine's nanny, on the engine's own host
+            signal_rank_sync(self.client, r, signal.SIGINT)
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""
