@@ -13,6 +13,8 @@ export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
 export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_PLATFORM_DIRS := 1
+# The key that signs checkpoint manifests (see workbench/parallel/checkpoint_trust.py).
+export WORKBENCH_STATE_DIR := $(STATE)/workbench
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 .PHONY: state venv demo test test-fast lint lab notebooks bench gpu-check browser-test clean
@@ -24,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 numpy
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,hf]'
 	touch $(STAMP)
 
 state:

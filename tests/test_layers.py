@@ -139,3 +139,75 @@ def test_the_checker_sees_imports_inside_functions() -> None:
     imports = _imports_in(source, "workbench.planner.probe", "workbench.planner")
     assert {imp.target for imp in imports} == {"torch", "workbench.ui", "workbench.ui.stepper"}
     assert _layer("workbench.ui.stepper") > _layer("workbench.planner.probe")  # type: ignore[operator]
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Package modules a module imports when it is itself imported: module-level statements
+    outside ``if TYPE_CHECKING:`` (imports inside functions run later and cannot cycle)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            body += node.orelse
+        else:
+            body.append(node)
+    source = ast.unparse(
+        ast.Module(
+            body=[n for n in body if isinstance(n, ast.Import | ast.ImportFrom)], type_ignores=[]
+        )
+    )
+    return {
+        imp.target
+        for imp in _imports_in(source, module, package)
+        if _is_module(imp.target) and imp.target != module
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_between_modules() -> None:
+    graph = {_module_name(p): _runtime_imports(p) for p in PACKAGE.rglob("*.py")}
+    # A package's __init__ re-exports its submodules; a submodule importing a sibling through
+    # the package is the usual Python idiom, not a cycle between two files.
+    for name, targets in graph.items():
+        graph[name] = {t for t in targets if not name.startswith(t + ".")}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -30,6 +30,7 @@ _LAZY: dict[str, str] = {
     "Dashboard": "workbench.ui.dashboard",
     "PlannerWidget": "workbench.ui.planner",
     "plan": "workbench.planner",
+    "traced": "workbench.cluster.traced_engine",
 }
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "__version__",
     "load_ipython_extension",
     "plan",
+    "traced",
 ]
 
 

@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from workbench.errors import ConfigError, choices_error
+from workbench import validate
+from workbench.errors import ConfigError
 
-__all__ = ["BACKENDS", "LAUNCHERS", "ClusterConfig"]
+__all__ = [
+    "BACKENDS",
+    "LAUNCHERS",
+    "MAX_ENGINES",
+    "ClusterConfig",
+    "parse_hosts",
+]
 
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("local", "mpi", "ssh", "slurm")
+# More engines than this is a typo, not a run: every engine is a process with torch loaded,
+# and one controller serves them all.
+MAX_ENGINES = 1024
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class ClusterConfig:
-    """How to start (or connect to) engines and join them into a process group."""
+    """How to start (or connect to) engines and join them into a process group.
+
+    ``hosts`` (launcher ``'ssh'`` only) is a sequence of host names or one string: a
+    string is one host, or several separated by commas (``"node-a,node-b"``, as
+    ``%wb start --hosts`` takes them); it is stored as a tuple of names.
+    """
 
     n: int = 2
     backend: str = "auto"
     launcher: str = "local"
-    hosts: tuple[str, ...] = ()
+    hosts: Sequence[str] = ()
     profile: str | None = None
     cluster_id: str | None = None
     init_timeout: float = 60.0
@@ -27,19 +43,48 @@ class ClusterConfig:
     threads_per_engine: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ConfigError(f"n={self.n!r} is not valid; the number of engines must be >= 1")
-        if self.backend not in BACKENDS:
-            raise choices_error("backend", self.backend, BACKENDS)
-        if self.launcher not in LAUNCHERS:
-            raise choices_error("launcher", self.launcher, LAUNCHERS)
-        if self.launcher == "ssh" and not self.hosts:
+        validate.integer("n", self.n, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
+        validate.choice("backend", self.backend, BACKENDS)
+        validate.choice("launcher", self.launcher, LAUNCHERS)
+        hosts = parse_hosts("hosts", self.hosts)
+        object.__setattr__(self, "hosts", hosts)  # frozen: normalise once, here
+        if self.launcher == "ssh" and not hosts:
             raise ConfigError("launcher='ssh' needs hosts=('host1', 'host2', ...)")
-        if self.init_timeout <= 0:
-            raise ConfigError(f"init_timeout={self.init_timeout!r} must be > 0 seconds")
-        if self.start_timeout <= 0:
-            raise ConfigError(f"start_timeout={self.start_timeout!r} must be > 0 seconds")
-        if self.threads_per_engine is not None and self.threads_per_engine < 1:
-            raise ConfigError(
-                f"threads_per_engine={self.threads_per_engine!r} must be >= 1 or None (auto)"
+        if self.launcher != "ssh" and hosts:
+            raise validate.invalid(
+                "hosts",
+                hosts,
+                f"launcher={self.launcher!r} does not place engines on named hosts",
+                "use launcher='ssh' with hosts, or leave hosts empty",
             )
+        # A profile / cluster_id is looked up by Cluster itself (cluster.connection): finding
+        # ipyparallel's connection file is the cluster layer's business, not a setting's.
+        for name in ("init_timeout", "start_timeout"):
+            object.__setattr__(self, name, validate.seconds(name, getattr(self, name)))
+        validate.integer(
+            "threads_per_engine",
+            self.threads_per_engine,
+            minimum=1,
+            none_means="auto: the host's cores shared by its engines",
+            what="a number of threads",
+        )
+
+
+def parse_hosts(name: str, value: object) -> tuple[str, ...]:
+    """Host names from a sequence of names, or from one string of comma-separated names
+    (never the characters of a string: ``"node-a"`` is one host)."""
+    items = [h for h in value.split(",") if h.strip()] if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or isinstance(items, bytes):
+        raise validate.invalid(
+            name, value, "not a list of host names", "use e.g. ('node-a', 'node-b') or 'node-a'"
+        )
+    hosts = tuple(h.strip() if isinstance(h, str) else h for h in items)
+    bad = [h for h in hosts if not isinstance(h, str) or not h or any(c.isspace() for c in h)]
+    if bad:
+        raise validate.invalid(
+            name,
+            value,
+            f"{bad[0]!r} is not a host name",
+            "use names like 'node-a' or 'user@node-a', without spaces",
+        )
+    return hosts

@@ -17,6 +17,7 @@ __all__ = [
     "EngineDied",
     "ParallelError",
     "RankError",
+    "UserCodeError",
     "WorkbenchError",
     "choices_error",
 ]
@@ -86,7 +87,16 @@ class CollectiveTimeout(ClusterError):
 
 
 class CheckpointError(WorkbenchError):
-    """A checkpoint is missing, incomplete or does not match the run."""
+    """A checkpoint is missing, incomplete or does not match the run. ``ranks``: the ranks
+    that failed, when every rank of a collective save / load agreed on it (else None)."""
+
+    def __init__(self, message: str, *, ranks: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.ranks = None if ranks is None else list(ranks)
+
+
+class UserCodeError(WorkbenchError):
+    """The user's own model, data, loss or optimizer failed (or never arrived) on a rank."""
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

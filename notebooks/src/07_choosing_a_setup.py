@@ -137,7 +137,7 @@ for point in scaling(llama, h100, fixed, gpus=(8, 64, 512), zero=1):
 # | | single GPU / single device | distributed (here: 2 ranks; planner: 64 GPUs) |
 # |---|---|---|
 # | **Memory** | every rank holds all 16 bytes/param (measured: `single` row above); a 7B model's state alone (108 GB) exceeds an 80 GB card, even with full recompute | FSDP halved the model state per rank on 2 ranks, exactly as the planner counts; sharded over 8 or 64 GPUs the 7B model fits with room to spare |
-# | **Throughput** | one device's rate (measured tokens/s above) | up to N× — measured above for 2 ranks on two shared CPU cores; the planner gives 64 GPUs 7.4× one 8-GPU node, not 8× (notebook 05) |
+# | **Throughput** | one device's rate (measured tokens/s above) | up to N× — measured above for 2 ranks on two shared CPU cores; the planner gives 64 GPUs 7.3× one 8-GPU node, not 8× (notebook 05) |
 # | **Communication** | none: 0 bytes sent per step | DDP all-reduces the full gradient every step (measured: 4 bytes/param); FSDP hands 3× those bytes to its collectives, 1.5× the link traffic; the exposed share grows across nodes |
 # | **Deployment** | one process | a process group: engines, ranks, rendezvous (measured start-up above), the same code everywhere (notebook 08) |
 # | **Recovery** | restart the process | every rank saves a checkpoint; on failure all ranks roll back together and redo the steps since (measured above; notebook 06) |
@@ -172,10 +172,11 @@ print(recommend(llama, hardware_preset("a100-80gb"), 1, TrainingSpec(micro_batch
 print(recommend(model_preset("llama2-70b"), h100, 64, TrainingSpec(micro_batch=1, seq=4096)))
 
 # %% [markdown]
-# Pure data parallelism would fit, but runs 44% slower: the planner combines
-# tensor parallelism *inside* each node (over NVLink, where its per-layer all-reduces
-# belong — notebook 03) with sharded data parallelism *across* nodes, and recomputes part
-# of the activations — the seed's "tensor parallelism combined with other parallelism
+# Pure data parallelism would fit, but runs 49% slower: the planner combines
+# tensor parallelism *inside* each node (TP=4 over NVLink, where its per-layer
+# all-reduces belong — notebook 03) with a two-stage pipeline and data parallelism
+# *across* nodes (its optimizer state sharded, ZeRO-1), and recomputes part of the
+# activations — the seed's "tensor parallelism combined with other parallelism
 # across a high-performance cluster", derived rather than asserted.
 #
 # **What we saw.** Every qualitative cell of the seed's table has a number behind it: the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 
@@ -10,7 +11,7 @@ import pytest
 from workbench.cluster import Cluster
 from workbench.cluster.engine import engine_state
 from workbench.cluster.session import TrainingSession
-from workbench.errors import ConfigError, RankError
+from workbench.errors import CheckpointError, ClusterError, ConfigError, RankError
 from workbench.parallel import RunSpec
 from workbench.trace import CommEvent, MemorySample, Metric, PhaseSpan
 
@@ -114,3 +115,111 @@ def test_export_trace(session: TrainingSession, tmp_path: object) -> None:
     trace = json.loads(path.read_text())
     pids = {e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"}
     assert len(pids) == 2
+
+
+# -- a failure on one rank is agreed on by every rank (issue 12, #6) ---------------------
+# Each waits at most `timeout`; without the agreement the healthy rank sat in a collective
+# until the process-group timeout (60 s here), reported as CollectiveTimeout, not this.
+AGREE_TIMEOUT = 45
+
+
+def _run_fingerprint() -> tuple[float, int, int]:
+    """What a half-done load or step would change on this rank."""
+    train_step = engine_state()["run"]
+    total = sum(float(p.detach().double().sum()) for p in train_step.model.parameters())
+    return total, train_step.step, train_step.data_position
+
+
+def _fail_rank1_saves(on: bool) -> None:
+    import torch.distributed as dist
+
+    from workbench.parallel import checkpoint
+
+    if dist.get_rank() != 1:
+        return
+    state = engine_state()
+    if on:
+
+        def full_disk() -> None:
+            raise OSError("no space left on device (injected)")
+
+        state["real_rng_state"] = checkpoint.rng_state
+        checkpoint.rng_state = full_disk  # type: ignore[assignment]
+    elif "real_rng_state" in state:
+        checkpoint.rng_state = state.pop("real_rng_state")
+
+
+@pytest.fixture
+def saved(cluster: Cluster, tmp_path: object) -> Iterator[TrainingSession]:
+    """A session with a checkpoint of step 1, then at step 2."""
+    s = TrainingSession(
+        cluster,
+        RunSpec(model="mlp-tiny", strategy="dp", batch_size=8),
+        timeout=AGREE_TIMEOUT,
+        checkpoint_dir=str(tmp_path),
+    )
+    s.build()
+    s.step()
+    s.save()
+    s.step()
+    yield s
+    s.close()
+
+
+def test_rank1_failing_mid_step_stops_every_rank_and_recover_resumes(
+    saved: TrainingSession, cluster: Cluster
+) -> None:
+    cluster.run(_break_rank1_data)
+    with pytest.raises(RankError) as info:
+        saved.step()  # rank 0 would next wait in the gradient all-reduce
+    message = str(info.value)
+    assert set(info.value.failures) == {0, 1}
+    assert re.search(r"rank 1 on \S+ failed in phase 'data' of step 2", message)
+    # Rank 0 is freed by rank 1 dropping its group and names it; or, where something still
+    # holds that group, it is reported as waiting for rank 1 (and recover() frees it).
+    assert re.search(
+        r"rank 0 stopped because rank 1 failed \(rank 1: StopIteration"
+        r"|rank 0 still waits \(in a collective\) for rank\(s\) \[1\]",
+        message,
+    ), message
+    with pytest.raises(ClusterError, match="closed the process group on every rank"):
+        saved.step()
+    report = saved.recover()
+    assert "rolled back from step 2 to the checkpoint of step 1" in report
+    saved.step(2)
+    assert [s.step for s in saved.status] == [3, 3]
+
+
+def test_rank1_failing_a_load_fails_it_on_every_rank_and_keeps_the_run(
+    saved: TrainingSession, cluster: Cluster
+) -> None:
+    from pathlib import Path
+
+    path = Path(saved.checkpoints()[-1]["path"])
+    (path / "rng" / "rank-00001.pt").write_bytes(b"only rank 1 reads this file")
+    before = cluster.run(_run_fingerprint)
+    with pytest.raises(CheckpointError, match=r"failed on rank 1: rng/rank-00001\.pt") as info:
+        saved.load()
+    assert info.value.ranks == [1]
+    assert "(the run is unchanged)" in str(info.value)
+    assert cluster.run(_run_fingerprint) == before
+    saved.step()  # the same process group, still usable
+    assert [s.step for s in saved.status] == [3, 3]
+
+
+def test_rank1_failing_a_save_fails_it_on_every_rank(
+    saved: TrainingSession, cluster: Cluster
+) -> None:
+    from pathlib import Path
+
+    cluster.run(_fail_rank1_saves, True)
+    try:
+        with pytest.raises(CheckpointError, match=r"failed on rank 1: OSError: no space") as info:
+            saved.save()
+    finally:
+        cluster.run(_fail_rank1_saves, False)
+    assert info.value.ranks == [1]
+    assert [m["step"] for m in saved.checkpoints()] == [1]
+    assert not list(Path(str(saved.checkpoint_dir)).glob(".tmp-*"))
+    saved.step()
+    assert saved.save().endswith("step-00000003")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import string
 from unittest import mock
 
@@ -15,6 +16,7 @@ from IPython.core.error import UsageError
 
 from workbench.magics.args import HelpShown, MagicParser, parse_ranks, split_line
 from workbench.magics.core import COMMANDS, _cell_parser
+from workbench.validate import MAX_SECONDS, MIN_REFRESH_S
 
 # Tokens that look like the real options, mixed with junk, so argparse gets past the
 # first error often enough to reach the type converters (-n, --step, --keep-last ...).
@@ -31,6 +33,15 @@ _TOKENS = st.one_of(
             "--backend",
             "--launcher",
             "--threads",
+            "--interval",
+            "--hosts",
+            "--profile",
+            "--cluster-id",
+            "node-a",
+            "a b",
+            "-inf",
+            "1.5",
+            "0-50000000",
             "--phase",
             "--json",
             "--full",
@@ -117,6 +128,69 @@ def test_line_magic_without_a_cluster_raises_only_usage_errors(argv: list[str]) 
                 magics.wb(line)
         with contextlib.suppress(UsageError):
             magics.wb_cell(" ".join(_quote(a) for a in argv), "1 + 1")
+
+
+@settings(max_examples=300, deadline=None)
+@given(argv=_ARGV)
+def test_start_arguments_fail_before_any_process_starts(argv: list[str]) -> None:
+    """``%wb start``'s checks and the Cluster constructor (which starts nothing):
+    whatever the arguments, the only failure is a UsageError, and an accepted set of
+    arguments makes a Cluster whose settings are all valid."""
+    from workbench.magics.cluster_cmds import make_cluster
+
+    args = _parse_or_usage(_parser("start"), argv)
+    if args is None:
+        return
+    try:
+        cluster = make_cluster(args)
+    except UsageError:
+        return
+    assert cluster.state == "stopped"
+    assert math.isfinite(cluster.config.init_timeout) and cluster.config.init_timeout > 0
+    assert all(h and "," not in h for h in cluster.config.hosts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True).map(repr),
+        st.sampled_from(["nan", "-inf", "inf", "0", "-0", "1e999", "abc", "1_0", "0x10"]),
+    )
+)
+def test_timeouts_and_intervals_are_finite_positive_or_refused(text: str) -> None:
+    """``%%wb --timeout`` and ``%wb dashboard --interval`` (``inf`` would wait forever,
+    ``nan`` spun the refresh loop): accepted values are finite and in range."""
+    for parser, option, low in (
+        (_cell_parser(), "--timeout", 0.0),
+        (_parser("dashboard"), "--interval", MIN_REFRESH_S),
+    ):
+        args = _parse_or_usage(parser, [option, text])
+        value = getattr(args, option.lstrip("-")) if args is not None else None
+        if value is None:
+            continue
+        assert math.isfinite(value) and low <= value <= MAX_SECONDS and value > 0
+
+
+def test_a_huge_rank_range_is_refused_at_once_with_a_short_message() -> None:
+    """``--ranks 0-50000000`` used to list every bad rank (a 489 MB message)."""
+    for text in ("0-50000000", "1-" + "9" * 4000, ",".join(["0"] * 1000) + ",2"):
+        with pytest.raises(UsageError) as exc:
+            parse_ranks(text, 2)
+        assert len(str(exc.value)) < 200, str(exc.value)[:300]
+        assert "valid ranks are 0..1 (world size 2)" in str(exc.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lo=st.integers(-5, 10**12), hi=st.integers(-5, 10**12), world=st.integers(1, 8))
+def test_rank_ranges_are_bounded_by_the_world_size(lo: int, hi: int, world: int) -> None:
+    text = f"{lo}-{hi}"
+    try:
+        ranks = parse_ranks(text, world)
+    except UsageError as exc:
+        assert len(str(exc)) < 200
+        assert not (0 <= lo <= hi < world)
+        return
+    assert 0 <= lo <= hi < world and ranks == list(range(lo, hi + 1))
 
 
 def _quote(token: str) -> str:

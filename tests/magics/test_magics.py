@@ -64,7 +64,17 @@ def test_status_table(attached: Any, capsys: Any) -> None:
     [
         ("", "--ranks 7", "outside this cluster; valid ranks are 0..1"),
         ("", "--ranks x", "use 'all'"),
-        ("", "--timeout -1", "positive number of seconds"),
+        (
+            "",
+            "--timeout -1",
+            r"--timeout -1.0 is not valid: out of range; use a number of seconds > 0",
+        ),
+        ("", "--timeout nan", "--timeout nan is not valid: not a finite number"),
+        (
+            "",
+            "--ranks 0-50000000",
+            r"rank 50000000 is outside this cluster; valid ranks are 0\.\.1",
+        ),
         ("", "--bogus", "unrecognized arguments"),
     ],
 )
@@ -76,7 +86,18 @@ def test_bad_cell_arguments(attached: Any, line: str, cell: str, message: str) -
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("start -n 0", "must be >= 1"),
+        ("start -n 0", "-n 0 is not valid: out of range; use a number of engines >= 1"),
+        ("start --threads 1.5", "--threads '1.5' is not valid: not a whole number"),
+        ("start --timeout inf", "--timeout inf is not valid: not a finite number"),
+        ("start --hosts node-a", "--launcher local does not place engines on named hosts"),
+        ("start --launcher ssh", "--launcher ssh needs --hosts"),
+        ("start -n 5000", "-n 5000 is not valid: out of range; .* <= 1024"),
+        (
+            "start --profile x",
+            "--profile 'x' is not valid: no ipyparallel controller to connect to "
+            r"\(looked for .*profile_x/security/ipcontroller-client.json",
+        ),
+        ("dashboard --interval nan", "--interval nan is not valid: not a finite number"),
         ("start -n two", "not a whole number"),
         ("start --backend mpi", "invalid choice: 'mpi'.*gloo"),
         ("start --launcher k8s", "invalid choice: 'k8s'.*slurm"),

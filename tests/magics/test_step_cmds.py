@@ -44,7 +44,9 @@ def test_step_plot_and_export(
         assert sorted(t.name for t in fig.data) == ["rank 0", "rank 1"]
         with pytest.raises(UsageError, match="invalid choice: 'speed'"):
             ipython_shell.run_line_magic("wb", "plot speed")
-        with pytest.raises(UsageError, match="must be >= 1"):
+        with pytest.raises(
+            UsageError, match="-n 0 is not valid: out of range; use a number of steps >= 1"
+        ):
             ipython_shell.run_line_magic("wb", "step -n 0")
         target = tmp_path / "trace.json"
         ipython_shell.run_line_magic("wb", f"trace export {target}")
@@ -52,3 +54,30 @@ def test_step_plot_and_export(
         assert json.loads(target.read_text())["traceEvents"]
     finally:
         stepper.close()
+
+
+@pytest.mark.engines
+def test_step_after_stop_names_the_magic_to_run(ipython_shell: Any, capsys: Any) -> None:
+    """After ``%wb stop`` the stepper's engines are gone: ``%wb step`` and ``%wb checkpoint``
+    say so in magic terms (not ``start_sync()``), before touching the cluster."""
+    magics = ipython_shell._workbench_magics
+    saved_cluster, saved_steppers = magics.cluster, list(stepper_module._current)
+    magics.cluster = None
+    try:
+        ipython_shell.run_line_magic("wb", "start -n 2 --backend gloo")
+        # Held here: the magics see the current stepper only while someone holds it.
+        stepper = Stepper(model="mlp-tiny", strategy="dp", batch_size=8, cluster=magics.cluster)
+        ipython_shell.run_line_magic("wb", "stop")
+        capsys.readouterr()
+        for line in ("step", "step --phase", "checkpoint list", "checkpoint save"):
+            with pytest.raises(UsageError) as exc:
+                ipython_shell.run_line_magic("wb", line)
+            text = str(exc.value)
+            assert "the current stepper's cluster is stopped" in text
+            assert "`%wb start -n 2`" in text and "start_sync" not in text
+        assert stepper.cluster.state == "stopped"
+    finally:
+        if magics.cluster is not None:
+            magics.cluster.stop_sync()
+        magics.cluster = saved_cluster
+        stepper_module._current[:] = saved_steppers

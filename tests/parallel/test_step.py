@@ -185,8 +185,6 @@ def _traced(rank: int, world_size: int, strategies: list[tuple[str, bool]]) -> d
 
 @pytest.mark.engines
 def test_traced_step_emits_memory_and_comm_events() -> None:
-    pytest.importorskip("workbench.trace.memory")
-    pytest.importorskip("workbench.trace.comm")
     strategies = [("dp", False), ("dp", True), ("zero1", True), ("pp", False), ("megatron", False)]
     result = run_ranks(_traced, strategies, timeout=120)[0]
     for r in result.values():
@@ -205,7 +203,6 @@ def test_traced_step_emits_memory_and_comm_events() -> None:
 
 @pytest.mark.engines
 def test_traced_step_with_dtensor_parameters() -> None:
-    pytest.importorskip("workbench.trace.memory")
     result = run_ranks(_traced, [("fsdp", False), ("tp", False)], timeout=120)[0]
     for r in result.values():
         assert r["memory_phases"] == list(PHASES)

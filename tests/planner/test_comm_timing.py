@@ -49,15 +49,22 @@ MODEL = ModelSpec(name="1B", layers=16, hidden=2048, heads=16, vocab=32000, seq=
 
 
 def test_single_gpu_step_is_pure_compute_at_the_set_mfu():
+    """Papers' FLOPs: 6·N_matmul (blocks and head, not the embedding lookup) + 12·L·s·h
+    of attention per token; at the set efficiency the achieved MFU is that efficiency."""
     hw = hardware_preset("a100-80gb")
     p = plan(MODEL, hw, micro_batch=4, mfu=0.5)
-    tokens = 4 * 2048
-    expected = 6 * MODEL.n_params * tokens / (0.5 * hw.peak_flops)
+    tokens, s, h, L = 4 * 2048, 2048, 2048, 16
+    n_mm = MODEL.n_params - 32000 * h - L * 4 * h - 2 * h  # embedding lookup, LayerNorms
+    expected = (6 * n_mm + 12 * L * s * h) * tokens / (0.5 * hw.peak_flops)
     assert p.time.total == pytest.approx(expected, rel=1e-12)
     assert p.tokens_per_s == pytest.approx(tokens / expected, rel=1e-12)
     assert p.time.mfu == pytest.approx(0.5, rel=1e-12)
+    assert p.time.hfu == pytest.approx(0.5, rel=1e-12)
     full = plan(MODEL, hw, micro_batch=4, mfu=0.5, recompute="full")
-    assert full.time.total == pytest.approx(expected * 8 / 6, rel=1e-12)
+    executed = (8 * n_mm + 16 * L * s * h) * tokens / (0.5 * hw.peak_flops)
+    assert full.time.total == pytest.approx(executed, rel=1e-12)
+    assert full.time.hfu == pytest.approx(0.5, rel=1e-12)
+    assert full.time.mfu == pytest.approx(0.5 * expected / executed, rel=1e-12)
 
 
 def test_data_parallel_all_reduce_is_exposed_without_overlap():

@@ -107,3 +107,32 @@ def test_params_only_model_gets_an_assumed_shape_and_keeps_the_exact_count():
     assert 0.8 < 12 * m.layers * m.hidden**2 / 10e9 < 1.2
     bigger = m.with_(params=20_000_000_000)
     assert bigger.shape_assumed and bigger.hidden > m.hidden
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_rejected_with_the_field_name(bad):
+    from workbench.planner import HardwareSpec, LinkSpec
+
+    with pytest.raises(ConfigError, match="bandwidth=.*finite"):
+        LinkSpec(bandwidth=bad, latency=0.0)
+    link = LinkSpec(bandwidth=1e9, latency=0.0)
+    with pytest.raises(ConfigError, match="peak_flops=.*finite"):
+        HardwareSpec(memory=10, peak_flops=bad, intra=link, inter=link)
+    with pytest.raises(ConfigError, match="mfu=.*finite"):
+        TrainingSpec(mfu=bad)
+
+
+def test_hardware_from_dict_reports_malformed_input_as_config_errors():
+    from workbench.planner import HardwareSpec, hardware_preset
+
+    good = hardware_preset("a100-80gb").to_dict()
+    assert HardwareSpec.from_dict(good) == hardware_preset("a100-80gb")
+    for broken, match in (
+        ([], "JSON object"),
+        ({k: v for k, v in good.items() if k != "intra"}, "missing"),
+        ({**good, "intra": "nvlink"}, "intra="),
+        ({**good, "inter": {"bandwidth": 1e9}}, "latency"),
+        ({**good, "inter": {"bandwidth": 1e9, "latency": 0, "x": 1}}, "unknown link fields"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            HardwareSpec.from_dict(broken)  # type: ignore[arg-type]

@@ -56,3 +56,19 @@ def test_recommend_button_writes_reasons():
     w = PlannerWidget(model="llama2-7b", gpu="h100-80gb", gpus=16)
     w.recommend_button.click()
     assert "Recommended" in w.reasons.value
+
+
+def test_flash_attention_and_fused_swiglu_controls_shrink_activations():
+    from workbench.ui.planner import PlannerWidget
+
+    w = PlannerWidget(model="llama2-7b", gpus=8, zero=3, seq=4096)
+    base = w.plan.memory.activations
+    w.flash.value = True
+    flash = w.plan.memory.activations
+    w.fused.value = True
+    fused = w.plan.memory.activations
+    assert fused < flash < base
+    assert w.state.training().flash_attention and w.state.training().fused_swiglu
+    assert "HFU" in w.verdict.value
+    w.grads.value = "fp32"
+    assert w.plan.memory.grads == 2 * w.plan.memory.weights  # 4 bytes vs 2, both sharded

@@ -96,3 +96,36 @@ def test_constructor_validates(cluster: Cluster) -> None:
     with pytest.raises(ConfigError, match="strategy='ddp'"):
         Stepper(strategy="ddp", cluster=cluster)
     assert Stepper.current() is not None
+
+
+def test_steppers_survive_a_restart_of_a_healthy_cluster(
+    cluster: Cluster, tmp_path: object
+) -> None:
+    """`%wb restart` on a healthy cluster (restart_sync) used to leave the stepper's run
+    missing on the new engines (`KeyError: 'run'` on the next step)."""
+    saved = Stepper(
+        model="mlp-tiny", strategy="dp", batch_size=8, cluster=cluster, checkpoint_dir=tmp_path
+    )
+    fresh = Stepper(model="mlp-tiny", strategy="dp", batch_size=8, cluster=cluster)
+    try:
+        saved.step()
+        saved.save()
+        saved.step()
+        fresh.step(2)
+        cluster.restart_sync()
+        saved.step()
+        assert [s.step for s in saved.status] == [2, 2]  # from the checkpoint of step 1
+        assert saved.session.last_recovery == (
+            "the cluster was restarted since the run was built: rolled back from step 2 to "
+            "the checkpoint of step 1; 1 completed step(s) will be redone"
+        )
+        fresh.step()
+        assert [s.step for s in fresh.status] == [1, 1]  # rebuilt from its spec
+        assert "step 0 (no checkpoint: fresh weights)" in (fresh.session.last_recovery or "")
+        losses = [
+            e for e in saved.events if e.kind == "metric" and e.name == "loss" and e.rank == 0
+        ]
+        assert [e.step for e in losses] == [0, 1]  # the redone step replaced the old one
+    finally:
+        saved.close()
+        fresh.close()

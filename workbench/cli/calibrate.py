@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workbench.cli.numbers import count
 from workbench.errors import ConfigError
 from workbench.planner import fit_alpha_beta, hardware_from_fit
 
@@ -26,12 +27,16 @@ def register(subparsers: Any) -> None:
         description="Run an all-reduce size sweep on local gloo processes (127.0.0.1), "
         "fit t = 2(n-1)·α + 2(n-1)/n·S/B, and print or save the hardware profile.",
     )
-    p.add_argument("--world-size", type=int, default=2)
+    # Every number is checked by argparse, before any rank starts.
+    p.add_argument("--world-size", type=count(2, 64), default=2)
     p.add_argument(
-        "--sizes", type=int, nargs="+", help="message sizes in bytes (default 4 KiB..16 MiB)"
+        "--sizes",
+        type=count(1, 2**31),
+        nargs="+",
+        help="message sizes in bytes, at least two different (default 4 KiB..16 MiB)",
     )
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=count(1, 10_000), default=5)
+    p.add_argument("--warmup", type=count(0, 10_000), default=2)
     p.add_argument("--out", type=Path, help="write the profile JSON here")
     p.add_argument("--json", action="store_true", help="print the profile JSON")
     p.add_argument("--no-flops", action="store_true", help="skip the matmul rate measurement")
@@ -58,10 +63,14 @@ def measure_matmul_flops(n: int = 512, repeats: int = 5) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.sizes is not None and len(set(args.sizes)) < 2:
+        raise ConfigError(
+            f"--sizes {' '.join(map(str, args.sizes))} is not valid; give at least two "
+            "different sizes (the fit needs them to separate latency from bandwidth)"
+        )
+    # torch is imported only once the arguments are known to be good.
     from workbench.parallel.commbench import DEFAULT_SIZES, run_local_sweep
 
-    if args.world_size < 2:
-        raise ConfigError(f"--world-size {args.world_size} is not valid; it must be >= 2")
     sizes = list(args.sizes or DEFAULT_SIZES)
     samples = run_local_sweep(args.world_size, sizes=sizes, iters=args.iters, warmup=args.warmup)
     fit = fit_alpha_beta(samples, n=args.world_size)

@@ -23,6 +23,7 @@ import psutil
 
 from workbench.cluster import engine as engine_fns
 from workbench.cluster import launchers, rendezvous, watchdog
+from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import run_sync
@@ -87,7 +88,7 @@ class Cluster(RankDispatch):
             n=n,
             backend=backend,
             launcher=launcher,
-            hosts=tuple(hosts),
+            hosts=hosts,  # ClusterConfig: a str is one host (or comma-separated hosts)
             profile=profile,
             cluster_id=cluster_id,
             init_timeout=init_timeout,
@@ -101,6 +102,8 @@ class Cluster(RankDispatch):
         self._ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
         # engine id -> the launcher's host entry that started it (ssh), for replacements
         self.launch_hosts: dict[int, str] = {}
+        if profile is not None or cluster_id is not None:  # fail now, not at start
+            find_connection_file(profile, cluster_id)
         self.progress = progress
         self.state = "stopped"
         self.ranks: list[RankAssignment] = []

@@ -16,6 +16,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
+from workbench import validate
 from workbench.cluster.hang import describe_rank, hang_report, read_status
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import CellResult, format_remote
@@ -69,6 +70,7 @@ class RankDispatch:
         A failure on any rank raises ``RankError`` with every failing rank's traceback; an
         engine that died raises ``EngineDied``; ``timeout`` raises ``CollectiveTimeout``.
         """
+        validate.seconds("timeout", timeout, none_means="no limit")  # before any work is sent
         targets = self._targets(ranks)
         client = self.client
         futures = [client[r.engine_id].apply_async(fn, *args, **kwargs) for r in targets]
@@ -211,6 +213,7 @@ class RankDispatch:
         Failures are returned in the results (``CellResult.ename``), not raised, so the caller
         can show every rank's output before failing; a dead engine raises ``EngineDied``.
         """
+        validate.seconds("timeout", timeout, none_means="no limit")  # before any work is sent
         targets = self._targets(ranks)
         client = self.client
         futures = [client[r.engine_id].execute(code, silent=False, block=False) for r in targets]

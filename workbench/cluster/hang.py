@@ -17,13 +17,29 @@ __all__ = ["describe_rank", "hang_report", "read_status"]
 
 
 def read_status(run_dir: str | os.PathLike[str] | None, rank: int) -> dict[str, Any] | None:
-    """The last status rank ``rank`` wrote, or None (no file, other host, unreadable)."""
+    """The last status rank ``rank`` wrote, or None (no file, other host, unreadable).
+
+    Anything but a JSON object whose ``in_flight`` (if any) is a list of objects counts as
+    unreadable: the report must come out whatever a damaged file holds."""
     if run_dir is None:
         return None
     try:
-        return json.loads(status_path(run_dir, rank).read_text())  # type: ignore[no-any-return]
+        status = json.loads(status_path(run_dir, rank).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(status, dict):
+        return None
+    flights = status.get("in_flight") or []
+    if not isinstance(flights, list) or not all(isinstance(f, dict) for f in flights):
+        return None
+    return status
+
+
+def _no_status(run_dir: str | os.PathLike[str] | None, rank: int) -> str:
+    """Why a rank has no status: a file that is there but unreadable, or none at all."""
+    if run_dir is not None and status_path(run_dir, rank).exists():
+        return "status file unreadable"
+    return "no status (engine on another host?)"
 
 
 def _where(status: dict[str, Any]) -> str:
@@ -78,7 +94,7 @@ def hang_report(
             entered = f", never entered {' / '.join(ops)}" if ops else ""
             lines.append(f"  rank {rank}: finished the cell{entered}")
         elif status is None:
-            lines.append(f"  rank {rank}: busy, no status (engine on another host?)")
+            lines.append(f"  rank {rank}: busy, {_no_status(run_dir, rank)}")
         else:
             lines.append(
                 f"  rank {rank}: busy at {_where(status)}, not in a collective"

@@ -10,6 +10,8 @@ from dataclasses import asdict
 from typing import Any
 
 from workbench.cluster.engine import engine_state
+from workbench.cluster.fail_together import fail_together
+from workbench.errors import CheckpointError, ClusterError
 
 __all__ = [
     "build_run",
@@ -24,11 +26,11 @@ __all__ = [
 ]
 
 _RUN = "run"
-_AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None}
+_AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None, "key": bytes}
 
 
 def _summary(cursor: int) -> dict[str, Any]:
-    train_step = engine_state()[_RUN]
+    train_step = _run()
     records, new_cursor = train_step.recorder.records_since(cursor)
     return {
         "step": train_step.step,
@@ -39,13 +41,29 @@ def _summary(cursor: int) -> dict[str, Any]:
     }
 
 
+def _run() -> Any:
+    """This rank's training run; a clear error when there is none (a restart or a
+    recovery closed it: the session rebuilds it)."""
+    train_step = engine_state().get(_RUN)
+    if train_step is None:
+        raise ClusterError(
+            "no training run on this rank (the cluster was restarted or recovered since it "
+            "was built); the stepper rebuilds it on its next call, or call session.build()"
+        )
+    return train_step
+
+
 def build_run(
     spec_fields: dict[str, Any], autosave: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """(Re)build this rank's run from ``RunSpec`` fields; closes any previous run.
 
-    ``autosave`` ({"root", "every", "keep_last"}) checkpoints every ``every`` steps.
+    ``autosave`` ({"root", "every", "keep_last", "key"}) checkpoints every ``every`` steps.
     """
+    return fail_together(_build_run, spec_fields, autosave)
+
+
+def _build_run(spec_fields: dict[str, Any], autosave: dict[str, Any] | None) -> dict[str, Any]:
     import torch.distributed as dist
 
     from workbench.cluster import flight
@@ -69,51 +87,104 @@ def build_run(
     return {"phases": train_step.phases, **_summary(0)}
 
 
-def _autosave(train_step: Any) -> str | None:
-    """Checkpoint when a step just finished and autosave asks for this step."""
+def _agreed(exc: Exception) -> bool:
+    """A checkpoint error every rank raised at the same point (the group is intact)."""
+    return isinstance(exc, CheckpointError) and exc.ranks is not None
+
+
+def _autosave(train_step: Any) -> tuple[str | None, str | None]:
+    """Checkpoint when a step just finished and autosave asks for this step; returns
+    (path, None), or (None, error) for a failed save (the run itself is fine)."""
     cfg = engine_state().get(_AUTOSAVE)
     if not cfg or not train_step.at_step_boundary or train_step.step % int(cfg["every"]):
-        return None
+        return None, None
     from workbench.parallel.checkpoint import save_checkpoint
 
-    return str(save_checkpoint(train_step, cfg["root"], keep_last=cfg.get("keep_last")))
+    try:
+        path = save_checkpoint(
+            train_step, cfg["root"], keep_last=cfg.get("keep_last"), key=cfg.get("key")
+        )
+    except CheckpointError as exc:
+        if not _agreed(exc):
+            raise
+        return None, f"automatic checkpoint: {exc}"
+    return str(path), None
 
 
 def run_phases(count: int, cursor: int) -> dict[str, Any]:
     """Run ``count`` phases (crossing step boundaries as needed)."""
-    train_step = engine_state()[_RUN]
-    ran, saved = [], []
+    _run()  # no run is the same on every rank: an error, not a failure to spread
+    return fail_together(_run_phases, count, cursor)
+
+
+def _run_phases(count: int, cursor: int) -> dict[str, Any]:
+    train_step = _run()
+    ran, saved, error = [], [], None
     for _ in range(count):
         ran.append(train_step.run_phase())
-        if ran[-1] == "optimizer" and (path := _autosave(train_step)):
-            saved.append(path)
-    return {"ran": ran, "saved": saved, **_summary(cursor)}
+        if ran[-1] == "optimizer":
+            path, error = _autosave(train_step)
+            saved += [path] if path else []
+            if error:
+                break
+    return {"ran": ran, "saved": saved, "error": error, **_summary(cursor)}
 
 
 def run_steps(count: int, cursor: int) -> dict[str, Any]:
     """Finish the step in progress, then run ``count - 1`` more whole steps."""
-    train_step = engine_state()[_RUN]
-    losses, saved = [], []
+    _run()  # no run is the same on every rank: an error, not a failure to spread
+    return fail_together(_run_steps, count, cursor)
+
+
+def _run_steps(count: int, cursor: int) -> dict[str, Any]:
+    train_step = _run()
+    losses, saved, error = [], [], None
     for _ in range(count):
         losses.append(train_step.run_step())
-        if path := _autosave(train_step):
-            saved.append(path)
-    return {"losses": losses, "saved": saved, **_summary(cursor)}
+        path, error = _autosave(train_step)
+        saved += [path] if path else []
+        if error:
+            break
+    return {"losses": losses, "saved": saved, "error": error, **_summary(cursor)}
 
 
-def save_run(root: str, keep_last: int | None, cursor: int) -> dict[str, Any]:
-    """Checkpoint this rank's run under ``root`` (collective: every rank calls it)."""
+def save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
+    """Checkpoint this rank's run under ``root`` (collective: every rank calls it);
+    ``key`` signs the manifest (the client's checkpoint key). A failure every rank agreed
+    on comes back as ``error`` (the run is intact)."""
+    _run()  # no run is the same on every rank: an error, not a failure to spread
+    return fail_together(_save_run, root, keep_last, key, cursor)
+
+
+def _save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
     from workbench.parallel.checkpoint import save_checkpoint
 
-    path = save_checkpoint(engine_state()[_RUN], root, keep_last=keep_last)
+    try:
+        path = save_checkpoint(_run(), root, keep_last=keep_last, key=key)
+    except CheckpointError as exc:
+        if not _agreed(exc):
+            raise
+        return {"error": str(exc), "failed_ranks": exc.ranks, **_summary(cursor)}
     return {"path": str(path), **_summary(cursor)}
 
 
-def load_run(root: str, step: int | None, cursor: int) -> dict[str, Any]:
-    """Load a checkpoint into this rank's run (collective: every rank calls it)."""
+def load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
+    """Load a checkpoint into this rank's run (collective: every rank calls it); only
+    one whose manifest ``key`` signed. A failure every rank agreed on comes back as
+    ``error`` (the run is unchanged)."""
+    _run()  # no run is the same on every rank: an error, not a failure to spread
+    return fail_together(_load_run, root, step, key, cursor)
+
+
+def _load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
     from workbench.parallel.checkpoint import load_checkpoint
 
-    meta = load_checkpoint(engine_state()[_RUN], root, step)
+    try:
+        meta = load_checkpoint(_run(), root, step, key=key)
+    except CheckpointError as exc:
+        if not _agreed(exc):
+            raise
+        return {"error": str(exc), "failed_ranks": exc.ranks, **_summary(cursor)}
     return {"meta": {k: v for k, v in meta.items() if k != "spec"}, **_summary(cursor)}
 
 

@@ -7,6 +7,7 @@ object, no widgets: the stepper widget is a view over it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 from workbench.cluster import remote_run
 from workbench.cluster.cluster import Cluster
 from workbench.errors import (
+    CheckpointError,
     ClusterError,
     CollectiveTimeout,
     ConfigError,
@@ -26,6 +28,30 @@ from workbench.parallel.spec import RunSpec
 from workbench.trace import Event, from_record, to_perfetto
 
 __all__ = ["RankStatus", "TrainingSession", "validate_layout"]
+
+
+# After one rank failed, how long the ranks still running get to finish (a peer freed by the
+# failed rank's teardown fails within milliseconds) before they are reported as waiting.
+PEER_GRACE_S = 3.0
+
+
+def _raised(future: Any) -> bool:
+    """A finished remote call that raised (a dead engine is collect()'s business)."""
+    try:
+        future.get(0)
+    except Exception as exc:
+        return getattr(exc, "ename", "") != "EngineError"
+    return False
+
+
+def _remote_failure(future: Any) -> str:
+    from workbench.cluster.results import format_remote
+
+    try:
+        future.get(0)
+    except Exception as exc:
+        return format_remote(exc)
+    return "?"
 
 
 def _error_fields(exc: Exception) -> dict[str, Any]:
@@ -77,6 +103,7 @@ class TrainingSession:
         checkpoint_dir: str | Path | None = None,
         checkpoint_every: int | None = None,
         keep_last: int | None = 3,
+        checkpoint_key: bytes | None = None,
     ) -> None:
         if checkpoint_every is not None and (
             isinstance(checkpoint_every, bool)
@@ -86,6 +113,13 @@ class TrainingSession:
             raise ConfigError(
                 f"checkpoint_every={checkpoint_every!r} is not valid; it must be an integer "
                 ">= 1 or None (no automatic checkpoints)"
+            )
+        if checkpoint_key is not None and (
+            not isinstance(checkpoint_key, bytes) or len(checkpoint_key) < 16
+        ):
+            raise ConfigError(
+                "checkpoint_key must be bytes of at least 16 (random) bytes, or None for the "
+                "per-user key file"
             )
         if checkpoint_every is not None and checkpoint_dir is None:
             raise ConfigError("checkpoint_every needs checkpoint_dir= (where to write them)")
@@ -100,8 +134,16 @@ class TrainingSession:
         )
         self.checkpoint_every = checkpoint_every
         self.keep_last = keep_last
+        # Signs checkpoints' manifests; default: the per-user key file (checkpoint_trust).
+        self.checkpoint_key = checkpoint_key
         self.last_recovery: str | None = None  # what the last recovery rolled back
         self._interrupted = False
+        # A rank failed part-way and closed the process group on every rank (see
+        # fail_together): it is re-created before the run is rebuilt.
+        self._regroup = False
+        # The engines (id, pid, rendezvous port) the run was built on: when they change
+        # (a restart, a recovery) the run is gone from the engines and is rebuilt.
+        self._built_on: tuple[tuple[int, int, int], ...] = ()
         self._state = _State(spec=spec)
         self._listeners: list[Listener] = []
         self._reference: list[float] = []
@@ -163,16 +205,25 @@ class TrainingSession:
         self._build_remote(spec)
 
     def _build_remote(self, spec: RunSpec, *, keep_events: bool = True) -> None:
+        if self._regroup:  # a failed rank closed the process group: a fresh one first
+            self.cluster.recover_sync()
+            self._regroup = False
         autosave = None
         if self.checkpoint_every is not None and self.checkpoint_dir is not None:
             autosave = {
                 "root": self.checkpoint_dir,
                 "every": self.checkpoint_every,
                 "keep_last": self.keep_last,
+                "key": self._key(),
             }
-        results = self.cluster.run(
-            remote_run.build_run, asdict(spec), autosave, timeout=self.timeout
-        )
+        try:
+            results = self.cluster.run(
+                remote_run.build_run, asdict(spec), autosave, timeout=self.timeout
+            )
+        except RankError as exc:
+            self._regroup = True
+            self.built = False
+            raise self._rank_failure(exc) from None
         self._state.phases = list(results[0]["phases"])
         self._state.cursors = {}
         before = len(self._state.events)
@@ -181,10 +232,24 @@ class TrainingSession:
             del self._state.events[before:]
         self._interrupted = False
         self.built = True
+        self._built_on = self._engines()
+
+    def _engines(self) -> tuple[tuple[int, int, int], ...]:
+        return tuple((r.engine_id, r.pid, r.master_port) for r in self.cluster.ranks)
 
     def _ensure_built(self) -> None:
         if not self.built:
             self.build()
+        elif self._engines() != self._built_on:
+            self._resume_on_new_engines()
+
+    def _resume_on_new_engines(self) -> None:
+        """The cluster was restarted (or recovered) since the run was built, so the run
+        is gone from the engines: rebuild it from its spec and its last checkpoint."""
+        self._regroup = False  # the new engines have a fresh process group
+        self._interrupted = False
+        message = self._roll_back()
+        self.last_recovery = f"the cluster was restarted since the run was built: {message}"
 
     def phase(self, count: int = 1) -> list[Event]:
         """Advance every rank by ``count`` phases; returns the new events."""
@@ -231,6 +296,15 @@ class TrainingSession:
         return done
 
     # -- checkpoints ---------------------------------------------------------------------
+    def _key(self) -> bytes:
+        """This user's checkpoint key, read here (the kernel's host) and handed to every
+        rank, so engines on other hosts sign and check with the same key."""
+        if self.checkpoint_key is None:
+            from workbench.parallel.checkpoint_trust import checkpoint_key
+
+            self.checkpoint_key = checkpoint_key()
+        return self.checkpoint_key
+
     def _root(self, path: str | Path | None) -> str:
         root = path if path is not None else self.checkpoint_dir
         if root is None:
@@ -246,7 +320,10 @@ class TrainingSession:
         self._ensure_built()
         root = self._root(path)
         results = self._call_each(
-            remote_run.save_run, root, keep_last if keep_last is not None else self.keep_last
+            remote_run.save_run,
+            root,
+            keep_last if keep_last is not None else self.keep_last,
+            self._key(),
         )
         return str(results[0]["path"])
 
@@ -256,7 +333,7 @@ class TrainingSession:
         metadata."""
         self._ensure_built()
         root = self._root(path)
-        results = self._call_each(remote_run.load_run, root, step, rebuild_events=True)
+        results = self._call_each(remote_run.load_run, root, step, self._key(), rebuild_events=True)
         return dict(results[0]["meta"])
 
     def checkpoints(self, path: str | Path | None = None) -> list[dict[str, Any]]:
@@ -277,14 +354,22 @@ class TrainingSession:
         stuck engines, re-create the process group), rebuild the run on every rank and
         load the last checkpoint. Returns (and keeps in ``last_recovery``) what was
         rolled back to where."""
+        cluster_report = ""
+        if self.cluster.state == "degraded" or self.cluster.stuck_ranks or self._regroup:
+            cluster_report = str(self.cluster.recover_sync())
+            self._regroup = False
+        message = self._roll_back() + (f"; {cluster_report}" if cluster_report else "")
+        self.last_recovery = message
+        return message
+
+    def _roll_back(self) -> str:
+        """Rebuild the run on every rank and load the last checkpoint (fresh weights
+        without one); says what was rolled back to where."""
         statuses = self.status
         before = max((st.step for st in statuses), default=0)
         first = self.phases[0] if self.phases else "data"
         # Read now: rebuilding below resets every rank's status.
         partial = any(st.next_phase != first for st in statuses)
-        cluster_report = ""
-        if self.cluster.state == "degraded" or self.cluster.stuck_ranks:
-            cluster_report = str(self.cluster.recover_sync())
         self._build_remote(self.spec, keep_events=False)
         available = self.checkpoints() if self.checkpoint_dir is not None else []
         if available:
@@ -297,11 +382,7 @@ class TrainingSession:
             step = 0
         lost = max(before - step, 0)
         redone = f"{lost} completed step(s)" + (" and the step in progress" if partial else "")
-        message = f"rolled back from step {before} to {to}; {redone} will be redone" + (
-            f"; {cluster_report}" if cluster_report else ""
-        )
-        self.last_recovery = message
-        return message
+        return f"rolled back from step {before} to {to}; {redone} will be redone"
 
     def reset(self) -> None:
         """Back to step 0 with fresh weights and empty records (same options)."""
@@ -342,13 +423,19 @@ class TrainingSession:
                 "the last step was interrupted part-way on the engines; roll back with "
                 "`session.recover()` / `%wb restart` (to the last checkpoint) or reset()"
             )
-        results = self._call_each(fn, count)
+        results = self._call_each(fn, count)  # raises when an automatic checkpoint failed
         return self._absorb(results)
 
     def _call_each(self, fn: Callable[..., Any], *args: Any, rebuild_events: bool = False) -> Any:
         """Call ``fn(*args, cursor)`` on every rank with its own cursor, concurrently.
 
         A dead engine or a hang is re-raised with what the run was doing."""
+        if self._regroup:
+            raise ClusterError(
+                "a rank failed part-way through the last call and closed the process group "
+                "on every rank, so that none waits for it; roll back with session.recover() "
+                "/ `%wb restart` (to the last checkpoint) or start over with reset()"
+            )
         ranks = sorted(self._state.status) or list(range(self.cluster.world_size))
         cursors = {r: self._state.cursors.get(r, 0) for r in ranks}
         client = self.cluster.client
@@ -360,17 +447,23 @@ class TrainingSession:
             client[self.cluster.ranks[r].engine_id].apply_async(fn, *args, cursors[r])
             for r in ranks
         ]
+        targets = [self.cluster.ranks[r] for r in ranks]
         try:
-            results = self.cluster.collect(
-                [self.cluster.ranks[r] for r in ranks], futures, self.timeout
-            )
+            self._wait_unless_a_rank_failed(targets, futures)
+            results = self.cluster.collect(targets, futures, self.timeout)
         except KeyboardInterrupt:
             self._interrupted = True
             raise
         except (EngineDied, CollectiveTimeout) as exc:
             raise type(exc)(f"{exc}\n{self._context()}", **_error_fields(exc)) from None
         except RankError as exc:
+            self._regroup = True  # the failing rank closed the group (fail_together)
             raise self._rank_failure(exc) from None
+        errors = [r for r in results if r.get("error")] if isinstance(results[0], dict) else []
+        if errors:  # every rank agreed on a failed save / load (also an automatic one after
+            # a step): the run is as it was, with the steps it completed
+            self._absorb(results)
+            raise CheckpointError(str(errors[0]["error"]), ranks=errors[0].get("failed_ranks"))
         if rebuild_events:
             step = int(results[0]["step"])
             self._drop_events_from(step)
@@ -378,14 +471,53 @@ class TrainingSession:
             self._absorb(results)
         return results
 
+    def _wait_unless_a_rank_failed(self, targets: list[Any], futures: list[Any]) -> None:
+        """Return when every rank finished, or raise ``RankError`` soon after one rank
+        failed while others still run: those wait in a collective for the failed rank
+        (a gloo collective cannot be interrupted), so they are marked stuck for
+        ``recover()`` instead of being waited for until the process-group timeout. The
+        failed rank has written its error to the store and dropped its group
+        (``fail_together``); a peer that this frees finishes within the grace and names it.
+        """
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        failed_at: float | None = None
+        while True:
+            pending = [f for f in futures if not f.ready()]
+            now = time.monotonic()
+            if not pending or (deadline is not None and now >= deadline):
+                return  # collect() gathers the results or reports the timeout
+            if failed_at is None and any(_raised(f) for f in futures if f.ready()):
+                failed_at = now
+            if failed_at is not None and now - failed_at >= PEER_GRACE_S:
+                break
+            pending[0].wait(0.02)
+        failures: dict[int, str] = {}
+        waiting: list[int] = []
+        for target, future in zip(targets, futures, strict=True):
+            if not future.ready():
+                waiting.append(target.rank)
+            elif _raised(future):
+                failures[target.rank] = _remote_failure(future)
+        if not failures:  # an engine died meanwhile: collect() reports it
+            return
+        self.cluster._mark_stuck(targets, futures)
+        failed = sorted(failures)
+        for rank in waiting:
+            failures[rank] = (
+                f"rank {rank} still waits (in a collective) for rank(s) {failed}, which failed; "
+                "session.recover() / `%wb restart` frees it and rolls back to the last checkpoint"
+            )
+        raise RankError.from_failures(failures)
+
     def _rank_failure(self, exc: RankError) -> RankError:
         """The ranks' exceptions, headed by where each failing rank was (host, step, phase)."""
         heads = []
         for rank in sorted(exc.failures):
             status = self._state.status.get(rank, RankStatus(rank=rank))
             host = self.cluster.ranks[rank].host if rank < self.cluster.world_size else "?"
+            what = "stopped (a peer failed)" if "PeerFailed" in exc.failures[rank] else "failed"
             heads.append(
-                f"rank {rank} on {host} failed in phase {status.next_phase!r} of step {status.step}"
+                f"rank {rank} on {host} {what} in phase {status.next_phase!r} of step {status.step}"
             )
         error = RankError.from_failures(exc.failures)
         error.args = ("; ".join(heads) + "\n" + str(error.args[0]),)

@@ -9,7 +9,17 @@ from typing import Any, NoReturn
 
 from IPython.core.error import UsageError
 
-__all__ = ["HelpShown", "MagicParser", "parse_ranks", "split_line", "whole_number"]
+from workbench import validate
+from workbench.errors import ConfigError
+
+__all__ = [
+    "HelpShown",
+    "MagicParser",
+    "parse_ranks",
+    "seconds_option",
+    "split_line",
+    "whole_number",
+]
 
 
 class HelpShown(Exception):
@@ -47,49 +57,80 @@ def split_line(line: str) -> list[str]:
 
 
 def parse_ranks(text: str | None, world_size: int) -> list[int] | None:
-    """``"0,2"``, ``"0-3"``, ``"all"`` or None -> rank list, validated against world_size."""
+    """``"0,2"``, ``"0-3"``, ``"all"`` or None -> rank list, validated against world_size.
+
+    Both ends of a range are checked against the world size before it is expanded, so
+    ``0-50000000`` is refused at once, with a message of one short line."""
     if text is None or text == "all":
         return None
+    last = world_size - 1
+
+    def bad(why: str, valid: str) -> UsageError:
+        return UsageError(f"--ranks {_cut(text)!r} is not valid: {why}; {valid}")
+
+    usage = f"use 'all', a list like '0,1' or a range like '0-{max(last, 0)}'"
     ranks: set[int] = set()
     for part in text.split(","):
-        part = part.strip()
+        bounds = part.split("-", 1)
         try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                ranks.update(range(lo, hi + 1))
-            else:
-                ranks.add(int(part))
+            lo, hi = int(bounds[0]), int(bounds[-1])
         except ValueError:
-            raise UsageError(
-                f"--ranks {text!r} is not valid; use 'all', a list like '0,1' or a range "
-                f"like '0-{max(world_size - 1, 0)}'"
-            ) from None
-    bad = sorted(r for r in ranks if not 0 <= r < world_size)
-    if bad or not ranks:
-        raise UsageError(
-            f"--ranks {text!r} names rank(s) {bad} outside this cluster; valid ranks are "
-            f"0..{world_size - 1} (world size {world_size})"
-        )
+            raise bad(f"{_cut(part.strip())!r} is not a rank or a range", usage) from None
+        for rank in (lo, hi):
+            if not 0 <= rank < world_size:
+                raise bad(
+                    f"rank {_cut(str(rank))} is outside this cluster",
+                    f"valid ranks are 0..{last} (world size {world_size})",
+                )
+        if lo > hi:
+            raise bad(f"{_cut(part.strip())!r} is an empty range", usage)
+        ranks.update(range(lo, hi + 1))
     return sorted(ranks)
 
 
-def whole_number(
-    option: str, minimum: int, example: int, meaning: str = ""
-) -> Callable[[str], int]:
-    """An argparse ``type`` for integer options: bad text or a value below ``minimum`` is a
-    ``UsageError`` naming the option, the value and the valid range (``meaning`` says it
-    in the option's own words)."""
+def _cut(text: str, limit: int = 40) -> str:
+    """User text cut to ``limit`` characters: a message stays one short line."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
-    def convert(text: str) -> int:
+
+def _option(option: str, parse: Callable[[str], Any], check: Callable[[Any], Any]) -> Any:
+    """An argparse ``type``: ``parse`` the text, ``check`` the value. A ``ConfigError``
+    from either becomes a ``UsageError`` (argparse would turn a ValueError into its own
+    vague "invalid value" message)."""
+
+    def convert(text: str) -> Any:
         try:
-            value = int(text)
-        except ValueError:
-            raise UsageError(
-                f"{option} {text!r} is not a whole number; use e.g. {option} {example}"
-            ) from None
-        if value < minimum:
-            why = meaning or f"it must be >= {minimum}"
-            raise UsageError(f"{option} {value} is not valid; {why}")
-        return value
+            return check(parse(text))
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
 
     return convert
+
+
+def whole_number(
+    option: str, minimum: int, what: str = "a whole number", maximum: int | None = None
+) -> Callable[[str], int]:
+    """An argparse ``type`` for integer options: bad text or a value out of range is a
+    ``UsageError`` naming the option, the text and the valid range (``what`` names the
+    quantity in the option's own words, e.g. "a number of engines")."""
+
+    def parse(text: str) -> int | str:
+        try:
+            return int(text)
+        except ValueError:
+            return text  # check() refuses it as "not a whole number", naming the text
+
+    def check(value: int | str) -> int | None:
+        return validate.integer(option, value, minimum=minimum, maximum=maximum, what=what)
+
+    return _option(option, parse, check)  # type: ignore[no-any-return]
+
+
+def seconds_option(option: str, minimum: float = 0.0) -> Callable[[str], float]:
+    """An argparse ``type`` for a timeout or an interval (see ``validate.seconds``):
+    ``nan``, ``inf`` and ``-1`` are ``UsageError``s naming the option and the range."""
+
+    def check(value: float) -> float | None:
+        return validate.seconds(option, value, minimum=minimum)
+
+    return _option(option, lambda text: validate.parse_number(option, text), check)  # type: ignore[no-any-return]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
 from workbench.errors import CheckpointError, ConfigError
 from workbench.magics.args import MagicParser, whole_number
-from workbench.magics.core import WorkbenchMagics, command
+from workbench.magics.registry import command
+from workbench.magics.step_cmds import current_stepper
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
 
 ACTIONS = ("save", "load", "list")
 
@@ -17,11 +21,14 @@ def _checkpoint_args(p: MagicParser) -> None:
     p.add_argument("action", choices=ACTIONS, help="save, load or list checkpoints")
     p.add_argument("--dir", default=None, help="checkpoint root (default: the session's)")
     p.add_argument(
-        "--step", type=whole_number("--step", 0, 3), default=None, help="load: which step"
+        "--step",
+        type=whole_number("--step", 0, "a step number"),
+        default=None,
+        help="load: which step",
     )
     p.add_argument(
         "--keep-last",
-        type=whole_number("--keep-last", 1, 3),
+        type=whole_number("--keep-last", 1, "a number of checkpoints"),
         default=None,
         help="save: keep N newest",
     )
@@ -29,10 +36,8 @@ def _checkpoint_args(p: MagicParser) -> None:
 
 @command("checkpoint", "save, load or list checkpoints of the current stepper", _checkpoint_args)
 def checkpoint(magics: WorkbenchMagics, args: Any) -> Any:
-    from workbench.ui.stepper import Stepper
-
+    stepper = current_stepper(running=True)
     try:
-        stepper = Stepper.current()
         if args.action == "save":
             path = stepper.save(args.dir, keep_last=args.keep_last)
             print(f"workbench: saved step {stepper.session.step_index} to {path}")

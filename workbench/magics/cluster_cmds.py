@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
-from workbench.config import BACKENDS, LAUNCHERS
+from workbench.cluster.connection import find_connection_file
+from workbench.config import (
+    BACKENDS,
+    LAUNCHERS,
+    MAX_ENGINES,
+    parse_hosts,
+)
 from workbench.errors import ConfigError
-from workbench.magics.args import MagicParser, whole_number
-from workbench.magics.core import WorkbenchMagics, command
+from workbench.magics.args import MagicParser, seconds_option, whole_number
 from workbench.magics.progress import notebook_progress
+from workbench.magics.registry import command
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
 
 
 def _start_args(p: MagicParser) -> None:
     p.add_argument(
         "-n",
-        type=whole_number("-n", 1, 2, "the number of engines must be >= 1"),
+        type=whole_number("-n", 1, "a number of engines", maximum=MAX_ENGINES),
         default=2,
         help="number of engines (ranks)",
     )
@@ -26,8 +35,18 @@ def _start_args(p: MagicParser) -> None:
     p.add_argument("--hosts", default="", help="comma-separated hosts for --launcher ssh")
     p.add_argument("--profile", default=None, help="connect to a running ipyparallel profile")
     p.add_argument("--cluster-id", default=None, help="connect to a running cluster id")
-    p.add_argument("--timeout", type=float, default=60.0, help="process-group init timeout (s)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per engine")
+    p.add_argument(
+        "--timeout",
+        type=seconds_option("--timeout"),
+        default=60.0,
+        help="process-group init timeout (s)",
+    )
+    p.add_argument(
+        "--threads",
+        type=whole_number("--threads", 1, "a number of threads"),
+        default=None,
+        help="torch threads per engine (default: the host's cores shared by its engines)",
+    )
 
 
 @command("start", "start engines and join them into a process group", _start_args)
@@ -36,19 +55,7 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
         raise UsageError(
             f"a cluster is already running ({magics.cluster!r}); `%wb stop` or `%wb restart` first"
         )
-    try:
-        cluster = Cluster(
-            n=args.n,
-            backend=args.backend,
-            launcher=args.launcher,
-            hosts=[h for h in args.hosts.split(",") if h],
-            profile=args.profile,
-            cluster_id=args.cluster_id,
-            init_timeout=args.timeout,
-            threads_per_engine=args.threads,
-        )
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    cluster = make_cluster(args)
     callback, close = notebook_progress(args.n)
     cluster.progress = callback
     try:
@@ -63,6 +70,38 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
         f"workbench: {cluster.world_size} ranks on {hosts} host(s), "
         f"backend {r0.backend}, device {'cuda' if r0.device.startswith('cuda') else 'cpu'}"
     )
+
+
+def make_cluster(args: Any) -> Cluster:
+    """The ``Cluster`` that ``%wb start`` asks for, or a ``UsageError``; nothing starts.
+
+    The checks that need the options together come first, in the magic's own words
+    (``--hosts``, not ``hosts=``); ``Cluster`` checks everything again for Python callers.
+    """
+    try:
+        hosts = parse_hosts("--hosts", args.hosts)
+        if args.launcher == "ssh" and not hosts:
+            raise UsageError("--launcher ssh needs --hosts, e.g. --hosts node-a,node-b")
+        if args.launcher != "ssh" and hosts:
+            raise UsageError(
+                f"--hosts {args.hosts!r} is not valid: --launcher {args.launcher} does not "
+                "place engines on named hosts; use --launcher ssh with --hosts, or leave "
+                "--hosts out"
+            )
+        if args.profile is not None or args.cluster_id is not None:
+            find_connection_file(args.profile, args.cluster_id, names=("--profile", "--cluster-id"))
+        return Cluster(
+            n=args.n,
+            backend=args.backend,
+            launcher=args.launcher,
+            hosts=hosts,
+            profile=args.profile,
+            cluster_id=args.cluster_id,
+            init_timeout=args.timeout,
+            threads_per_engine=args.threads,
+        )
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 @command("stop", "stop the engines and the controller", lambda p: None)

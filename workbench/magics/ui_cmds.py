@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from workbench.magics.args import MagicParser
-from workbench.magics.core import WorkbenchMagics, command
+from workbench.magics.args import MagicParser, seconds_option
+from workbench.magics.registry import command
+from workbench.validate import MIN_REFRESH_S
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
 
 
 def _dashboard_args(p: MagicParser) -> None:
     p.add_argument(
-        "--interval", type=float, default=None, help="auto-refresh every S seconds while idle"
+        "--interval",
+        type=seconds_option("--interval", minimum=MIN_REFRESH_S),
+        default=None,
+        help=f"auto-refresh every S seconds while idle (S >= {MIN_REFRESH_S})",
     )
 
 
 @command("dashboard", "panel of ranks, hosts, devices, state and memory", _dashboard_args)
 def dashboard(magics: WorkbenchMagics, args: Any) -> Any:
-    from IPython.core.error import UsageError
-
     from workbench.ui.dashboard import Dashboard
 
-    if args.interval is not None and args.interval <= 0:
-        raise UsageError(f"--interval {args.interval} must be a positive number of seconds")
     return Dashboard(magics.require_cluster(), interval=args.interval)

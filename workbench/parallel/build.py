@@ -22,8 +22,7 @@ from workbench.errors import ConfigError, ParallelError
 from workbench.parallel.collectives import gather_objects
 from workbench.parallel.data import batches, make_dataset, make_loader
 from workbench.parallel.dims import ParallelDims
-from workbench.parallel.dp import apply_dp
-from workbench.parallel.fsdp import apply_fsdp, zero_optimizer
+from workbench.parallel.fsdp import zero_optimizer
 from workbench.parallel.megatron import (
     ColumnParallelLinear,
     apply_megatron,
@@ -31,10 +30,10 @@ from workbench.parallel.megatron import (
 )
 from workbench.parallel.models import build_model, get_config, loss_fn_for
 from workbench.parallel.options import apply_checkpointing, check_precision, compute_dtype
-from workbench.parallel.pp import PipelineModule, apply_pp
+from workbench.parallel.parallelize import layout_for, parallelize
+from workbench.parallel.pp import PipelineModule
 from workbench.parallel.spec import RunSpec
 from workbench.parallel.step import TrainStep
-from workbench.parallel.tp import apply_tp
 from workbench.trace.recorder import Recorder
 
 __all__ = [
@@ -127,35 +126,22 @@ def _apply_strategy(
     spec: RunSpec, model: nn.Module, dims: ParallelDims, loss_fn: Any, recorder: Recorder
 ) -> tuple[nn.Module, dist.ProcessGroup | None, str]:
     """The wrapped model, the group the loss is reduced over for reporting, and how."""
-    s = spec.strategy
-    if s == "single":
-        return model, None, "none"
-    mesh = dims.mesh
-    dp_group = mesh.get_group("dp") if mesh.ndim > 1 else mesh.get_group()
-    if s == "dp":
-        return apply_dp(model, mesh, overlap=spec.overlap), dp_group, "mean"
-    if s in ("zero1", "zero2", "fsdp"):
-        stage = {"zero1": 1, "zero2": 2, "fsdp": 3}[s]
-        wrapped = apply_fsdp(model, mesh, stage=stage, param_dtype=_fsdp_dtype(spec))
-        return wrapped, dp_group, "mean"
-    if s == "tp":
-        return apply_tp(model, mesh), None, "none"
-    if s == "megatron":
-        return apply_megatron(model, mesh.get_group()), None, "none"
-    if s == "pp":
-        pipe = apply_pp(
-            model,
-            mesh,
-            loss_fn=loss_fn,
-            microbatches=spec.microbatches,
-            schedule=spec.schedule,
-            recorder=recorder,
-        )
-        return pipe, mesh.get_group(), "sum"
-    # dp_tp: TP inside pairs of neighbouring ranks, FSDP (ZeRO-3) across them (torchtitan 2-D).
-    model = apply_tp(model, dims.submesh("tp"))
-    model = apply_fsdp(model, dims.submesh("dp"), stage=3, param_dtype=_fsdp_dtype(spec))
-    return model, dp_group, "mean"
+    # Presets are shorthands for dimensions (``layout_for``), applied one dimension at a
+    # time by ``parallelize``; only the hand-written Megatron view has its own branch.
+    if spec.strategy == "megatron":
+        return apply_megatron(model, dims.mesh.get_group()), None, "none"
+    layout = layout_for(spec.strategy, dims.world_size, overlap=spec.overlap)
+    done = parallelize(
+        model,
+        layout,
+        dims,
+        loss_fn=loss_fn,
+        microbatches=spec.microbatches,
+        schedule=spec.schedule,
+        recorder=recorder,
+        param_dtype=_fsdp_dtype(spec),
+    )
+    return done.model, done.loss_group, done.loss_reduce
 
 
 def _fsdp_dtype(spec: RunSpec) -> torch.dtype | None:
@@ -177,14 +163,9 @@ def _make_optimizer(spec: RunSpec, model: nn.Module, dims: ParallelDims) -> torc
 def _make_tracers(
     spec: RunSpec, model: nn.Module, optimizer: torch.optim.Optimizer, recorder: Recorder
 ) -> tuple[Any, Any]:
-    try:
-        from workbench.trace.comm import CommTracer
-        from workbench.trace.memory import MemoryTracer
-    except ImportError as exc:
-        raise ConfigError(
-            f"trace=True needs workbench.trace.memory and workbench.trace.comm ({exc}); "
-            "pass trace=False to run without tracing"
-        ) from exc
+    from workbench.trace.comm import CommTracer
+    from workbench.trace.memory import MemoryTracer
+
     inner = _inner_module(model)
     memory = MemoryTracer(inner, optimizer, recorder, per_module=spec.per_module)
     comm = CommTracer(recorder)

@@ -7,25 +7,35 @@ A checkpoint is a directory ``<root>/step-00000003`` holding
   FSDP2 / DTensor: every rank its shard), so a load under another layout reshards;
 - ``rng/rank-00001.pt``: each rank's torch RNG states (tensors only, loaded with
   ``weights_only=True``) and ``rng/rank-00001.json``: its Python ``random`` state;
-- ``meta.json``: step, data position, last loss, strategy, world size and the run's spec.
+- ``meta.json``: step, data position, last loss, strategy, world size and the run's spec;
+- ``manifest.json``: the SHA-256 sum of every other file, signed (HMAC) with a key kept
+  outside the checkpoint (``checkpoint_trust``).
 
 Saving is atomic: every rank writes into ``<root>/.tmp-step-00000003``; only after all
-ranks finished does rank 0 write ``meta.json`` and rename the directory into place. A save
-that dies halfway leaves a ``.tmp-*`` directory that loads ignore and the next save
-removes, and the previous checkpoint untouched. Nothing is unpickled on load.
+ranks finished does rank 0 write ``meta.json`` and the manifest and rename the directory
+into place. A save that fails or dies halfway leaves the previous checkpoint untouched
+(and at most a ``.tmp-*`` directory that loads ignore and the next save removes).
+
+Loading is all-or-nothing: the manifest's signature and every sum are checked (the files
+split among the ranks), ``meta.json`` and the RNG files parsed and checked, and DCP reads
+into copies of the state dicts; the run (weights, optimizer, RNG, step, data position)
+is replaced only once every rank got that far. DCP reads through ``checkpoint_reader``:
+no arbitrary unpickling, even of verified files.
 
 All three functions are collective for distributed strategies: call them on every rank.
+A failure on one rank is exchanged at the next step (``agreement``), so every rank raises
+the same ``CheckpointError`` naming the failing rank(s) and none waits in a collective.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +45,24 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from workbench.errors import CheckpointError
+from workbench.parallel.agreement import Failures, capture, exchange
+from workbench.parallel.checkpoint_meta import (
+    FORMAT,
+    RngState,
+    make_meta,
+    parse_meta,
+    parse_rng,
+    rng_state,
+    set_rng_state,
+)
+from workbench.parallel.checkpoint_reader import VerifiedReader, WeightsOnlyPlanner
+from workbench.parallel.checkpoint_trust import (
+    checkpoint_key,
+    read_manifest,
+    read_verified,
+    verify_files,
+    write_manifest,
+)
 from workbench.parallel.step import TrainStep
 
 __all__ = [
@@ -45,7 +73,6 @@ __all__ = [
     "save_checkpoint",
 ]
 
-FORMAT = 1
 _PREFIX = "step-"
 _TMP = ".tmp-"
 _TRASH = ".old-"
@@ -63,19 +90,60 @@ def _rank(train_step: TrainStep) -> int:
     return dist.get_rank() if _distributed(train_step) else 0
 
 
-def _barrier(train_step: TrainStep) -> None:
-    if _distributed(train_step):
-        dist.barrier()
+def _world(train_step: TrainStep) -> int:
+    return dist.get_world_size() if _distributed(train_step) else 1
+
+
+class _Steps:
+    """The rank-local parts of one collective save / load. ``local()`` records a failure
+    instead of raising; ``agree()`` then has every rank raise the same error (or none)."""
+
+    def __init__(self, train_step: TrainStep, what: str) -> None:
+        self.train_step = train_step
+        self.rank = _rank(train_step)
+        self.what = what
+        self.failures: Failures = {}
+
+    def local(self) -> Any:
+        return capture(self.failures, self.rank)
+
+    def agree(self, consequence: str = "") -> None:
+        if _distributed(self.train_step):
+            failures = exchange(self.failures, device=self.train_step.device)
+        else:
+            failures = dict(self.failures)
+        self.failures = {}
+        if not failures:
+            return
+        ranks = sorted(r for r in failures if r >= 0)
+        distinct = sorted(set(failures.values()))
+        if not _distributed(self.train_step):
+            detail = distinct[0]
+            head = f"{self.what} failed"
+        else:
+            label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+            head = f"{self.what} failed on {label}"
+            if len(distinct) == 1:
+                detail = distinct[0]
+            else:
+                detail = "; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items()))
+        raise CheckpointError(f"{head}: {detail}{consequence}", ranks=ranks)
 
 
 @contextmanager
-def _quiet_single(train_step: TrainStep) -> Iterator[None]:
-    """DCP warns that it assumes one process when there is no process group: expected
-    for ``single``, so not shown."""
-    with warnings.catch_warnings():
-        if not _distributed(train_step):
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+def _tagged(train_step: TrainStep) -> Iterator[None]:
+    """Tag the events of DCP's own collectives with the ``checkpoint`` phase; DCP warns
+    that it assumes one process when there is no process group: expected for ``single``,
+    so not shown."""
+    recorder = train_step.recorder
+    previous, recorder.phase = recorder.phase, "checkpoint"
+    try:
+        with warnings.catch_warnings():
+            if not _distributed(train_step):
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            yield
+    finally:
+        recorder.phase = previous
 
 
 def _check_strategy(train_step: TrainStep) -> None:
@@ -90,46 +158,22 @@ def _name(step: int) -> str:
     return f"{_PREFIX}{step:08d}"
 
 
-def _rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
-    tensors: dict[str, Any] = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        tensors["cuda"] = torch.cuda.get_rng_state_all()
-    version, internal, gauss = random.getstate()
-    return tensors, {"version": version, "state": list(internal), "gauss": gauss}
+def _rng_name(rank: int) -> str:
+    return f"rng/rank-{rank:05d}"
 
 
-def _set_rng_state(tensors: dict[str, Any], py: dict[str, Any]) -> None:
-    torch.set_rng_state(tensors["cpu"])
-    if "cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(tensors["cuda"])
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-
-
-def _meta(train_step: TrainStep, world: int) -> dict[str, Any]:
-    spec = train_step.spec
-    spec_fields: dict[str, Any] | None = None
-    if spec is not None:
-        from dataclasses import asdict
-
-        spec_fields = asdict(spec)
-    return {
-        "format": FORMAT,
-        "step": train_step.step,
-        "data_position": train_step.data_position,
-        "last_loss": train_step.last_loss,
-        "strategy": train_step.strategy,
-        "world_size": world,
-        "model": spec_fields["model"] if spec_fields else None,
-        "spec": spec_fields,
-    }
-
-
+# -- save --------------------------------------------------------------------------------
 def save_checkpoint(
-    train_step: TrainStep, root: str | os.PathLike[str], *, keep_last: int | None = None
+    train_step: TrainStep,
+    root: str | os.PathLike[str],
+    *,
+    keep_last: int | None = None,
+    key: bytes | None = None,
 ) -> Path:
     """Save ``train_step`` (at a step boundary) under ``root``; returns the checkpoint dir.
 
-    ``keep_last=N`` then deletes all but the newest N checkpoints.
+    ``keep_last=N`` then deletes all but the newest N checkpoints. ``key`` signs the
+    manifest (default: ``checkpoint_key()``, the per-user key file).
     """
     _check_strategy(train_step)
     if keep_last is not None and (
@@ -144,36 +188,44 @@ def save_checkpoint(
             f"{train_step.phase!r}); finish the step first (step(), not phase())"
         )
     root = Path(root)
-    rank = _rank(train_step)
-    world = dist.get_world_size() if _distributed(train_step) else 1
     final = root / _name(train_step.step)
     tmp = root / f"{_TMP}{_name(train_step.step)}"
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(f"{_TMP}*"):  # left by a save that died halfway
-            shutil.rmtree(stale, ignore_errors=True)
-        (tmp / "rng").mkdir(parents=True)
-    _barrier(train_step)
-
-    recorder = train_step.recorder
-    previous, recorder.phase = recorder.phase, "checkpoint"  # tags DCP's own collectives
-    try:
-        model_sd, optim_sd = get_state_dict(train_step.model, train_step.optimizer)
-        with _quiet_single(train_step):
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-        tensors, py = _rng_state()
-        torch.save(tensors, tmp / "rng" / f"rank-{rank:05d}.pt")
-        (tmp / "rng" / f"rank-{rank:05d}.json").write_text(json.dumps(py))
-        _barrier(train_step)  # every rank's files are written before the commit
-        if rank == 0:
-            _write_json(tmp / "meta.json", _meta(train_step, world))
-            _commit(tmp, final)
-            if keep_last is not None:
-                for old in list_checkpoints(root)[:-keep_last]:
-                    shutil.rmtree(old["path"], ignore_errors=True)
-        _barrier(train_step)
-    finally:
-        recorder.phase = previous
+    steps = _Steps(train_step, f"saving step {train_step.step} to {str(root)!r}")
+    rank, world = steps.rank, _world(train_step)
+    kept = " (the previous checkpoints are unchanged)"
+    with _tagged(train_step):
+        with steps.local():
+            if rank == 0:  # only rank 0 signs; a bad key fails before anything is written
+                key = checkpoint_key() if key is None else key
+                root.mkdir(parents=True, exist_ok=True)
+                for stale in root.glob(f"{_TMP}*"):  # left by a save that died halfway
+                    shutil.rmtree(stale, ignore_errors=True)
+                (tmp / "rng").mkdir(parents=True)
+        steps.agree(kept)
+        try:
+            with steps.local():
+                model_sd, optim_sd = get_state_dict(train_step.model, train_step.optimizer)
+            steps.agree(kept)
+            with steps.local():
+                dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+                tensors, py = rng_state()
+                torch.save(tensors, tmp / f"{_rng_name(rank)}.pt")
+                _write_json(tmp / f"{_rng_name(rank)}.json", py)
+            steps.agree(kept)  # every rank's files are written before the commit
+            with steps.local():
+                if rank == 0:
+                    _write_json(tmp / "meta.json", make_meta(train_step, world))
+                    # last: it signs every other file
+                    write_manifest(tmp, checkpoint_key() if key is None else key)
+                    _commit(tmp, final)
+                    if keep_last is not None:
+                        for old in list_checkpoints(root)[:-keep_last]:
+                            shutil.rmtree(old["path"], ignore_errors=True)
+            steps.agree(kept)
+        except CheckpointError:
+            if rank == 0:  # nothing half-written is left behind
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return final
 
 
@@ -197,84 +249,180 @@ def _commit(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+# -- list --------------------------------------------------------------------------------
+def _committed(root: Path) -> dict[int, Path]:
+    """Checkpoint directories by the step in their name (those with a ``meta.json``)."""
+    if not root.is_dir():
+        return {}
+    found: dict[int, Path] = {}
+    for path in root.iterdir():
+        digits = path.name[len(_PREFIX) :]
+        if path.name.startswith(_PREFIX) and digits.isdigit() and (path / "meta.json").is_file():
+            found[int(digits)] = path
+    return dict(sorted(found.items()))
+
+
 def list_checkpoints(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Complete checkpoints under ``root``, oldest first: each ``meta.json`` plus ``path``.
 
-    Directories without ``meta.json`` (a save that died) are not listed.
+    Directories without ``meta.json`` (a save that died) or with one that is not valid
+    are not listed (loading one names what is wrong with it). Nothing here is verified
+    against the manifest: this is a listing, not a load.
     """
-    root = Path(root)
-    if not root.is_dir():
-        return []
     found: list[dict[str, Any]] = []
-    for path in root.iterdir():
-        meta_path = path / "meta.json"
-        if not path.name.startswith(_PREFIX) or not meta_path.is_file():
-            continue
+    for step, path in _committed(Path(root)).items():
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
+            meta = parse_meta((path / "meta.json").read_bytes(), repr(str(path)))
+        except (OSError, CheckpointError):
             continue
-        if meta.get("format") != FORMAT:
-            continue
-        meta["path"] = str(path)
-        found.append(meta)
-    return sorted(found, key=lambda m: int(m["step"]))
+        if meta["step"] == step:
+            found.append({**meta, "path": str(path)})
+    return found
+
+
+# -- load --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Verified:
+    """Everything a load needs from the checkpoint, read and checked before any change."""
+
+    path: Path
+    digests: dict[str, str]
+    meta: dict[str, Any]
+    rng: RngState | None
+
+
+def _choose(root: Path, step: int | None) -> Path:
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise CheckpointError(f"step={step!r} is not valid; it must be an integer >= 0 or None")
+    available = _committed(root)
+    if not available:
+        raise CheckpointError(f"no complete checkpoint under {str(root)!r}; save one first")
+    if step is None:
+        return available[max(available)]
+    if step not in available:
+        raise CheckpointError(
+            f"step={step!r} has no checkpoint under {str(root)!r}; "
+            f"available steps: {list(available)}"
+        )
+    return available[step]
+
+
+def _verify(train_step: TrainStep, root: Path, step: int | None, key: bytes | None) -> _Verified:
+    """Rank-local: the checkpoint is signed, this rank's share of the files is intact,
+    ``meta.json`` and this rank's RNG files are valid and match the run."""
+    rank, world = _rank(train_step), _world(train_step)
+    path = _choose(root, step)
+    where = repr(str(path))
+    digests = read_manifest(path, checkpoint_key() if key is None else key)
+    # The shards are checked once in all, split among the ranks (agree() then tells every
+    # rank); the small files each rank parses itself are read once and checked here.
+    names = sorted(digests)
+    verify_files(path, digests, [n for n in names[rank::world] if not n.startswith("rng/")])
+    verify_files(path, digests, [".metadata"])
+    meta = parse_meta(read_verified(path, digests, "meta.json"), where)
+    if meta["step"] != int(path.name[len(_PREFIX) :]):
+        raise CheckpointError(
+            f"meta.json of the checkpoint at {where} says step {meta['step']}, its directory "
+            f"name says {path.name}; it was moved or edited"
+        )
+    spec = train_step.spec
+    if spec is not None and meta.get("model") not in (None, spec.model):
+        raise CheckpointError(
+            f"the checkpoint at {where} is of model {meta['model']!r}, this run is "
+            f"{spec.model!r}; load it into a run of the same model"
+        )
+    if train_step.loader is None:
+        raise CheckpointError(
+            "this TrainStep was made without its loader (loader=None), so its data "
+            "position cannot be restored; build it with build_train_step or pass loader="
+        )
+    rng = None
+    if rank < meta["world_size"]:  # a rank new to a bigger world keeps its own RNG
+        name = _rng_name(rank)
+        rng = parse_rng(
+            read_verified(path, digests, f"{name}.pt"),
+            read_verified(path, digests, f"{name}.json"),
+            name,
+            where,
+        )
+    return _Verified(path=path, digests=digests, meta=meta, rng=rng)
+
+
+def _copy(value: Any) -> Any:
+    """A detached copy of a state dict (DTensors stay DTensors): DCP reads into it, so
+    the live tensors that ``get_state_dict`` returns views of stay untouched."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy(v) for v in value)
+    return value
 
 
 def load_checkpoint(
-    train_step: TrainStep, root: str | os.PathLike[str], step: int | None = None
+    train_step: TrainStep,
+    root: str | os.PathLike[str],
+    step: int | None = None,
+    *,
+    key: bytes | None = None,
 ) -> dict[str, Any]:
     """Load the checkpoint of ``step`` (default: the newest) into ``train_step``.
 
     The layout may differ from the one saved (e.g. saved under fsdp, loaded under dp): DCP
-    reshards to whatever ``train_step`` holds. Returns the checkpoint's metadata.
+    reshards to whatever ``train_step`` holds. Returns the checkpoint's metadata. Only a
+    checkpoint whose manifest is signed with ``key`` (default: ``checkpoint_key()``) and
+    whose files all match it is read. All or nothing: on any error, on any rank, every
+    rank raises ``CheckpointError`` and the run is as it was.
     """
     _check_strategy(train_step)
-    available = list_checkpoints(root)
-    if not available:
-        raise CheckpointError(f"no complete checkpoint under {str(root)!r}; save one first")
-    if step is None:
-        meta = available[-1]
-    else:
-        matches = [m for m in available if int(m["step"]) == step]
-        if not matches:
-            raise CheckpointError(
-                f"step={step!r} has no checkpoint under {str(root)!r}; "
-                f"available steps: {[int(m['step']) for m in available]}"
+    steps = _Steps(train_step, f"loading a checkpoint from {str(root)!r}")
+    unchanged = " (the run is unchanged)"
+    optimizer = train_step.optimizer
+    # get_state_dict initialises an optimizer that has no state yet (a step with lr 0);
+    # a failed load must not leave that behind either.
+    fresh_optimizer = not optimizer.state
+    verified: _Verified | None = None
+    with _tagged(train_step):
+        try:
+            with steps.local():
+                verified = _verify(train_step, Path(root), step, key)
+            steps.agree(unchanged)
+            if verified is None:  # agree() raised for whatever stopped _verify
+                raise CheckpointError(f"{steps.what} failed")
+            steps.what = f"loading the checkpoint at {str(verified.path)!r}"
+            with steps.local():
+                model_sd, optim_sd = get_state_dict(train_step.model, optimizer)
+                state = _copy({"model": model_sd, "optim": optim_sd})
+            steps.agree(unchanged)
+            with steps.local():
+                dcp.load(
+                    state,
+                    storage_reader=VerifiedReader(
+                        str(verified.path), verified.digests[".metadata"]
+                    ),
+                    planner=WeightsOnlyPlanner(),
+                )
+            steps.agree(unchanged)
+        except CheckpointError:
+            if fresh_optimizer:
+                optimizer.state.clear()
+            raise
+        # Every rank has read and checked everything: only now is the run replaced.
+        with steps.local():
+            set_state_dict(
+                train_step.model,
+                optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
             )
-        meta = matches[0]
-    spec = train_step.spec
-    if spec is not None and meta.get("model") not in (None, spec.model):
-        raise CheckpointError(
-            f"the checkpoint at {meta['path']!r} is of model {meta['model']!r}, this run is "
-            f"{spec.model!r}; load it into a run of the same model"
-        )
-    path = Path(meta["path"])
-    recorder = train_step.recorder
-    previous, recorder.phase = recorder.phase, "checkpoint"
-    try:
-        model_sd, optim_sd = get_state_dict(train_step.model, train_step.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
-        with _quiet_single(train_step):
-            dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(
-            train_step.model,
-            train_step.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-        )
-    finally:
-        recorder.phase = previous
-    rank = _rank(train_step)
-    rng_pt = path / "rng" / f"rank-{rank:05d}.pt"
-    rng_json = path / "rng" / f"rank-{rank:05d}.json"
-    if rng_pt.is_file() and rng_json.is_file():  # absent for ranks new to a bigger world
-        tensors = torch.load(rng_pt, weights_only=True)
-        _set_rng_state(tensors, json.loads(rng_json.read_text()))
-    train_step.restore_position(
-        step=int(meta["step"]),
-        data_position=int(meta["data_position"]),
-        last_loss=meta.get("last_loss"),
-    )
-    _barrier(train_step)
-    return meta
+            if verified.rng is not None:
+                set_rng_state(*verified.rng)
+            meta = verified.meta
+            train_step.restore_position(
+                step=meta["step"],
+                data_position=meta["data_position"],
+                last_loss=meta.get("last_loss"),
+            )
+        steps.agree(" while replacing the run's state; reset() or load again")
+    return {**verified.meta, "path": str(verified.path)}

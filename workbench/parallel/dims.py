@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from workbench.errors import ParallelError
+from workbench.errors import ConfigError, ParallelError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from workbench.parallel.models import ModelConfig
 
-__all__ = ["MESH_DIM_NAMES", "ParallelDims"]
+__all__ = ["MESH_DIM_NAMES", "ParallelDims", "check_batch_split"]
 
 # Outermost first: tensor parallelism innermost so its ranks are neighbours (fastest links).
 MESH_DIM_NAMES: tuple[str, ...] = ("pp", "dp", "tp")
@@ -112,3 +112,30 @@ class ParallelDims:
             raise ParallelError(f"mesh dimension {name!r} has size 1 and is not in the mesh")
         mesh = self.mesh
         return mesh if mesh.ndim == 1 else mesh[name]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_batch_split(
+    batch_size: int, grad_accum: int, microbatches: int, dims: ParallelDims
+) -> None:
+    """The global batch must split evenly over the dp ranks, then over gradient accumulation
+    (or, with pp > 1, over micro-batches): the same rule for presets and your own model."""
+    if batch_size % dims.dp:
+        raise ConfigError(
+            f"batch_size={batch_size} does not split over dp={dims.dp} ranks; "
+            f"choose a multiple of {dims.dp}"
+        )
+    per_rank = batch_size // dims.dp
+    if per_rank % grad_accum:
+        raise ConfigError(
+            f"grad_accum={grad_accum} does not divide the per-rank batch {per_rank} "
+            f"(batch_size={batch_size} / dp={dims.dp}); choose among {_divisors(per_rank)}"
+        )
+    if dims.pp > 1 and batch_size % microbatches:
+        raise ConfigError(
+            f"microbatches={microbatches} does not divide batch_size={batch_size}; "
+            f"choose among {_divisors(batch_size)}"
+        )

@@ -36,12 +36,15 @@ def apply_fsdp(
     *,
     stage: int = 3,
     param_dtype: torch.dtype | None = None,
+    blocks: Iterable[nn.Module] | None = None,
 ) -> nn.Module:
     """Shard ``model`` over the 1-D data-parallel ``mesh`` for ZeRO ``stage``.
 
     Stage 1 returns a DDP model: pair it with ``zero_optimizer``. ``param_dtype=bfloat16``
     computes in bf16 with fp32 sharded master weights and fp32 gradient reduction
     (``MixedPrecisionPolicy``); stage 1 uses autocast instead (see ``step.py``).
+    ``blocks``: the modules that become FSDP units before the root (default: the values of
+    ``model.layers``).
     """
     if stage not in ZERO_STAGES:
         raise ConfigError(f"stage={stage!r} is not valid; choose one of: {ZERO_STAGES}")
@@ -49,10 +52,11 @@ def apply_fsdp(
         return apply_dp(model, mesh, overlap=True)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     reshard = stage == 3
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        for block in layers.values():
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    if blocks is None:
+        layers = getattr(model, "layers", None)
+        blocks = layers.values() if isinstance(layers, nn.ModuleDict) else ()
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     return model
 

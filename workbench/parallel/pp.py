@@ -143,11 +143,13 @@ def apply_pp(
     microbatches: int = 2,
     schedule: str = "gpipe",
     recorder: Any | None = None,
+    stage_module: nn.Module | None = None,
 ) -> PipelineModule:
     """Cut ``model`` into one stage per rank of the 1-D ``mesh`` and build the schedule.
 
     With a ``recorder``, every micro-batch's forward and backward is marked as a phase span
-    ``forward[mb=i]`` / ``backward[mb=i]`` inside the step's phases.
+    ``forward[mb=i]`` / ``backward[mb=i]`` inside the step's phases. ``stage_module``:
+    this rank's stage when already cut (``pp_split.split_by_points``) instead of by blocks.
     """
     if schedule not in SCHEDULES:
         raise choices_error("schedule", schedule, sorted(SCHEDULES))
@@ -156,7 +158,8 @@ def apply_pp(
     group = mesh.get_group()
     num_stages = dist.get_world_size(group)
     index = dist.get_rank(group)
-    stage_module = split_stage(model, index, num_stages)
+    if stage_module is None:
+        stage_module = split_stage(model, index, num_stages)
     device = next(model.parameters()).device
     stage = PipelineStage(stage_module, index, num_stages, device, group=group)
     if recorder is not None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.errors import ConfigError, ParallelError, choices_error
-from workbench.parallel.dims import ParallelDims
+from workbench import validate
+from workbench.errors import ConfigError, ParallelError
+from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.models import PRESETS
 from workbench.parallel.options import PRECISIONS
 from workbench.parallel.pp import SCHEDULES
 
-__all__ = ["DEFAULT_LR", "OPTIMIZERS", "STRATEGIES", "RunSpec"]
+__all__ = ["DEFAULT_LR", "MAX_BATCH_SIZE", "MAX_SEED", "OPTIMIZERS", "STRATEGIES", "RunSpec"]
 
 # single: one device, no communication.  dp: DDP.  zero1: DDP + ZeroRedundancyOptimizer.
 # zero2 / fsdp: fully_shard without / with resharding after forward (ZeRO-2 / ZeRO-3).
@@ -31,9 +32,11 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 DEFAULT_LR: dict[str, float] = {"sgd": 1e-2, "adamw": 1e-3}
 
 
-def _int_at_least(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name}={value!r} is not valid; it must be an integer >= {low}")
+# Bounds that keep a typo from reaching the engines: the data set holds 32 global batches
+# (build.py), so a huge batch would exhaust every rank's memory before the first step; the
+# seed feeds torch generators as ``seed + epoch`` (a 64-bit range), 2**32 - 1 as in numpy.
+MAX_BATCH_SIZE = 65536
+MAX_SEED = 2**32 - 1
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -64,23 +67,28 @@ class RunSpec:
     per_module: bool = False
 
     def __post_init__(self) -> None:
-        if self.model not in PRESETS:
-            raise choices_error("model", self.model, sorted(PRESETS))
-        if self.strategy not in STRATEGIES:
-            raise choices_error("strategy", self.strategy, STRATEGIES)
-        if self.optimizer not in OPTIMIZERS:
-            raise choices_error("optimizer", self.optimizer, OPTIMIZERS)
-        if self.precision not in PRECISIONS:
-            raise choices_error("precision", self.precision, PRECISIONS)
-        if self.schedule not in SCHEDULES:
-            raise choices_error("schedule", self.schedule, sorted(SCHEDULES))
-        _int_at_least("batch_size", self.batch_size, 1)
-        _int_at_least("microbatches", self.microbatches, 1)
-        _int_at_least("grad_accum", self.grad_accum, 1)
-        _int_at_least("seed", self.seed, 0)
-        lr = self.lr
-        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or lr <= 0):
-            raise ConfigError(f"lr={lr!r} is not valid; it must be a number > 0 or None (default)")
+        validate.choice("model", self.model, PRESETS)
+        validate.choice("strategy", self.strategy, STRATEGIES)
+        validate.choice("optimizer", self.optimizer, OPTIMIZERS)
+        validate.choice("precision", self.precision, PRECISIONS)
+        validate.choice("schedule", self.schedule, SCHEDULES)
+        validate.integer(
+            "batch_size", self.batch_size, minimum=1, maximum=MAX_BATCH_SIZE, what="a batch size"
+        )
+        # Upper bounds of these follow from batch_size (check_batch lists the divisors).
+        validate.integer("microbatches", self.microbatches, minimum=1)
+        validate.integer("grad_accum", self.grad_accum, minimum=1)
+        validate.integer("seed", self.seed, minimum=0, maximum=MAX_SEED)
+        validate.number(
+            "lr",
+            self.lr,
+            minimum=0,
+            open_minimum=True,
+            none_means=f"the optimizer's default, {DEFAULT_LR[self.optimizer]}",
+            what="a learning rate",
+        )
+        for name in ("overlap", "checkpointing", "trace", "per_module"):
+            validate.boolean(name, getattr(self, name))
         if self.strategy == "pp" and self.grad_accum != 1:
             raise ConfigError(
                 f"grad_accum={self.grad_accum} is not valid with strategy='pp': a pipeline "
@@ -117,27 +125,10 @@ class RunSpec:
 
     def check_batch(self, dims: ParallelDims) -> None:
         """The global batch must split evenly over dp ranks, accumulation and micro-batches."""
-        if self.batch_size % dims.dp:
-            raise ConfigError(
-                f"batch_size={self.batch_size} does not split over dp={dims.dp} ranks; "
-                f"choose a multiple of {dims.dp}"
-            )
-        per_rank = self.batch_size // dims.dp
-        if per_rank % self.grad_accum:
-            raise ConfigError(
-                f"grad_accum={self.grad_accum} does not divide the per-rank batch {per_rank} "
-                f"(batch_size={self.batch_size} / dp={dims.dp}); choose among "
-                f"{[d for d in range(1, per_rank + 1) if per_rank % d == 0]}"
-            )
+        check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
         if self.strategy == "pp" and self.schedule == "1f1b" and self.microbatches < dims.pp:
             raise ConfigError(
                 f"microbatches={self.microbatches} is not valid with schedule='1f1b' on "
                 f"pp={dims.pp} stages: 1F1B needs at least one micro-batch per stage; "
                 f"use microbatches >= {dims.pp} or schedule='gpipe'"
-            )
-        if self.strategy == "pp" and self.batch_size % self.microbatches:
-            raise ConfigError(
-                f"microbatches={self.microbatches} does not divide batch_size="
-                f"{self.batch_size}; choose among "
-                f"{[d for d in range(1, self.batch_size + 1) if self.batch_size % d == 0]}"
             )

@@ -8,7 +8,7 @@ and tens of thousands of configurations evaluate per second.
     >>> p.fits, p.memory.model_state / 8  # doctest: +SKIP
 """
 
-from workbench.planner.calibrate import LinkFit, fit_alpha_beta, hardware_from_fit
+from workbench.planner.calibrate import LinkFit, cpu_profile, fit_alpha_beta, hardware_from_fit
 from workbench.planner.comm import (
     all_gather_time,
     all_reduce_time,
@@ -24,7 +24,13 @@ from workbench.planner.memory import (
     model_state_bytes,
     state_bytes_per_param,
 )
-from workbench.planner.params import ParamCount, count_params, params_per_rank
+from workbench.planner.params import (
+    ParamCount,
+    count_params,
+    matmul_params,
+    params_per_rank,
+    stage_params,
+)
 from workbench.planner.plan import Plan, check_layout, evaluate, plan, resolve_batch
 from workbench.planner.presets import (
     GPUS,
@@ -47,7 +53,13 @@ from workbench.planner.specs import (
     TrainingSpec,
 )
 from workbench.planner.sweep import ScalingPoint, layouts, scaling, sweep
-from workbench.planner.timing import StepTime, step_time, training_flops
+from workbench.planner.timing import (
+    StepTime,
+    executed_flops_per_token,
+    model_flops_per_token,
+    step_time,
+    training_flops,
+)
 from workbench.planner.validate import Comparison, ValidationReport, validate
 
 __all__ = [
@@ -76,7 +88,9 @@ __all__ = [
     "all_reduce_time",
     "check_layout",
     "count_params",
+    "cpu_profile",
     "evaluate",
+    "executed_flops_per_token",
     "fit_alpha_beta",
     "format_plan",
     "format_plans",
@@ -86,8 +100,10 @@ __all__ = [
     "layer_activation_bytes",
     "layouts",
     "link_preset",
+    "matmul_params",
     "memory_breakdown",
     "min_gpus",
+    "model_flops_per_token",
     "model_preset",
     "model_state_bytes",
     "p2p_time",
@@ -97,6 +113,7 @@ __all__ = [
     "reduce_scatter_time",
     "resolve_batch",
     "scaling",
+    "stage_params",
     "state_bytes_per_param",
     "step_time",
     "sweep",

@@ -8,14 +8,15 @@ error (weights 1/t²) because sizes span orders of magnitude; then α = i/c_α, 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from workbench.errors import ConfigError, choices_error
-from workbench.planner.specs import HardwareSpec, LinkSpec
+from workbench.planner.specs import HardwareSpec, LinkSpec, ModelSpec, TrainingSpec
 
-__all__ = ["LinkFit", "fit_alpha_beta", "hardware_from_fit"]
+__all__ = ["LinkFit", "cpu_profile", "fit_alpha_beta", "hardware_from_fit"]
 
 _FACTORS = {
     "all_reduce": lambda n: (2.0 * (n - 1), 2.0 * (n - 1) / n),
@@ -125,4 +126,69 @@ def hardware_from_fit(
         intra=link,
         inter=link,
         kind="cpu",
+    )
+
+
+def cpu_profile(
+    fit: LinkFit,
+    model: ModelSpec,
+    training: TrainingSpec,
+    *,
+    seq: int,
+    step_s: float,
+    outside_s: float,
+    allreduce_s: float | None = None,
+    exposed_s: float | None = None,
+    name: str = "local-cpu",
+    memory: int | None = None,
+    cores: float | None = None,
+    background: float = 0.0,
+    processes_per_node: int | None = None,
+) -> HardwareSpec:
+    """A CPU hardware profile calibrated from one measured step, so plans of CPU ranks
+    account for what a dedicated-device model leaves out.
+
+    ``step_s`` is one rank's measured step with ``training`` (its micro-batch, on one
+    rank); ``outside_s`` the part of it outside forward and backward (optimizer step,
+    dispatch), which does not shrink when the batch is split over more ranks. The compute
+    rate is set so that the planner's forward + backward takes ``step_s - outside_s``.
+    From a DDP step, ``allreduce_s`` (the gradient all-reduce) and ``exposed_s`` (how much
+    of it the step waited for) give the overlap; without them the overlap is 0, which is
+    what gloo gets when the ranks compute on the same cores that run the all-reduce.
+
+    ``cores`` and ``background`` describe the host the step was measured on: how many
+    cores the ranks share and how many other busy processes compete for them (see
+    ``HardwareSpec.core_share``). The measured step ran at the share of one rank,
+    s1 = min(1, cores / (1 + background)); the profile stores the rate and the fixed
+    time of a whole core (measured rate / s1, ``outside_s`` · s1), so a plan with more
+    ranks per node than free cores stretches them by its own, smaller share.
+    """
+    from workbench.planner.timing import executed_flops_per_token
+
+    for label, value in (("step_s", step_s), ("outside_s", outside_s)):
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{label}={value!r} is not valid; it must be seconds >= 0")
+    if not 0 <= outside_s < step_s:
+        raise ConfigError(
+            f"outside_s={outside_s!r} is not valid; it must be >= 0 and < step_s={step_s!r}"
+        )
+    overlap = 0.0
+    if allreduce_s is not None and exposed_s is not None:
+        if not (math.isfinite(allreduce_s) and math.isfinite(exposed_s)) or allreduce_s <= 0:
+            raise ConfigError(
+                f"allreduce_s={allreduce_s!r}, exposed_s={exposed_s!r} are not valid; "
+                "give finite seconds, allreduce_s > 0"
+            )
+        overlap = min(1.0, max(0.0, 1.0 - exposed_s / allreduce_s))
+    tokens = training.micro_batch * seq
+    base = hardware_from_fit(
+        fit, name=name, memory=memory, processes_per_node=processes_per_node
+    ).with_(cores=cores, background=background)
+    share = base.core_share(1)  # what the measured single rank got
+    rate = executed_flops_per_token(model, training, seq) * tokens / (step_s - outside_s)
+    return base.with_(
+        peak_flops=rate / share / training.mfu,
+        peak_flops_fp32=rate / share / training.mfu,
+        max_overlap=overlap,
+        step_overhead=float(outside_s) * share,
     )

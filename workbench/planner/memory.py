@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from workbench.planner.params import largest_unit, params_per_rank
+from workbench.planner.params import largest_unit, stage_params
 from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, TrainingSpec
 
 __all__ = [
+    "GRAD_BYTES",
     "MemoryBreakdown",
     "StateBytes",
     "activation_bytes",
@@ -24,8 +25,11 @@ __all__ = [
     "layer_activation_bytes",
     "memory_breakdown",
     "model_state_bytes",
+    "stage_inflight",
     "state_bytes_per_param",
 ]
+
+GRAD_BYTES = {"bf16": 2, "fp32": 4, "bf16+fp32": 6}
 
 _ID_BYTES = 8  # int64 token ids (embedding input, loss targets)
 _STAT_BYTES = 4  # norm statistics are fp32
@@ -47,31 +51,42 @@ class StateBytes:
 def state_bytes_per_param(training: TrainingSpec) -> StateBytes:
     """fp32: 4 w + 4 g + optimizer (adam 8, sgd-momentum 4, sgd 0).
 
-    bf16-mixed: 2 w + 2 g (4 more with ``fp32_grads``) + 4 fp32 master + the optimizer's
-    fp32 state; the master copy counts as optimizer state because ZeRO-1 shards it.
+    bf16-mixed: 2 w + gradients (bf16 2; fp32 4, Megatron's main_grad and DeepSpeed
+    ZeRO-3's 18-byte accounting; both 6, with ``fp32_grads``) + 4 fp32 master + the
+    optimizer's fp32 state; the master copy counts as optimizer state because ZeRO-1
+    shards it.
     """
     state = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}[training.optimizer]
     if training.precision == "fp32":
         return StateBytes(weights=4, grads=4, optimizer=state)
-    return StateBytes(weights=2, grads=2 + (4 if training.fp32_grads else 0), optimizer=4 + state)
+    return StateBytes(weights=2, grads=GRAD_BYTES[training.grad_dtype], optimizer=4 + state)
 
 
 def _shard(count: int, parts: int) -> int:
     return -(-count // parts)  # ceil: uneven shards pad to the largest
 
 
-def model_state_bytes(
-    model: ModelSpec, training: TrainingSpec, parallel: ParallelSpec
+def _state(
+    n: int, training: TrainingSpec, parallel: ParallelSpec, micro_batches: int
 ) -> tuple[int, int, int]:
-    """(weights, grads, optimizer) bytes on the most loaded rank."""
     per = state_bytes_per_param(training)
-    n = params_per_rank(model, parallel.tp, parallel.pp, vocab_parallel=parallel.vocab_parallel)
     trainable = n if training.trainable == 1.0 else math.ceil(n * training.trainable)
-    dp, z = parallel.dp, parallel.zero
-    w = _shard(n, dp) if z >= 3 else n
-    g = _shard(trainable, dp) if z >= 2 else trainable
-    o = _shard(trainable, dp) if z >= 1 else trainable
+    group, z = parallel.grad_group, parallel.zero
+    # Reduce-scattering once per step means accumulating unsharded gradients until then.
+    grads_sharded = z >= 2 and not (training.grad_sync == "per_step" and micro_batches > 1)
+    w = _shard(n, group) if z >= 3 else n
+    g = _shard(trainable, group) if grads_sharded else trainable
+    o = _shard(trainable, group) if z >= 1 else trainable
     return w * per.weights, g * per.grads, o * per.optimizer
+
+
+def model_state_bytes(
+    model: ModelSpec, training: TrainingSpec, parallel: ParallelSpec, micro_batches: int = 1
+) -> tuple[int, int, int]:
+    """(weights, grads, optimizer) bytes on the rank with the most parameters."""
+    stages = parallel.stage_layers(model.layers)
+    n = max(stage_params(model, parallel.tp, stages, vocab_parallel=parallel.vocab_parallel))
+    return _state(n, training, parallel, micro_batches)
 
 
 def layer_activation_bytes(
@@ -90,6 +105,9 @@ def layer_activation_bytes(
     kv_hidden: int | None = None,
     gated_mlp: bool = False,
     norm_stats: int = 0,
+    flash_attention: bool = False,
+    fused_swiglu: bool = False,
+    cp: int = 1,
 ) -> float:
     """Activation bytes one transformer layer keeps for backward (one micro-batch).
 
@@ -97,11 +115,16 @@ def layer_activation_bytes(
     sbh(10 + 24/t + 5as/(ht)); with sequence parallel sbh(34/t + 5as/(ht)); selective
     recompute drops the as² terms; full recompute keeps only the layer input (2sbh).
     ``norm_stats`` is the number of fp32 per-token statistics each norm saves (LayerNorm 2:
-    mean and rstd; RMSNorm 1); the paper ignores them (0).
+    mean and rstd; RMSNorm 1); the paper ignores them (0). ``flash_attention`` stores no
+    s x s tensor (an fp32 logsumexp per head and query instead), ``fused_swiglu`` keeps
+    three SwiGLU tensors (gate, up, product) instead of four; ``cp`` splits the sequence
+    (each rank keeps s/cp queries against all s keys).
     """
     d, m = dtype_bytes, (mask_bytes if dropout else 0)
     f = 4 * h if ffn is None else ffn
     kv = h if kv_hidden is None else kv_hidden
+    s_kv = s
+    s = s / cp
     sbh = s * b * h
     sp = tp if sequence_parallel else 1
     if recompute == "full":
@@ -112,19 +135,25 @@ def layer_activation_bytes(
     replicated = (4 * d + 2 * m) * sbh + 2 * norm_stats * _STAT_BYTES * s * b
     # Split by TP: Q and K (for QKᵀ), V, the attention-projection input, and the MLP
     # (GeLU: its input and output; SwiGLU: gate, up, silu(gate) and their product).
-    mlp = (4 if gated_mlp else 2) * d * s * b * f
+    mlp = ((3 if fused_swiglu else 4) if gated_mlp else 2) * d * s * b * f
     sharded = d * s * b * (h + kv) + d * s * b * kv + d * sbh + mlp
     # Attention scores (as² per sample): softmax output, and with dropout its mask and
-    # the dropped-out probabilities.
-    scores = 0.0 if recompute == "selective" else (2 * d + m if dropout else d) * a * s * s * b
+    # the dropped-out probabilities. FlashAttention keeps a logsumexp per head and query.
+    if flash_attention:
+        scores = _STAT_BYTES * a * s * b
+    elif recompute == "selective":
+        scores = 0.0
+    else:
+        scores = (2 * d + m if dropout else d) * a * s * s_kv * b
     return replicated / sp + (sharded + scores) / tp
 
 
-def inflight_microbatches(parallel: ParallelSpec, micro_batches: int) -> int:
-    """Micro-batches whose activations the first pipeline stage holds at its peak.
+def stage_inflight(parallel: ParallelSpec, micro_batches: int, stage: int) -> int:
+    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak.
 
-    1F1B holds min(p, m); GPipe runs all forwards first and holds m; interleaved 1F1B
-    holds about p·(1 + (p−1)/(p·v)) ≈ p warm-up micro-batch chunks (rounded up).
+    1F1B: min(p − stage, m); GPipe runs all forwards first: m; interleaved 1F1B
+    (Megatron): 2(p − stage − 1) + (v − 1)p + 1 warm-up chunks of 1/v of the stage,
+    ≈ p·(1 + (p−1)/(p·v)) micro-batches on stage 0 (rounded up).
     """
     p = parallel.pp
     if p == 1:
@@ -133,41 +162,57 @@ def inflight_microbatches(parallel: ParallelSpec, micro_batches: int) -> int:
         return micro_batches
     if parallel.schedule == "interleaved":
         v = parallel.virtual_stages
-        return min(micro_batches, math.ceil(p * (1 + (p - 1) / (p * v))))
-    return min(p, micro_batches)
+        chunks = 2 * (p - stage - 1) + (v - 1) * p + 1
+        return min(micro_batches, math.ceil(chunks / v))
+    return min(p - stage, micro_batches)
 
 
-def activation_bytes(
+def inflight_microbatches(parallel: ParallelSpec, micro_batches: int) -> int:
+    """Micro-batches whose activations the first pipeline stage holds at its peak."""
+    return stage_inflight(parallel, micro_batches, 0)
+
+
+def _layer_bytes(
     model: ModelSpec,
     training: TrainingSpec,
     parallel: ParallelSpec,
     hardware: HardwareSpec,
-    *,
     seq: int,
-    micro_batches: int,
-) -> tuple[float, float]:
-    """(transformer layers, embedding + head) activation bytes on the most loaded rank."""
-    s, b, t, d = seq, training.micro_batch, parallel.tp, training.dtype_bytes
-    mask = 1 if hardware.kind == "gpu" else d  # CPU dropout keeps its mask in the dtype
-    stats = 2 if model.norm == "layernorm" else 1
-    per_layer = layer_activation_bytes(
-        s=s,
-        b=b,
+) -> float:
+    d = training.dtype_bytes
+    return layer_activation_bytes(
+        s=seq,
+        b=training.micro_batch,
         h=model.hidden,
         a=model.heads,
-        tp=t,
+        tp=parallel.tp,
         sequence_parallel=parallel.sequence_parallel,
         recompute=training.recompute,
         dtype_bytes=d,
-        mask_bytes=mask,
+        mask_bytes=1 if hardware.kind == "gpu" else d,  # CPU dropout keeps its mask in the dtype
         dropout=training.dropout,
         ffn=model.ffn_size,
         kv_hidden=model.kv_hidden,
         gated_mlp=model.gated_mlp,
-        norm_stats=stats,
+        norm_stats=2 if model.norm == "layernorm" else 1,
+        flash_attention=training.flash_attention,
+        fused_swiglu=training.fused_swiglu,
+        cp=parallel.cp,
     )
-    layers_per_stage = math.ceil(model.layers / parallel.pp)
-    inflight = inflight_microbatches(parallel, micro_batches)
+
+
+def _edge_bytes(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    seq: int,
+) -> tuple[float, float]:
+    """(embedding, head) activation bytes of one micro-batch."""
+    d, t = training.dtype_bytes, parallel.tp
+    s, b = seq / parallel.cp, training.micro_batch
+    mask = 1 if hardware.kind == "gpu" else d
+    stats = 2 if model.norm == "layernorm" else 1
     sp = t if parallel.sequence_parallel else 1
     sbh = s * b * model.hidden
     # Embedding: token ids (+ the embedding dropout mask when there is dropout).
@@ -180,13 +225,45 @@ def activation_bytes(
         + d * s * b * model.vocab_size / t
         + _ID_BYTES * s * b
     )
-    if parallel.pp == 1:
-        return per_layer * layers_per_stage, first + last
-    first_stage = per_layer * layers_per_stage * inflight + first * inflight
-    last_stage = per_layer * layers_per_stage + last
-    if first_stage >= last_stage:
-        return per_layer * layers_per_stage * inflight, first * inflight
-    return per_layer * layers_per_stage, last
+    return first, last
+
+
+def stage_activation_bytes(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    *,
+    seq: int,
+    micro_batches: int,
+) -> list[tuple[float, float]]:
+    """(transformer layers, embedding + head) activation bytes of every pipeline stage."""
+    per_layer = _layer_bytes(model, training, parallel, hardware, seq)
+    first, last = _edge_bytes(model, training, parallel, hardware, seq)
+    stages = parallel.stage_layers(model.layers)
+    p = len(stages)
+    out = []
+    for i, n in enumerate(stages):
+        inflight = stage_inflight(parallel, micro_batches, i)
+        edge = (first * inflight if i == 0 else 0.0) + (last if i == p - 1 else 0.0)
+        out.append((per_layer * n * inflight, edge))
+    return out
+
+
+def activation_bytes(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    *,
+    seq: int,
+    micro_batches: int,
+) -> tuple[float, float]:
+    """(transformer layers, embedding + head) activation bytes on the stage holding most."""
+    stages = stage_activation_bytes(
+        model, training, parallel, hardware, seq=seq, micro_batches=micro_batches
+    )
+    return max(stages, key=lambda x: x[0] + x[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +278,7 @@ class MemoryBreakdown:
     capacity: int
     activations_layers: int = 0
     activations_head: int = 0
+    stage: int = 0  # the pipeline stage these bytes belong to (the most loaded one)
 
     @property
     def model_state(self) -> int:
@@ -229,6 +307,7 @@ class MemoryBreakdown:
             "total": self.total,
             "capacity": self.capacity,
             "headroom": self.headroom,
+            "stage": self.stage,
         }
 
 
@@ -241,25 +320,37 @@ def memory_breakdown(
     seq: int,
     micro_batches: int,
 ) -> MemoryBreakdown:
-    weights, grads, optimizer = model_state_bytes(model, training, parallel)
-    layers, head = activation_bytes(
+    """Bytes per GPU on the most loaded pipeline stage (every stage is evaluated: the
+    first holds the embedding and the most micro-batches, the last the head)."""
+    layout = parallel.stage_layers(model.layers)
+    params = stage_params(model, parallel.tp, layout, vocab_parallel=parallel.vocab_parallel)
+    acts = stage_activation_bytes(
         model, training, parallel, hardware, seq=seq, micro_batches=micro_batches
     )
     per = state_bytes_per_param(training)
     temporary = 0
-    if parallel.zero >= 3 and parallel.dp > 1:
-        # One unit (block or embedding) gathered in full, and its full gradient before
-        # the reduce-scatter.
-        temporary += largest_unit(model, parallel.tp) * (per.weights + per.grads)
-    elif parallel.dp > 1:
+    if parallel.zero >= 3 and parallel.grad_group > 1:
+        # One unit (block or embedding) gathered in full, and its full gradient in the
+        # compute dtype before the reduce-scatter (fp32 copies exist only as shards):
+        # DeepSpeed's 4 bytes x largest layer for bf16.
+        temporary += largest_unit(model, parallel.tp) * (per.weights + training.dtype_bytes)
+    elif parallel.grad_group > 1:
         temporary += 2 * training.bucket_bytes  # gradient buckets in flight
-    return MemoryBreakdown(
-        weights=weights,
-        grads=grads,
-        optimizer=optimizer,
-        activations=math.ceil(layers + head),
-        temporary=temporary,
-        capacity=hardware.usable,
-        activations_layers=math.ceil(layers),
-        activations_head=math.ceil(head),
-    )
+    best: MemoryBreakdown | None = None
+    for i, (n, (layers, head)) in enumerate(zip(params, acts, strict=True)):
+        weights, grads, optimizer = _state(n, training, parallel, micro_batches)
+        candidate = MemoryBreakdown(
+            weights=weights,
+            grads=grads,
+            optimizer=optimizer,
+            activations=math.ceil(layers + head),
+            temporary=temporary,
+            capacity=hardware.usable,
+            activations_layers=math.ceil(layers),
+            activations_head=math.ceil(head),
+            stage=i,
+        )
+        if best is None or candidate.total > best.total:
+            best = candidate
+    assert best is not None  # at least one stage
+    return best

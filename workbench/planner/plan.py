@@ -66,8 +66,15 @@ class Plan:
     def layout(self) -> str:
         p = self.parallel
         parts = [f"dp={p.dp}", f"tp={p.tp}", f"pp={p.pp}", f"zero={p.zero}"]
+        if p.cp > 1:
+            parts.insert(3, f"cp={p.cp}")
         if p.sequence_parallel:
             parts.append("sp")
+        if p.first_stage_layers or p.last_stage_layers:
+            stages = p.stage_layers(self.model.layers)
+            parts.append(f"stages={stages[0]}/{max(stages[1:-1], default='-')}/{stages[-1]}")
+        if p.virtual_stages > 1:
+            parts.append(f"v={p.virtual_stages}")
         parts.append(f"recompute={self.training.recompute}")
         parts.append(f"mb={self.training.micro_batch}x{self.micro_batches}")
         return " ".join(parts)
@@ -113,11 +120,17 @@ def check_layout(model: ModelSpec, parallel: ParallelSpec) -> None:
         raise ParallelError(
             f"tp={tp} does not divide heads={model.heads} (kv_heads={kv}); valid tp: {valid}"
         )
-    stages = pp * parallel.virtual_stages
-    if stages > model.layers:
+    v = parallel.virtual_stages
+    if pp * v > model.layers:
         raise ParallelError(
-            f"pp={pp} (x virtual_stages={parallel.virtual_stages}) is more stages than "
-            f"layers={model.layers}; valid pp: 1..{model.layers // parallel.virtual_stages}"
+            f"pp={pp} (x virtual_stages={v}) is more stages than "
+            f"layers={model.layers}; valid pp: 1..{model.layers // v}"
+        )
+    stages = parallel.stage_layers(model.layers)  # raises on an impossible uneven split
+    if min(stages) < v:
+        raise ParallelError(
+            f"virtual_stages={v} needs at least {v} layers on every stage; the stages "
+            f"have {min(stages)}..{max(stages)}"
         )
 
 
@@ -237,16 +250,20 @@ def plan(
             raise ConfigError(f"gpus={gpus!r} is not valid; it must be an integer >= 1")
         tp = p_set.get("tp", base.tp if base else 1)
         pp = p_set.get("pp", base.pp if base else 1)
+        cp = p_set.get("cp", base.cp if base else 1)
         if "dp" not in p_set and (base is None or parallel is None):
-            if gpus % (tp * pp):
-                raise ParallelError(f"gpus={gpus} is not divisible by tp·pp={tp}·{pp}={tp * pp}")
-            p_set["dp"] = gpus // (tp * pp)
+            if gpus % (tp * pp * cp):
+                raise ParallelError(
+                    f"gpus={gpus} is not divisible by tp·pp·cp={tp}·{pp}·{cp}={tp * pp * cp}"
+                )
+            p_set["dp"] = gpus // (tp * pp * cp)
     layout = base.with_(**p_set) if base is not None and p_set else base
     if layout is None:
         layout = ParallelSpec(**p_set)
     if gpus is not None and layout.world != gpus:
         raise ParallelError(
-            f"gpus={gpus} but dp·tp·pp={layout.dp}·{layout.tp}·{layout.pp}={layout.world}"
+            f"gpus={gpus} but dp·tp·pp·cp={layout.dp}·{layout.tp}·{layout.pp}·{layout.cp}"
+            f"={layout.world}"
         )
     return evaluate(spec, train, layout, hw)
 

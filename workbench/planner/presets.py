@@ -6,8 +6,9 @@ releases report, so a test can check that the dimensions reproduce it.
 
 GPU memory is the total the driver reports (nvidia-smi MiB); ``peak_flops`` is dense
 bf16 tensor-core peak and ``peak_flops_fp32`` plain fp32 (no TF32), from NVIDIA data
-sheets (SXM parts). Links are nominal per-GPU, per-direction rates; α is an
-order-of-magnitude start-up cost. Measure your own with ``workbench calibrate``.
+sheets (SXM parts). Links carry an achievable bus bandwidth (nccl-tests busbw, with its
+source) beside the nominal peak; α is an order-of-magnitude start-up cost. Measure your
+own with nccl-tests or ``workbench calibrate``.
 """
 
 from __future__ import annotations
@@ -70,16 +71,29 @@ MODELS: dict[str, ModelSpec] = {
     ),
 }  # fmt: skip
 
+# ``bandwidth`` is the achievable bus bandwidth per GPU for large messages (what
+# nccl-tests print as busbw), ``peak`` the nominal per-direction rate beside it. The
+# achievable figures are typical published nccl-tests results, rounded down; measure your
+# own cluster (nccl-tests, or ``workbench calibrate`` for CPU ranks) and pass a LinkSpec.
+_NCCL = "nccl-tests all_reduce_perf busbw, large messages"
 LINKS: dict[str, LinkSpec] = {
-    "pcie4": LinkSpec(name="pcie4", bandwidth=32e9, latency=5e-6),
-    "pcie5": LinkSpec(name="pcie5", bandwidth=64e9, latency=5e-6),
-    "nvlink3": LinkSpec(name="nvlink3", bandwidth=300e9, latency=2e-6),
-    "nvlink4": LinkSpec(name="nvlink4", bandwidth=450e9, latency=2e-6),
-    "ib-hdr": LinkSpec(name="ib-hdr", bandwidth=25e9, latency=5e-6),
-    "ib-ndr": LinkSpec(name="ib-ndr", bandwidth=50e9, latency=5e-6),
-    "25gbe": LinkSpec(name="25gbe", bandwidth=3.125e9, latency=20e-6),
-    "100gbe": LinkSpec(name="100gbe", bandwidth=12.5e9, latency=10e-6),
-}
+    "pcie4": LinkSpec(name="pcie4", bandwidth=22e9, latency=5e-6, peak=32e9,
+                      source="PCIe 4.0 x16 through the host: ~70% of 32 GB/s in p2p tests"),
+    "pcie5": LinkSpec(name="pcie5", bandwidth=45e9, latency=5e-6, peak=64e9,
+                      source="PCIe 5.0 x16: ~70% of 64 GB/s"),
+    "nvlink3": LinkSpec(name="nvlink3", bandwidth=200e9, latency=2e-6, peak=300e9,
+                        source=f"{_NCCL}, 8x A100 SXM (NVLink 3, NVSwitch): ~200-230 GB/s"),
+    "nvlink4": LinkSpec(name="nvlink4", bandwidth=360e9, latency=2e-6, peak=450e9,
+                        source=f"{_NCCL}, 8x H100 SXM (NVLink 4, no NVLS): ~360-370 GB/s"),
+    "ib-hdr": LinkSpec(name="ib-hdr", bandwidth=23e9, latency=5e-6, peak=25e9,
+                       source=f"{_NCCL}, one 200 Gb/s HDR NIC per GPU: ~92% of line rate"),
+    "ib-ndr": LinkSpec(name="ib-ndr", bandwidth=46e9, latency=5e-6, peak=50e9,
+                       source=f"{_NCCL}, one 400 Gb/s NDR NIC per GPU: ~92% of line rate"),
+    "25gbe": LinkSpec(name="25gbe", bandwidth=2.8e9, latency=20e-6, peak=3.125e9,
+                      source="TCP over 25 GbE: ~90% of line rate"),
+    "100gbe": LinkSpec(name="100gbe", bandwidth=11e9, latency=10e-6, peak=12.5e9,
+                       source="RoCE/TCP over 100 GbE: ~90% of line rate"),
+}  # fmt: skip
 
 # name -> (memory, bf16 peak, fp32 peak, GPUs per node, intra link, inter link)
 _GPU_TABLE: dict[str, tuple[int, float, float, int, str, str]] = {

@@ -48,9 +48,15 @@ def format_plan(plan: Plan) -> str:
         f"  {'dp/zero comm exposed':<22}{t.dp_exposed:>8.4g}",
         f"  {'tp comm':<22}{t.tp_comm:>8.4g}{'  inter-node' if t.tp_inter else ''}",
         f"  {'pp p2p':<22}{t.pp_comm:>8.4g}{'  inter-node' if t.pp_inter else ''}",
+    ]
+    if t.cp_comm:
+        lines.append(f"  {'cp comm':<22}{t.cp_comm:>8.4g}")
+    if t.overhead:
+        lines.append(f"  {'optimizer/overhead':<22}{t.overhead:>8.4g}")
+    lines += [
         f"  {'step':<22}{t.total:>8.4g}",
         f"throughput {t.tokens_per_s:,.0f} tokens/s; {t.efficiency:.0%} of the step computing; "
-        f"MFU {t.mfu:.0%}",
+        f"MFU {t.mfu:.0%} (HFU {t.hfu:.0%}, {t.tflops_per_gpu:.0f} TFLOP/s per GPU)",
     ]
     if plan.notes:
         lines.append("")

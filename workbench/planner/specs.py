@@ -8,13 +8,15 @@ the valid range or choices (never ``assert``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from workbench.errors import ConfigError, ParallelError, choices_error
 
 __all__ = [
     "GPU_KINDS",
+    "GRAD_DTYPES",
+    "GRAD_SYNC",
     "NORMS",
     "OPTIMIZERS",
     "PRECISIONS",
@@ -34,6 +36,13 @@ RECOMPUTE = ("none", "selective", "full")
 NORMS = ("layernorm", "rmsnorm")
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 GPU_KINDS = ("gpu", "cpu")
+# Gradient storage: "auto" is the precision's own (fp32 -> fp32; bf16-mixed -> bf16, or
+# bf16 + an fp32 copy with fp32_grads=True); "fp32" alone is Megatron's main_grad and
+# DeepSpeed ZeRO-3's accounting (2 + 4 + 12 = 18 bytes/param with Adam).
+GRAD_DTYPES = ("auto", "bf16", "fp32", "bf16+fp32")
+# When ZeRO-2/3 (FSDP) reduce-scatters gradients: after every micro-batch (DeepSpeed) or
+# once per step after accumulating unsharded gradients (FSDP without gradient sync).
+GRAD_SYNC = ("per_microbatch", "per_step")
 
 
 def _int(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> None:
@@ -52,8 +61,8 @@ def _opt_int(name: str, value: object, *, minimum: int = 1) -> None:
 def _float(
     name: str, value: object, *, low: float, high: float | None = None, low_open: bool = True
 ) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ConfigError(f"{name}={value!r} is not valid; it must be a number")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{name}={value!r} is not valid; it must be a finite number")
     bad_low = value <= low if low_open else value < low
     if bad_low or (high is not None and value > high):
         lo = f"> {low}" if low_open else f">= {low}"
@@ -177,8 +186,10 @@ class ModelSpec:
 class TrainingSpec:
     """One training step: batch, sequence, precision, optimizer, recompute and efficiency.
 
-    ``mfu`` is the fraction of peak FLOP/s the executed matmul work reaches; ``overlap`` the
-    fraction of the eligible compute (backward; forward too under ZeRO-3) behind which data
+    ``mfu`` is the compute efficiency: the fraction of peak FLOP/s the executed work
+    (matmuls and attention, recompute included) reaches while computing; the plan reports
+    the achieved MFU (papers' definition) and HFU separately. ``overlap`` is the fraction of
+    the eligible compute (backward; the matching pass under ZeRO-3) behind which data
     parallel traffic can hide. ``trainable`` < 1 models LoRA-style fine-tuning: only that
     fraction of parameters has gradients and optimizer state.
     """
@@ -193,9 +204,14 @@ class TrainingSpec:
     dropout: bool = True
     fp32_grads: bool = False  # keep an fp32 gradient copy (Megatron main_grad, DeepSpeed 2+18)
     trainable: float = 1.0
-    mfu: float = 0.4
+    mfu: float = 0.5
     overlap: float = 1.0
     bucket_bytes: int = 25 * 2**20  # DDP bucket; two in flight when dp > 1
+    flash_attention: bool = False  # no s x s scores stored (an fp32 logsumexp instead)
+    fused_swiglu: bool = False  # SwiGLU saves gate, up and the product (3 tensors, not 4)
+    grads: str = "auto"  # see GRAD_DTYPES
+    grad_sync: str = "per_microbatch"  # see GRAD_SYNC
+    selective_overhead: float = 0.05  # selective recompute: extra share of layer compute
 
     def __post_init__(self) -> None:
         _int("micro_batch", self.micro_batch)
@@ -214,6 +230,32 @@ class TrainingSpec:
         _float("overlap", self.overlap, low=0.0, high=1.0, low_open=False)
         if self.fp32_grads and self.precision == "fp32":
             raise ConfigError("fp32_grads=True only applies to precision='bf16-mixed'")
+        if self.grads not in GRAD_DTYPES:
+            raise choices_error("grads", self.grads, GRAD_DTYPES)
+        if self.fp32_grads and self.grads not in ("auto", "bf16+fp32"):
+            raise ConfigError(
+                f"fp32_grads=True means grads='bf16+fp32', but grads={self.grads!r} was given"
+            )
+        if self.precision == "fp32" and self.grads not in ("auto", "fp32"):
+            raise ConfigError(f"grads={self.grads!r} needs precision='bf16-mixed'")
+        if self.grad_sync not in GRAD_SYNC:
+            raise choices_error("grad_sync", self.grad_sync, GRAD_SYNC)
+        _float("selective_overhead", self.selective_overhead, low=0.0, high=1.0, low_open=False)
+
+    @property
+    def grad_dtype(self) -> str:
+        """The resolved gradient storage: 'fp32', 'bf16' or 'bf16+fp32'."""
+        if self.grads != "auto":
+            return self.grads
+        if self.precision == "fp32":
+            return "fp32"
+        return "bf16+fp32" if self.fp32_grads else "bf16"
+
+    @property
+    def grad_comm_bytes(self) -> int:
+        """Bytes per gradient element that data-parallel collectives move (the fp32 copy
+        when one is kept, else the stored dtype)."""
+        return 2 if self.grad_dtype == "bf16" else 4
 
     @property
     def dtype_bytes(self) -> int:
@@ -246,11 +288,19 @@ class ParallelSpec:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     vocab_parallel: bool = True
+    cp: int = 1  # context parallel: the sequence split over cp ranks (ring attention)
+    first_stage_layers: int | None = None  # uneven pipeline: fewer layers on stage 0
+    last_stage_layers: int | None = None  # ... and on the last stage (Llama 3: one less)
 
     def __post_init__(self) -> None:
         _int("dp", self.dp)
         _int("tp", self.tp)
         _int("pp", self.pp)
+        _int("cp", self.cp)
+        _opt_int("first_stage_layers", self.first_stage_layers)
+        _opt_int("last_stage_layers", self.last_stage_layers)
+        if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers):
+            raise ConfigError("first_stage_layers / last_stage_layers need pp > 1")
         if isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3):
             raise choices_error("zero", self.zero, (0, 1, 2, 3))
         _opt_int("micro_batches", self.micro_batches)
@@ -264,7 +314,40 @@ class ParallelSpec:
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def grad_group(self) -> int:
+        """Ranks that hold the same parameters and sync (or shard) their gradients:
+        data parallel x context parallel."""
+        return self.dp * self.cp
+
+    def stage_layers(self, layers: int) -> tuple[int, ...]:
+        """Transformer layers on each pipeline stage. Balanced by default (the first
+        stages take the remainder); with first/last_stage_layers the middle stages share
+        what is left evenly."""
+        p = self.pp
+        if p == 1:
+            return (layers,)
+        first, last = self.first_stage_layers, self.last_stage_layers
+        if first is None and last is None:
+            base, extra = divmod(layers, p)
+            return tuple(base + (1 if i < extra else 0) for i in range(p))
+        rest = layers - (first or 0) - (last or 0)
+        middle = p - (first is not None) - (last is not None)
+        if rest < middle or (middle and rest % middle) or (not middle and rest):
+            raise ParallelError(
+                f"first_stage_layers={first}, last_stage_layers={last} leave {rest} of "
+                f"{layers} layers for {middle} middle stage(s); they must split evenly "
+                "(at least one layer each)"
+            )
+        each = rest // middle if middle else 0
+        return tuple(
+            first if i == 0 and first is not None
+            else last if i == p - 1 and last is not None
+            else each
+            for i in range(p)
+        )  # fmt: skip
 
     def with_(self, **changes: Any) -> ParallelSpec:
         return _replace(self, **changes)
@@ -274,17 +357,34 @@ class ParallelSpec:
 class LinkSpec:
     """One interconnect as the collective cost model sees it.
 
-    ``bandwidth`` is bytes/s per GPU per direction (the B of S/B); ``latency`` the per-step
-    start-up cost α in seconds.
+    ``bandwidth`` is the achievable bus bandwidth in bytes/s per GPU (the B of S/B: what
+    nccl-tests report as busbw for large messages); ``peak`` the nominal per-direction
+    rate, for reference; ``source`` where the achievable figure comes from.
+    ``latency`` is the per-step start-up cost α in seconds.
     """
 
     name: str = "custom"
     bandwidth: float
     latency: float
+    peak: float | None = None
+    source: str = ""
 
     def __post_init__(self) -> None:
         _float("bandwidth", self.bandwidth, low=0.0)
         _float("latency", self.latency, low=0.0, low_open=False)
+        if self.peak is not None:
+            _float("peak", self.peak, low=0.0)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LinkSpec:
+        known = {f.name for f in fields(cls)}
+        extra = set(data) - known
+        if extra:
+            raise ConfigError(f"unknown link fields {sorted(extra)}; valid: {sorted(known)}")
+        missing = {"bandwidth", "latency"} - set(data)
+        if missing:
+            raise ConfigError(f"link fields {sorted(missing)} are missing")
+        return cls(**data)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -295,6 +395,12 @@ class HardwareSpec:
     context, allocator slack) and is not available to tensors. ``peak_flops`` is dense
     bf16 matmul peak, ``peak_flops_fp32`` the fp32 one. ``kind='cpu'`` changes one fact:
     CPU dropout saves its mask in the activation dtype, CUDA as 1-byte bools.
+    ``max_overlap`` caps how much communication can hide behind compute (a CPU rank's
+    gloo all-reduce runs on the cores that compute: ~0); ``step_overhead`` is per-step time
+    that does not shrink with the batch (optimizer, dispatch), from ``cpu_profile``.
+    ``cores`` (CPU ranks only) is how many cores a node's ranks run on, ``background`` how
+    many other busy processes compete for them; ``core_share`` turns both into the share
+    of a core each rank gets (None: every rank has its own device).
     """
 
     name: str = "custom"
@@ -306,8 +412,17 @@ class HardwareSpec:
     inter: LinkSpec
     reserved: int = 0
     kind: str = "gpu"
+    max_overlap: float = 1.0  # cap on comm/compute overlap (CPU gloo: the same cores)
+    step_overhead: float = 0.0  # seconds per step per rank outside forward/backward
+    cores: float | None = None  # CPU cores a node's ranks share (None: a device per rank)
+    background: float = 0.0  # other busy processes on those cores, in whole-core demands
 
     def __post_init__(self) -> None:
+        _float("max_overlap", self.max_overlap, low=0.0, high=1.0, low_open=False)
+        _float("step_overhead", self.step_overhead, low=0.0, high=1e6, low_open=False)
+        if self.cores is not None:
+            _float("cores", self.cores, low=0.0, high=1e6)
+        _float("background", self.background, low=0.0, high=1e6, low_open=False)
         _int("memory", self.memory)
         _int("gpus_per_node", self.gpus_per_node)
         _int("reserved", self.reserved, minimum=0)
@@ -331,6 +446,17 @@ class HardwareSpec:
     def usable(self) -> int:
         return self.memory - self.reserved
 
+    def core_share(self, ranks: int) -> float:
+        """The share of one core each of ``ranks`` busy ranks on a node gets.
+
+        Processor sharing (the fair scheduler's steady state): ``ranks + background``
+        runnable processes on ``cores`` cores each run min(1, cores / (ranks +
+        background)) of the time. 1.0 when ``cores`` is None (a device per rank).
+        """
+        if self.cores is None:
+            return 1.0
+        return min(1.0, self.cores / (ranks + self.background))
+
     def with_(self, **changes: Any) -> HardwareSpec:
         return _replace(self, **changes)
 
@@ -342,15 +468,26 @@ class HardwareSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HardwareSpec:
+        """Rebuild from ``to_dict`` output; any malformed field is a ``ConfigError``."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"hardware must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         extra = set(data) - known
         if extra:
             raise ConfigError(f"unknown hardware fields {sorted(extra)}; valid: {sorted(known)}")
+        required = {f.name for f in fields(cls) if f.default is MISSING}
+        missing = required - set(data)
+        if missing:
+            raise ConfigError(f"hardware fields {sorted(missing)} are missing")
         values = dict(data)
         for name in ("intra", "inter"):
             link = values.get(name)
-            if isinstance(link, dict):
-                values[name] = LinkSpec(**link)
+            if not isinstance(link, dict):
+                raise ConfigError(
+                    f"hardware {name}={link!r} is not valid; it must be an object with "
+                    "bandwidth and latency"
+                )
+            values[name] = LinkSpec.from_dict(link)
         return cls(**values)
 
 

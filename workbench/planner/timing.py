@@ -1,21 +1,35 @@
-"""Step time: compute at a set MFU, plus the communication that compute cannot hide.
+"""Step time: compute at a set efficiency, plus what compute cannot hide.
 
-compute   = F / (world · mfu · peak), F = (4 + 2·trainable)·N·tokens (6·N·tokens for full
-            training; +2·N·tokens with full recompute, which reruns the forward)
-bubble    = compute · (p−1)/(v·m)                      (pipeline fill and drain)
-dp/ZeRO   = all-reduce of gradients (ZeRO-0); reduce-scatter of gradients + all-gather
-            of weights (ZeRO-1/2, ZeRO-2 reduce-scatters every micro-batch); two weight
-            all-gathers and a gradient reduce-scatter every micro-batch (ZeRO-3). Hidden
-            behind ``overlap`` × backward compute (× all compute for ZeRO-3).
-tp        = 4 all-reduces of s·b·h activations per layer per micro-batch (2 forward,
-            2 backward; +2 with full recompute); sequence parallel swaps each for a
-            reduce-scatter + all-gather of the same cost. Not hidden.
+FLOPs per token (Narayanan et al. 2021, eq. 3; PaLM appendix B): a training step runs
+6·N matmul FLOPs per token (N: the matmul parameters, head included, embedding lookup
+not) plus 12·L·s·h for attention (QKᵀ and AV; forward 4·L·s·h). That is the MFU numerator
+papers use. HFU counts what is executed: a second forward under full recompute, the
+attention core again under selective recompute.
+
+compute   = per micro-batch, the busiest pipeline stage's executed FLOPs at
+            ``mfu`` × peak, times the micro-batches; the pipeline adds
+bubble    = (p−1)/v of one busiest-stage micro-batch per micro-batch slot.
+dp/ZeRO   = over the dp·cp ranks that share parameters: ZeRO-0 all-reduce, ZeRO-1
+            reduce-scatter + all-gather, once per step and hidden behind the last
+            micro-batch's backward; ZeRO-2 reduce-scatters every micro-batch (DeepSpeed) or
+            once per step (``grad_sync='per_step'``); ZeRO-3 gathers the weights for every
+            forward and backward and hides each pass's traffic behind that pass only, the
+            first unit's gather never (it is needed before any compute starts).
+tp        = 4 all-reduces of s·b·h activations per layer per micro-batch (+2 under full
+            recompute); sequence parallel swaps each for reduce-scatter + all-gather.
+cp        = ring attention: K and V gathered forward, their gradients reduce-scattered
+            backward, per layer per micro-batch (not hidden: an upper bound).
 pp        = a send of activations forward and of gradients backward per micro-batch.
+overhead  = the hardware's per-step time outside forward and backward (CPU profile).
+cores     = CPU ranks time-share a node's cores: with r = min(world, ranks per node) busy
+            ranks and ``background`` other busy processes on c cores, each rank runs
+            share = min(1, c / (r + background)) of the time, so compute (and the bubble)
+            and the overhead stretch by 1/share; the collectives keep their calibrated
+            cost (the fit was measured with the ranks sharing the cores).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from workbench.planner.comm import (
@@ -25,10 +39,21 @@ from workbench.planner.comm import (
     p2p_time,
     spans_nodes,
 )
-from workbench.planner.params import params_per_rank
+from workbench.planner.params import (
+    count_params,
+    largest_unit,
+    matmul_params,
+    stage_params,
+)
 from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, TrainingSpec
 
-__all__ = ["StepTime", "step_time", "training_flops"]
+__all__ = [
+    "StepTime",
+    "executed_flops_per_token",
+    "model_flops_per_token",
+    "step_time",
+    "training_flops",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,19 +68,30 @@ class StepTime:
     pp_comm: float
     tokens: int
     world: int
-    model_flops: float  # 6·N·tokens (the MFU numerator)
+    model_flops: float  # papers' MFU numerator: (6·N + 12·L·s·h)·tokens
     peak_flops: float
     dp_inter: bool = False
     tp_inter: bool = False
     pp_inter: bool = False
+    hardware_flops: float = 0.0  # executed FLOPs (recompute included): the HFU numerator
+    cp_comm: float = 0.0
+    overhead: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.bubble + self.dp_exposed + self.tp_comm + self.pp_comm
+        return (
+            self.compute
+            + self.bubble
+            + self.dp_exposed
+            + self.tp_comm
+            + self.pp_comm
+            + self.cp_comm
+            + self.overhead
+        )
 
     @property
     def comm_exposed(self) -> float:
-        return self.dp_exposed + self.tp_comm + self.pp_comm
+        return self.dp_exposed + self.tp_comm + self.pp_comm + self.cp_comm
 
     @property
     def tokens_per_s(self) -> float:
@@ -68,8 +104,18 @@ class StepTime:
 
     @property
     def mfu(self) -> float:
-        """Achieved model FLOPs utilisation: 6·N·tokens / (world · peak · step time)."""
+        """Model FLOPs utilisation as papers define it (attention FLOPs included)."""
         return self.model_flops / (self.world * self.peak_flops * self.total)
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: executed FLOPs (recompute included) per peak."""
+        return self.hardware_flops / (self.world * self.peak_flops * self.total)
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Achieved model TFLOP/s per GPU (the MFU numerator per second per GPU)."""
+        return self.model_flops / (self.world * self.total) / 1e12
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -78,22 +124,72 @@ class StepTime:
             "dp_comm_s": self.dp_comm,
             "dp_exposed_s": self.dp_exposed,
             "tp_comm_s": self.tp_comm,
+            "cp_comm_s": self.cp_comm,
             "pp_comm_s": self.pp_comm,
+            "overhead_s": self.overhead,
             "step_s": self.total,
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_s,
             "efficiency": self.efficiency,
             "mfu": self.mfu,
+            "hfu": self.hfu,
+            "tflops_per_gpu": self.tflops_per_gpu,
         }
 
 
 def training_flops(n_params: int, tokens: int, training: TrainingSpec) -> float:
-    """Executed FLOPs of one step: forward 2N, backward 2N (inputs) + 2N·trainable
-    (weights), and a second forward under full recompute."""
+    """Executed matmul FLOPs of one step counted as 2·N per token per pass, attention left
+    out: forward 2N, backward 2N (inputs) + 2N·trainable (weights), and a second forward
+    under full recompute. (A parameter-count rule of thumb; ``step_time`` uses the
+    per-layer count with attention, ``executed_flops_per_token``.)"""
     per_token = (4 + 2 * training.trainable) * n_params
     if training.recompute == "full":
         per_token += 2 * n_params
     return per_token * tokens
+
+
+def _attention_fwd(model: ModelSpec, seq: int) -> float:
+    """Forward attention-core FLOPs per token per layer (QKᵀ and AV: 2·s·h each)."""
+    return 4.0 * seq * model.hidden
+
+
+def model_flops_per_token(model: ModelSpec, seq: int) -> float:
+    """The papers' MFU numerator per token: 6·N_matmul + 12·L·s·h."""
+    return 6.0 * matmul_params(model) + 3.0 * model.layers * _attention_fwd(model, seq)
+
+
+def _passes(training: TrainingSpec) -> tuple[float, float]:
+    """(matmul passes, attention-core passes) per token in units of one forward:
+    forward 1, backward 1 + trainable (inputs and weights) for matmuls, 2 for attention;
+    +1 forward of everything under full recompute, of the attention core under selective
+    recompute without FlashAttention."""
+    matmul = 2.0 + training.trainable
+    attention = 3.0
+    if training.recompute == "full":
+        matmul += 1.0
+        attention += 1.0
+    elif training.recompute == "selective" and not training.flash_attention:
+        attention += 1.0
+    return matmul, attention
+
+
+def executed_flops_per_token(model: ModelSpec, training: TrainingSpec, seq: int) -> float:
+    """Executed FLOPs per token of the whole model (the HFU numerator per token)."""
+    matmul, attention = _passes(training)
+    return 2.0 * matmul_params(model) * matmul + (
+        model.layers * _attention_fwd(model, seq) * attention
+    )
+
+
+def _layer_head_flops(model: ModelSpec, training: TrainingSpec, seq: int) -> tuple[float, float]:
+    """Executed FLOPs per token of one transformer layer, and of the output head."""
+    c = count_params(model)
+    total_mm = matmul_params(model)
+    head_mm = c.embedding if c.head == 0 else c.head
+    layer_mm = (total_mm - head_mm) / model.layers
+    matmul, attention = _passes(training)
+    layer = 2.0 * layer_mm * matmul + _attention_fwd(model, seq) * attention
+    return layer, 2.0 * head_mm * matmul
 
 
 def step_time(
@@ -105,65 +201,92 @@ def step_time(
     seq: int,
     micro_batches: int,
 ) -> StepTime:
-    dp, tp, pp, m = parallel.dp, parallel.tp, parallel.pp, micro_batches
+    dp, tp, pp, cp, m = parallel.dp, parallel.tp, parallel.pp, parallel.cp, micro_batches
     world = parallel.world
-    n = model.n_params
-    tokens = training.micro_batch * m * dp * seq
+    b = training.micro_batch
+    tokens = b * m * dp * seq
     peak = hardware.flops(training.precision)
-    compute = training_flops(n, tokens, training) / (world * training.mfu * peak)
-    bubble = compute * (pp - 1) / (parallel.virtual_stages * m) if pp > 1 else 0.0
+    share = hardware.core_share(min(world, hardware.gpus_per_node))
+    rate = training.mfu * peak * share
+    overlap = min(training.overlap, hardware.max_overlap)
 
-    # Data-parallel / ZeRO traffic over dp ranks spaced tp apart.
+    # Compute: the busiest stage, one micro-batch (b·s tokens over its tp·cp ranks).
+    layer_f, head_f = _layer_head_flops(model, training, seq)
+    layout = parallel.stage_layers(model.layers)
+    stage = [n * layer_f + (head_f if i == pp - 1 else 0.0) for i, n in enumerate(layout)]
+    busiest = max(range(pp), key=lambda i: stage[i])
+    scale = b * seq / (tp * cp * rate)
+    per_micro = stage[busiest] * scale
+    if training.recompute == "selective" and not training.flash_attention:
+        # Recomputing softmax and dropout is memory-bound: Korthikanti et al. measured it
+        # as a share of each layer's time, not as FLOPs.
+        per_micro += training.selective_overhead * layout[busiest] * layer_f * scale
+    compute = m * per_micro
+    bubble = per_micro * (pp - 1) / parallel.virtual_stages if pp > 1 else 0.0
+    fwd_share = 1.0 / _passes(training)[0]  # the forward is one of the matmul passes
+    fwd_micro, bwd_micro = per_micro * fwd_share, per_micro * (1.0 - fwd_share)
+
+    # Data-parallel / ZeRO traffic over the dp·cp ranks that share parameters (spaced tp).
+    group = parallel.grad_group
     d = training.dtype_bytes
-    dp_link = group_link(hardware, dp, tp)
-    n_rank = params_per_rank(model, tp, pp, vocab_parallel=parallel.vocab_parallel)
+    dp_link = group_link(hardware, group, tp)
+    n_rank = max(stage_params(model, tp, layout, vocab_parallel=parallel.vocab_parallel))
     trainable = n_rank * training.trainable
-    grad_bytes = trainable * (4 if training.fp32_grads else d)
+    grad_bytes = trainable * training.grad_comm_bytes
     z = parallel.zero
-    if dp == 1:
-        dp_comm = 0.0
+    once = training.grad_sync == "per_step" or m == 1
+    dp_comm = dp_exposed = 0.0
+    if group == 1:
+        pass
     elif z == 0:
-        dp_comm = all_reduce_time(grad_bytes, dp, dp_link)
-    elif z == 1:
-        dp_comm = all_gather_time(grad_bytes, dp, dp_link) + all_gather_time(
-            trainable * d, dp, dp_link
-        )
-    elif z == 2:
-        dp_comm = m * all_gather_time(grad_bytes, dp, dp_link) + all_gather_time(
-            trainable * d, dp, dp_link
+        dp_comm = all_reduce_time(grad_bytes, group, dp_link)
+        dp_exposed = max(0.0, dp_comm - overlap * bwd_micro)  # after the last backward
+    elif z <= 2:
+        rs = all_gather_time(grad_bytes, group, dp_link)
+        ag = all_gather_time(trainable * d, group, dp_link)  # updated weights
+        syncs = 1 if z == 1 or once else m
+        dp_comm = syncs * rs + ag
+        # Every reduce-scatter hides behind its micro-batch's backward; the last one and
+        # the weight all-gather behind the last backward.
+        dp_exposed = (syncs - 1) * max(0.0, rs - overlap * bwd_micro) + max(
+            0.0, rs + ag - overlap * bwd_micro
         )
     else:
-        dp_comm = m * (
-            2 * all_gather_time(n_rank * d, dp, dp_link) + all_gather_time(grad_bytes, dp, dp_link)
-        )
-    # Backward share of the executed FLOPs: (recompute forward + 2N + 2N·trainable) out of
-    # (forward 2N + all of that).
-    rec = 2.0 if training.recompute == "full" else 0.0
-    back = rec + 2.0 + 2.0 * training.trainable
-    backward = compute * back / (2.0 + back)
-    if z >= 3:
-        hideable = compute
-    elif z == 2:
-        hideable = backward
-    else:
-        hideable = backward / m  # one sync after the last micro-batch's backward
-    dp_exposed = max(0.0, dp_comm - training.overlap * hideable)
+        ag = all_gather_time(n_rank * d, group, dp_link)
+        rs = all_gather_time(grad_bytes, group, dp_link)
+        unit = all_gather_time(largest_unit(model, tp) * d, group, dp_link)
+        fwd = max(unit, ag - overlap * fwd_micro)
+        bwd_rs = max(unit, ag + rs - overlap * bwd_micro)
+        bwd = max(unit, ag - overlap * bwd_micro)
+        if once:  # gradients accumulate unsharded; one reduce-scatter after the last
+            dp_comm = m * 2 * ag + rs
+            dp_exposed = m * fwd + (m - 1) * bwd + bwd_rs
+        else:
+            dp_comm = m * (2 * ag + rs)
+            dp_exposed = m * (fwd + bwd_rs)
 
-    # Tensor-parallel activations all-reduces, contiguous ranks.
-    layers = math.ceil(model.layers / pp)
+    # Tensor-parallel activation all-reduces, contiguous ranks.
+    layers = max(layout)
+    s_local = seq / cp
+    act = b * s_local * model.hidden * d
     tp_comm = 0.0
     if tp > 1:
         per_layer = 6 if training.recompute == "full" else 4
-        act = training.micro_batch * seq * model.hidden * d
         tp_comm = layers * m * per_layer * all_reduce_time(act, tp, group_link(hardware, tp, 1))
 
-    # Pipeline point-to-point between neighbouring stages, ranks spaced tp·dp apart.
+    # Context parallel: K and V (kv_hidden wide, split over TP) gathered forward (and again
+    # under full recompute), their gradients reduce-scattered backward.
+    cp_comm = 0.0
+    if cp > 1:
+        kv = 2 * b * seq * model.kv_hidden * d / tp
+        passes = 3 if training.recompute == "full" else 2
+        cp_comm = layers * m * passes * all_gather_time(kv, cp, group_link(hardware, cp, tp))
+
+    # Pipeline point-to-point between neighbouring stages, ranks spaced tp·cp·dp apart.
     pp_comm = 0.0
     if pp > 1:
-        act = training.micro_batch * seq * model.hidden * d
-        if parallel.sequence_parallel:
-            act /= tp
-        pp_comm = 2 * m * p2p_time(act, group_link(hardware, pp, tp * dp))
+        sent = act / tp if parallel.sequence_parallel else act
+        pp_comm = 2 * m * p2p_time(sent, group_link(hardware, pp, tp * cp * dp))
 
     return StepTime(
         compute=compute,
@@ -174,9 +297,12 @@ def step_time(
         pp_comm=pp_comm,
         tokens=tokens,
         world=world,
-        model_flops=6.0 * n * tokens,
+        model_flops=model_flops_per_token(model, seq) * tokens,
         peak_flops=peak,
-        dp_inter=spans_nodes(dp, tp, hardware.gpus_per_node),
+        dp_inter=spans_nodes(group, tp, hardware.gpus_per_node),
         tp_inter=spans_nodes(tp, 1, hardware.gpus_per_node),
-        pp_inter=spans_nodes(pp, tp * dp, hardware.gpus_per_node),
+        pp_inter=spans_nodes(pp, tp * cp * dp, hardware.gpus_per_node),
+        hardware_flops=executed_flops_per_token(model, training, seq) * tokens,
+        cp_comm=cp_comm,
+        overhead=hardware.step_overhead / share,
     )

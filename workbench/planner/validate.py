@@ -190,20 +190,22 @@ def _dp_bytes(plan: Plan) -> float:
     """Bytes one rank hands to data-parallel collectives per step (buffer sizes, as the
     tracer records them: the gradient buffer for all-reduce / reduce-scatter, the
     gathered weights for all-gather)."""
-    from workbench.planner.params import params_per_rank
+    from workbench.planner.params import stage_params
 
     p, t = plan.parallel, plan.training
-    if p.dp == 1:
+    if p.grad_group == 1:
         return 0.0
-    n = params_per_rank(plan.model, p.tp, p.pp, vocab_parallel=p.vocab_parallel)
+    layout = p.stage_layers(plan.model.layers)
+    n = max(stage_params(plan.model, p.tp, layout, vocab_parallel=p.vocab_parallel))
     trainable = n * t.trainable
-    grads = trainable * (4 if t.fp32_grads else t.dtype_bytes)
+    grads = trainable * t.grad_comm_bytes
     weights = n * t.dtype_bytes
     m = plan.micro_batches
+    syncs = 1 if t.grad_sync == "per_step" else m
     if p.zero == 0:
         return grads
     if p.zero == 1:
         return grads + trainable * t.dtype_bytes
     if p.zero == 2:
-        return m * grads + trainable * t.dtype_bytes
-    return m * (2 * weights + grads)
+        return syncs * grads + trainable * t.dtype_bytes
+    return m * 2 * weights + syncs * grads

@@ -6,6 +6,7 @@ place with NEW events only. Never imports IPython or ipywidgets.
 """
 
 from workbench.plots.bandwidth import bandwidth_figure, update_bandwidth_figure
+from workbench.plots.engines import engine_memory_figure
 from workbench.plots.loss import loss_figure, update_loss_figure
 from workbench.plots.memory import memory_figure, update_memory_figure
 from workbench.plots.planner import (
@@ -35,6 +36,7 @@ __all__ = [
     "bandwidth_figure",
     "base_phase",
     "comm_timeline_figure",
+    "engine_memory_figure",
     "extend_figure",
     "format_bytes",
     "loss_figure",

@@ -110,49 +110,58 @@ def update_memory_figure(
             added_rank = True
         xv = state["count"][rank] if state["x"] == "sample" else (s.t - state["t0"]) / 1e6
         state["count"][rank] += 1
-        total = s.total
-        where = f"rank {s.rank} · step {s.step} · {s.phase or '?'}"
-        if s.label:
-            where += f" · {s.label}"
-        if not patch.has(_key(s.rank, CATEGORIES[0])):
-            # Fixed stacking order: params at the bottom, activations on top.
-            for category in _ALWAYS:
-                patch.create(_key(s.rank, category), _area(s.rank, category, state, patch))
-            patch.create(_key(s.rank, "peak"), _peak(s.rank, state))
-        for category in CATEGORIES:
-            value = getattr(s, category)
-            key = _key(s.rank, category)
-            if not patch.has(key):
-                if value == 0:
-                    continue  # "other" gets a trace (on top) at its first bytes
-                patch.create(key, _area(s.rank, category, state, patch))
-            patch.add(
-                key,
-                x=xv,
-                y=value / MIB,
-                hovertext=f"{where}<br>{category}: {format_bytes(value)}"
-                f" · total {format_bytes(total)}",
-            )
+        _add_sample(patch, state, s, xv)
         peak = state["peak"].get(rank)
-        if peak is None or total > peak[1]:
-            state["peak"][rank] = [xv, total, s.step, s.phase]
+        if peak is None or s.total > peak[1]:
+            state["peak"][rank] = [xv, s.total, s.step, s.phase]
             new_peaks.add(rank)
     for rank in sorted(new_peaks, key=int):
-        px, total, step, phase = state["peak"][rank]
-        over = state["capacity"] is not None and total > state["capacity"]
-        label = f"peak {format_bytes(total)}" + (" > capacity (OOM)" if over else "")
-        patch.set(
-            _key(int(rank), "peak"),
-            x=[px],
-            y=[total / MIB],
-            text=[label],
-            hovertext=[f"rank {rank} · step {step} · {phase}<br>{label}"],
-            marker={"color": _OOM_COLOR if over else "#222222"},
-        )
+        _set_peak(patch, state, rank)
     if added_rank:
         _layout_ranks(patch, state)
     patch.layout["meta"] = initial_meta(state)
     return patch.apply(fig)
+
+
+def _add_sample(patch: Patch, state: dict[str, Any], s: MemorySample, xv: float) -> None:
+    """One point on every category's stacked area of the sample's rank."""
+    where = f"rank {s.rank} · step {s.step} · {s.phase or '?'}"
+    if s.label:
+        where += f" · {s.label}"
+    if not patch.has(_key(s.rank, CATEGORIES[0])):
+        # Fixed stacking order: params at the bottom, activations on top.
+        for category in _ALWAYS:
+            patch.create(_key(s.rank, category), _area(s.rank, category, state, patch))
+        patch.create(_key(s.rank, "peak"), _peak(s.rank, state))
+    for category in CATEGORIES:
+        value = getattr(s, category)
+        key = _key(s.rank, category)
+        if not patch.has(key):
+            if value == 0:
+                continue  # "other" gets a trace (on top) at its first bytes
+            patch.create(key, _area(s.rank, category, state, patch))
+        patch.add(
+            key,
+            x=xv,
+            y=value / MIB,
+            hovertext=f"{where}<br>{category}: {format_bytes(value)}"
+            f" · total {format_bytes(s.total)}",
+        )
+
+
+def _set_peak(patch: Patch, state: dict[str, Any], rank: str) -> None:
+    """Move the rank's peak marker to its new highest total (red past the capacity)."""
+    px, total, step, phase = state["peak"][rank]
+    over = state["capacity"] is not None and total > state["capacity"]
+    label = f"peak {format_bytes(total)}" + (" > capacity (OOM)" if over else "")
+    patch.set(
+        _key(int(rank), "peak"),
+        x=[px],
+        y=[total / MIB],
+        text=[label],
+        hovertext=[f"rank {rank} · step {step} · {phase}<br>{label}"],
+        marker={"color": _OOM_COLOR if over else "#222222"},
+    )
 
 
 def _key(rank: int, what: str) -> str:

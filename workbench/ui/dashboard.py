@@ -15,9 +15,11 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from workbench import validate
 from workbench.cluster import Cluster
 from workbench.cluster.probe import engine_memory
 from workbench.errors import WorkbenchError
+from workbench.plots.engines import engine_memory_figure
 from workbench.plots.style import format_bytes
 
 __all__ = ["Dashboard"]
@@ -29,6 +31,9 @@ class Dashboard:
     """A panel over one cluster (default: the running one)."""
 
     def __init__(self, cluster: Cluster | None = None, *, interval: float | None = None) -> None:
+        interval = validate.seconds(
+            "interval", interval, minimum=validate.MIN_REFRESH_S, none_means="refresh on demand"
+        )
         self.cluster = cluster if cluster is not None else Cluster.current()
         self.interval = interval
         self.rows: list[dict[str, Any]] = []
@@ -37,16 +42,7 @@ class Dashboard:
         self.message = widgets.HTML()
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
         self.refresh_button.on_click(lambda _b: self.refresh())
-        self.figure = go.FigureWidget(
-            layout={
-                "title": "Engine memory per rank",
-                "template": "plotly_white",
-                "barmode": "group",
-                "height": 280,
-                "xaxis": {"title": {"text": "rank"}, "dtick": 1},
-                "yaxis": {"title": {"text": "MiB"}},
-            }
-        )
+        self.figure = go.FigureWidget(engine_memory_figure({}))
         self.root = widgets.VBox(
             [widgets.HBox([self.refresh_button]), self.table, self.message, self.figure]
         )
@@ -81,17 +77,10 @@ class Dashboard:
             for row in self.rows
         )
         self.table.value = f"<table><tr>{head}</tr>{body}</table>"
-        ranks = list(by_rank)
-        series = {
-            "process RSS": [by_rank[r]["rss"] / 2**20 for r in ranks],
-            "CUDA allocated": [by_rank[r]["cuda_allocated"] / 2**20 for r in ranks],
-        }
+        fresh = engine_memory_figure(by_rank)
         with self.figure.batch_update():
             self.figure.data = ()
-            for name, values in series.items():
-                if name.startswith("CUDA") and not any(values):
-                    continue
-                self.figure.add_bar(x=ranks, y=values, name=name)
+            self.figure.add_traces(list(fresh.data))
 
     def _start_auto(self, interval: float) -> None:
         try:

@@ -31,6 +31,7 @@ from workbench.planner import (
     model_preset,
     recommend,
 )
+from workbench.planner.specs import GRAD_DTYPES, GRAD_SYNC
 from workbench.planner.sweep import scaling
 from workbench.plots.planner import MEMORY_PARTS, memory_breakdown_figure, scaling_figure
 
@@ -56,6 +57,10 @@ class PlannerState:
     precision: str = "bf16-mixed"
     micro_batch: int = 1
     seq: int = 2048
+    flash_attention: bool = False
+    fused_swiglu: bool = False
+    grads: str = "auto"
+    grad_sync: str = "per_microbatch"
     extra: dict[str, Any] = field(default_factory=dict)  # more TrainingSpec fields
 
     def model_spec(self) -> ModelSpec:
@@ -70,6 +75,10 @@ class PlannerState:
             seq=self.seq,
             precision=self.precision,
             recompute=self.recompute,
+            flash_attention=self.flash_attention,
+            fused_swiglu=self.fused_swiglu,
+            grads=self.grads,
+            grad_sync=self.grad_sync,
             **self.extra,
         )
 
@@ -115,7 +124,7 @@ def _verdict_html(plan: Plan) -> str:
         f"{html.escape(plan.layout())} on {plan.gpus}x {html.escape(plan.hardware.name)} "
         f"({plan.nodes} node(s))<br>"
         f"{t.tokens_per_s:,.0f} tokens/s &middot; step {t.total:.3g} s &middot; "
-        f"{t.efficiency:.0%} computing &middot; MFU {t.mfu:.0%}{notes}"
+        f"{t.efficiency:.0%} computing &middot; MFU {t.mfu:.0%} (HFU {t.hfu:.0%}){notes}"
     )
 
 
@@ -153,6 +162,12 @@ class PlannerWidget:
         self.precision = widgets.Dropdown(
             options=list(PRECISIONS), value=s.precision, description="precision"
         )
+        self.flash = widgets.Checkbox(value=s.flash_attention, description="FlashAttention")
+        self.fused = widgets.Checkbox(value=s.fused_swiglu, description="fused SwiGLU")
+        self.grads = widgets.Dropdown(options=list(GRAD_DTYPES), value=s.grads,
+                                      description="grads")  # fmt: skip
+        self.grad_sync = widgets.Dropdown(options=list(GRAD_SYNC), value=s.grad_sync,
+                                          description="grad sync")  # fmt: skip
         self.verdict = widgets.HTML()
         self.reasons = widgets.HTML()
         self.recommend_button = widgets.Button(description="recommend")
@@ -171,6 +186,10 @@ class PlannerWidget:
             "pp": self.pp,
             "recompute": self.recompute,
             "precision": self.precision,
+            "flash_attention": self.flash,
+            "fused_swiglu": self.fused,
+            "grads": self.grads,
+            "grad_sync": self.grad_sync,
         }
         for name, control in self._controls.items():
             control.observe(lambda change, n=name: self._on_change(n, change["new"]), "value")
@@ -179,7 +198,9 @@ class PlannerWidget:
                 widgets.HBox([widgets.VBox([self.model, self.size, self.gpu, self.gpus,
                                             self.network]),
                               widgets.VBox([self.zero, self.tp, self.pp, self.recompute,
-                                            self.precision, self.recommend_button])]),
+                                            self.precision, self.recommend_button]),
+                              widgets.VBox([self.flash, self.fused, self.grads,
+                                            self.grad_sync])]),
                 self.verdict,
                 widgets.HBox([self.memory_fig, self.scaling_fig]),
                 self.reasons,

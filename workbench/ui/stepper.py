@@ -12,8 +12,10 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from workbench import validate
 from workbench.cluster import Cluster
 from workbench.cluster.session import RankStatus, TrainingSession, validate_layout
+from workbench.cluster.user_session import UserTrainingSession, is_user_run, user_spec
 from workbench.errors import ConfigError
 from workbench.parallel.spec import RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
@@ -22,6 +24,40 @@ from workbench.trace import Event
 __all__ = ["Stepper"]
 
 _current: list[weakref.ref[Stepper]] = []  # the most recently created stepper
+
+
+def _check_arguments(
+    timeout: object,
+    capacity: object,
+    reference: object,
+    checkpoint_dir: object,
+    checkpoint_every: object,
+    keep_last: object,
+) -> None:
+    """The Stepper's own settings (the run's are RunSpec's), before any work starts."""
+    validate.seconds("timeout", timeout, none_means="no limit")
+    validate.integer(
+        "capacity", capacity, minimum=1, none_means="no capacity line", what="a number of bytes"
+    )
+    validate.boolean("reference", reference)
+    if checkpoint_dir is not None and not isinstance(checkpoint_dir, str | Path):
+        raise validate.invalid(
+            "checkpoint_dir", checkpoint_dir, "not a path", "use a str or Path, or None"
+        )
+    validate.integer(
+        "checkpoint_every",
+        checkpoint_every,
+        minimum=1,
+        none_means="only explicit saves",
+        what="a number of steps",
+    )
+    validate.integer(
+        "keep_last",
+        keep_last,
+        minimum=1,
+        none_means="keep every checkpoint",
+        what="a number of checkpoints",
+    )
 
 
 class Stepper:
@@ -34,7 +70,7 @@ class Stepper:
 
     def __init__(
         self,
-        model: str = "gpt-tiny",
+        model: Any = "gpt-tiny",
         strategy: str = "dp",
         *,
         cluster: Cluster | None = None,
@@ -46,17 +82,35 @@ class Stepper:
         keep_last: int | None = 3,
         **options: Any,
     ) -> None:
-        spec = RunSpec(model=model, strategy=strategy, **options)
+        if cluster is not None and not isinstance(cluster, Cluster):
+            raise validate.invalid(
+                "cluster",
+                cluster,
+                "not a Cluster",
+                "use a workbench.Cluster, or None (the running one)",
+            )
+        _check_arguments(timeout, capacity, reference, checkpoint_dir, checkpoint_every, keep_last)
+        # Your own model: ``model=make_model, data=..., loss=..., optimizer=...`` (see
+        # workbench.cluster.user_session); a preset name otherwise.
+        user = user_spec(model, strategy, options) if is_user_run(model, options) else None
+        spec = RunSpec(model=model, strategy=strategy, **options) if user is None else None
         self.cluster = cluster if cluster is not None else Cluster.current()
-        validate_layout(spec, self.cluster.world_size)  # fail here, before any work
-        self.session = TrainingSession(
-            self.cluster,
-            spec,
-            timeout=timeout,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            keep_last=keep_last,
-        )
+        if spec is not None:
+            validate_layout(spec, self.cluster.world_size)  # fail here, before any work
+            self.session: TrainingSession = TrainingSession(
+                self.cluster,
+                spec,
+                timeout=timeout,
+                checkpoint_dir=checkpoint_dir,
+                checkpoint_every=checkpoint_every,
+                keep_last=keep_last,
+            )
+        else:
+            if checkpoint_dir is not None or checkpoint_every is not None:
+                raise ConfigError(
+                    "checkpoint_dir / checkpoint_every: not supported for your own model yet"
+                )
+            self.session = UserTrainingSession(self.cluster, user, timeout=timeout)  # type: ignore[arg-type]
         self.capacity = capacity
         self.reference = reference
         self._view: Any | None = None

@@ -49,6 +49,50 @@ _STATUS_CSS = (
 )
 
 
+def _with(choices: Any, value: Any) -> list[Any]:
+    """The choices plus the current value (your own model's label, a custom layout)."""
+    out = list(choices)
+    return out if value in out else [*out, value]
+
+
+def _option_controls(stepper: Stepper) -> dict[str, Any]:
+    """One control per run option, showing the stepper's spec; your own model's factories
+    are fixed (their controls disabled)."""
+    spec = stepper.spec
+    options = {
+        "strategy": widgets.Dropdown(
+            options=_with(STRATEGIES, spec.strategy), value=spec.strategy, description="strategy"
+        ),
+        "model": widgets.Dropdown(
+            options=_with(sorted(PRESETS), spec.model), value=spec.model, description="model"
+        ),
+        "batch_size": widgets.BoundedIntText(
+            value=spec.batch_size, min=1, max=4096, description="batch"
+        ),
+        "optimizer": widgets.Dropdown(
+            options=_with(OPTIMIZERS, spec.optimizer), value=spec.optimizer, description="optimizer"
+        ),
+        "precision": widgets.Dropdown(
+            options=PRECISIONS, value=spec.precision, description="precision"
+        ),
+        "overlap": widgets.Checkbox(value=spec.overlap, description="overlap (DDP)"),
+        "checkpointing": widgets.Checkbox(value=spec.checkpointing, description="activation ckpt"),
+        "microbatches": widgets.BoundedIntText(
+            value=spec.microbatches, min=1, max=64, description="micro-batches"
+        ),
+        "schedule": widgets.Dropdown(
+            options=sorted(SCHEDULES), value=spec.schedule, description="schedule"
+        ),
+    }
+    if spec.model not in PRESETS:  # your own model: its factories are fixed here
+        for name in ("model", "optimizer", "checkpointing"):
+            options[name].disabled = True
+    for control in options.values():
+        # One label width for the whole grid: the default (80px) cuts "micro-batches".
+        control.style.description_width = LABEL_WIDTH
+    return options
+
+
 class StepperView:
     """Widgets bound to one ``Stepper``."""
 
@@ -60,40 +104,42 @@ class StepperView:
         self._pause = False
         self._reverting = False
         self.flush_times: list[float] = []  # seconds per figure refresh (for benchmarks)
-        spec = stepper.spec
-
-        self.options = {
-            "strategy": widgets.Dropdown(
-                options=STRATEGIES, value=spec.strategy, description="strategy"
-            ),
-            "model": widgets.Dropdown(
-                options=sorted(PRESETS), value=spec.model, description="model"
-            ),
-            "batch_size": widgets.BoundedIntText(
-                value=spec.batch_size, min=1, max=4096, description="batch"
-            ),
-            "optimizer": widgets.Dropdown(
-                options=OPTIMIZERS, value=spec.optimizer, description="optimizer"
-            ),
-            "precision": widgets.Dropdown(
-                options=PRECISIONS, value=spec.precision, description="precision"
-            ),
-            "overlap": widgets.Checkbox(value=spec.overlap, description="overlap (DDP)"),
-            "checkpointing": widgets.Checkbox(
-                value=spec.checkpointing, description="activation ckpt"
-            ),
-            "microbatches": widgets.BoundedIntText(
-                value=spec.microbatches, min=1, max=64, description="micro-batches"
-            ),
-            "schedule": widgets.Dropdown(
-                options=sorted(SCHEDULES), value=spec.schedule, description="schedule"
-            ),
-        }
+        self.options = _option_controls(stepper)
         for name, control in self.options.items():
-            # One label width for the whole grid: the default (80px) cuts "micro-batches".
-            control.style.description_width = LABEL_WIDTH
             control.observe(lambda change, n=name: self._on_option(n, change), names="value")
+        self._make_buttons()
+        ranks = list(range(stepper.cluster.world_size))
+        self.memory = go.FigureWidget(memory_figure(capacity=stepper.capacity, ranks=ranks))
+        self.comm = go.FigureWidget(comm_timeline_figure(ranks=ranks))
+        self.loss = go.FigureWidget(loss_figure(reference=[] if stepper.reference else None))
+        self.figures = (self.memory, self.comm, self.loss)  # in tab order
+        for figure in self.figures:
+            _autosize(figure)
+        self.tabs = widgets.Tab(
+            children=list(self.figures), titles=("memory", "communication", "loss")
+        )
+        self.tabs.observe(self._on_tab, names="selected_index")
+        option_box = widgets.GridBox(
+            list(self.options.values()), layout={"grid_template_columns": "repeat(3, 33%)"}
+        )
+        controls = widgets.HBox(
+            [
+                self.phase_button,
+                self.step_button,
+                self.run_count,
+                self.run_button,
+                self.pause_button,
+                self.reset_button,
+                self.progress,
+            ]
+        )
+        self.root = widgets.VBox([option_box, controls, self.status, self.message, self.tabs])
+        self._unsubscribe = stepper.session.subscribe(self._on_events)
+        if stepper.session.events:
+            self._pending.extend(stepper.session.events)
+        self._flush(force=True)
 
+    def _make_buttons(self) -> None:
         self.phase_button = widgets.Button(
             description="Phase ▶", button_style="primary", tooltip="advance every rank by one phase"
         )
@@ -114,38 +160,6 @@ class StepperView:
         self.run_button.on_click(lambda _b: self._start_run(self.run_count.value))
         self.pause_button.on_click(lambda _b: self._request_pause())
         self.reset_button.on_click(lambda _b: self._guard(self._reset))
-
-        ranks = list(range(stepper.cluster.world_size))
-        self.memory = go.FigureWidget(memory_figure(capacity=stepper.capacity, ranks=ranks))
-        self.comm = go.FigureWidget(comm_timeline_figure(ranks=ranks))
-        self.loss = go.FigureWidget(loss_figure(reference=[] if stepper.reference else None))
-        self.figures = (self.memory, self.comm, self.loss)  # in tab order
-        for figure in self.figures:
-            _autosize(figure)
-
-        controls = widgets.HBox(
-            [
-                self.phase_button,
-                self.step_button,
-                self.run_count,
-                self.run_button,
-                self.pause_button,
-                self.reset_button,
-                self.progress,
-            ]
-        )
-        option_box = widgets.GridBox(
-            list(self.options.values()), layout={"grid_template_columns": "repeat(3, 33%)"}
-        )
-        self.tabs = widgets.Tab(
-            children=list(self.figures), titles=("memory", "communication", "loss")
-        )
-        self.tabs.observe(self._on_tab, names="selected_index")
-        self.root = widgets.VBox([option_box, controls, self.status, self.message, self.tabs])
-        self._unsubscribe = stepper.session.subscribe(self._on_events)
-        if stepper.session.events:
-            self._pending.extend(stepper.session.events)
-        self._flush(force=True)
 
     # -- events -> figures ---------------------------------------------------------------
     def _on_events(self, events: list[Event]) -> None:

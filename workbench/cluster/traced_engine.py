@@ -1,0 +1,92 @@
+"""Engine side of ``wb.traced`` and ``%wb trace on``: one recorder per rank that the kernel
+pulls by cursor (as the stepper pulls a run's events).
+
+``traced(model, optimizer)`` in a ``%%wb`` cell records into this engine's trace recorder;
+while it is active the engine's always-on cell tracer is paused, so no collective is
+counted twice. ``begin_cell`` / ``end_cell`` make a whole cell one span (``%wb trace on``).
+Works in a plain process too (tests, torchrun): the state then lives in this module's
+fallback namespace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.cluster.engine import engine_state
+from workbench.trace.recorder import Recorder
+from workbench.trace.traced import Traced
+
+__all__ = ["begin_cell", "end_cell", "pull_trace", "trace_recorder", "traced"]
+
+_KEY = "trace_recorder"
+_CELL = "trace_cell"
+
+
+def trace_recorder() -> Recorder:
+    """This rank's trace recorder (made on first use)."""
+    state = engine_state()
+    recorder = state.get(_KEY)
+    if recorder is None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        recorder = Recorder(rank, clock=state.get("clock"))
+        state[_KEY] = recorder
+    return recorder  # type: ignore[no-any-return]
+
+
+def _pause() -> None:
+    from workbench.cluster import flight
+
+    flight.pause_cell_tracer()
+
+
+def _resume() -> None:
+    from workbench.cluster import flight
+
+    if engine_state().get("run") is None:  # a traced stepper run records its own
+        flight.resume_cell_tracer()
+
+
+def traced(
+    model: Any | None = None,
+    optimizer: Any | None = None,
+    *,
+    name: str = "traced",
+    per_module: bool = False,
+) -> Traced:
+    """``with wb.traced(model, optimizer) as t:`` — trace a hand-written loop on this rank."""
+    cell = engine_state().get(_CELL)
+    own_comm = cell is None  # inside a traced cell, the cell's CommTracer already records
+    return Traced(
+        model,
+        optimizer,
+        recorder=trace_recorder(),
+        name=name,
+        comm=own_comm,
+        per_module=per_module,
+        on_enter=_pause if own_comm else None,
+        on_exit=_resume if own_comm else None,
+        shared_comm=None if cell is None else cell.comm_tracer,
+    )
+
+
+def begin_cell(label: str = "cell") -> None:
+    """Start a span over the next cell, with collectives recorded (``%wb trace on``)."""
+    end_cell()
+    block = Traced(
+        recorder=trace_recorder(), name=label, on_enter=_pause, on_exit=_resume
+    ).__enter__()
+    engine_state()[_CELL] = block
+
+
+def end_cell() -> None:
+    block = engine_state().pop(_CELL, None)
+    if block is not None:
+        block.__exit__(None, None, None)
+
+
+def pull_trace(cursor: int) -> dict[str, Any]:
+    """Trace events recorded since ``cursor``, as plain records, and the new cursor."""
+    records, new_cursor = trace_recorder().records_since(cursor)
+    return {"records": records, "cursor": new_cursor}

@@ -1,0 +1,60 @@
+"""Kernel side of ``wb.traced``: pull every rank's trace events by cursor, keep them in rank
+order, export them to Perfetto. Plain object; figures are drawn from ``events`` by plots/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workbench.cluster import traced_engine
+from workbench.cluster.cluster import Cluster
+from workbench.trace import Event, from_record, to_perfetto
+
+__all__ = ["TraceLog"]
+
+
+class TraceLog:
+    """The events of ``wb.traced`` blocks and traced cells on every rank of ``cluster``."""
+
+    def __init__(self, cluster: Cluster, *, timeout: float | None = 60.0) -> None:
+        self.cluster = cluster
+        self.timeout = timeout
+        self.cells = False  # %wb trace on: every %%wb cell is one traced span
+        self._cursors: dict[int, int] = {}
+        self._events: list[Event] = []
+
+    def __repr__(self) -> str:
+        return f"<TraceLog ranks={self.cluster.world_size} events={len(self._events)}>"
+
+    @property
+    def events(self) -> list[Event]:
+        return list(self._events)
+
+    def pull(self) -> list[Event]:
+        """Fetch what every rank recorded since the last pull; returns the new events."""
+        ranks = list(range(self.cluster.world_size))
+        new: list[Event] = []
+        for rank in ranks:
+            result = self.cluster.run(
+                traced_engine.pull_trace,
+                self._cursors.get(rank, 0),
+                ranks=[rank],
+                timeout=self.timeout,
+            )[0]
+            self._cursors[rank] = int(result["cursor"])
+            new.extend(from_record(r) for r in result["records"])
+        self._events.extend(new)
+        return new
+
+    def begin_cell(self, label: str = "cell") -> None:
+        self.cluster.run(traced_engine.begin_cell, label, timeout=self.timeout)
+
+    def end_cell(self) -> list[Event]:
+        self.cluster.run(traced_engine.end_cell, timeout=self.timeout)
+        return self.pull()
+
+    def export(self, path: str | Path) -> Path:
+        """Write the pulled events as a Perfetto / Chrome trace JSON file."""
+        self.pull()
+        out = Path(path)
+        to_perfetto(self._events, out)
+        return out

@@ -1,0 +1,88 @@
+"""Engine-side functions that build and drive a run of the user's own model.
+
+``build_user_run`` resolves the shipped factories (``shipping.resolve``), wraps each so a
+failure names the factory, rank and host, and installs the ``TrainStep`` where the
+stepper's other engine functions (``remote_run.run_phases`` / ``run_steps`` /
+``pull_events``) find it: from there on a user run is driven exactly like a built-in one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.cluster.engine import engine_state, user_namespace
+from workbench.cluster.remote_run import _AUTOSAVE, _RUN, _summary, close_run
+from workbench.cluster.shipping import Shipped, guard, resolve
+
+__all__ = ["build_user_run", "run_user_reference", "user_shard_indices"]
+
+
+def _user_run(payload: dict[str, Any]) -> Any:
+    from torch.utils.data import Dataset
+
+    from workbench.parallel.parallelize import Layout
+    from workbench.parallel.user_model import UserRun
+
+    namespace = user_namespace()
+    parts: dict[str, Any] = {}
+    for role, shipped in payload["factories"].items():
+        if shipped is None:
+            parts[role] = None
+            continue
+        if not isinstance(shipped, Shipped):
+            raise TypeError(f"factory {role!r} arrived as {type(shipped).__name__}")
+        obj = resolve(shipped, namespace)
+        if callable(obj) and not isinstance(obj, Dataset):
+            obj = guard(role if role != "data" else "data source", shipped.label, obj)
+        parts[role] = obj
+    return UserRun(
+        **parts,
+        layout=Layout(**payload["layout"]),
+        strategy=payload["strategy"],
+        **payload["options"],
+    )
+
+
+def build_user_run(
+    payload: dict[str, Any], autosave: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """(Re)build this rank's run of the user's model; closes any previous run."""
+    import torch.distributed as dist
+
+    from workbench.cluster import flight
+    from workbench.parallel.user_model import build_user_train_step
+    from workbench.trace import Recorder
+
+    close_run()
+    state = engine_state()
+    run = _user_run(payload)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    recorder = Recorder(rank, clock=state.get("clock"))
+    if run.trace:
+        flight.pause_cell_tracer()
+    try:
+        train_step = build_user_train_step(run, recorder=recorder)
+    except BaseException:
+        flight.resume_cell_tracer()
+        raise
+    flight.watch(recorder)
+    state[_AUTOSAVE] = dict(autosave) if autosave else None
+    if run.trace and train_step.memory_tracer is not None:
+        train_step.memory_tracer.sample(label="start")
+    state[_RUN] = train_step
+    return {"phases": train_step.phases, **_summary(0)}
+
+
+def run_user_reference(payload: dict[str, Any], steps: int) -> list[float]:
+    """Losses of the single-device run of the user's model on the same global batches."""
+    from workbench.parallel.user_model import user_reference
+
+    losses, _ = user_reference(_user_run(payload), steps)
+    return losses
+
+
+def user_shard_indices(epoch: int = 0) -> dict[str, Any]:
+    """Which samples this rank's sampler deals it in ``epoch`` (the sharding check)."""
+    from workbench.parallel.user_model import shard_indices
+
+    return shard_indices(engine_state()[_RUN], epoch)

@@ -1,0 +1,278 @@
+"""The client side of a run of the user's own model: ``UserSpec`` and ``UserTrainingSession``.
+
+``UserSpec`` holds the shipped factories and the run's options, validated on the client:
+the layout against the world size and, when the model factory is local, the TP plan and
+pipeline split points against the model built on the meta device (no memory, no engines).
+``UserTrainingSession`` is a ``TrainingSession`` whose build and reference run the user's
+factories; stepping, events, figures and Perfetto export are the base class's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from workbench.cluster import user_remote
+from workbench.cluster.cluster import Cluster
+from workbench.cluster.session import TrainingSession, _State
+from workbench.cluster.shipping import Shipped, ship
+from workbench.errors import ConfigError
+from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout, layout_for
+
+__all__ = ["USER_RUN_KEYS", "UserSpec", "UserTrainingSession", "is_user_run", "user_spec"]
+
+# Keywords that only a run of the user's own model takes.
+USER_RUN_KEYS = ("data", "loss", "dp", "tp", "pp", "zero", "tp_plan", "pp_split")
+_DIMS = ("dp", "tp", "pp", "zero")
+CUSTOM = "custom"  # the strategy shown when the layout is given by dimensions
+
+
+def is_user_run(model: Any, options: Mapping[str, Any]) -> bool:
+    """A factory (not a preset name), or any keyword only a user run takes."""
+    return not isinstance(model, str) or any(k in options for k in USER_RUN_KEYS)
+
+
+def _placeholder() -> None:  # stands in for the factories when only options are checked
+    return None
+
+
+@dataclass(kw_only=True, frozen=True)
+class UserSpec:
+    """A user run as the client holds it. ``model`` / ``optimizer`` are display labels."""
+
+    factories: dict[str, Shipped | None]
+    strategy: str = "dp"
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    zero: int | None = None
+    overlap: bool = True
+    tp_plan: Mapping[str, Any] | None = None
+    pp_split: tuple[str, ...] | None = None
+    batch_size: int = 8
+    grad_accum: int = 1
+    microbatches: int = 2
+    schedule: str = "gpipe"
+    precision: str = "fp32"
+    seed: int = 0
+    trace: bool = True
+    per_module: bool = False
+    local_model: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from workbench.parallel.user_model import UserRun
+
+        if self.strategy not in (*PRESET_LAYOUTS, CUSTOM):
+            raise ConfigError(
+                f"strategy={self.strategy!r} is not valid for your own model; choose one of "
+                f"{sorted(PRESET_LAYOUTS)}, or give the dimensions (dp=, tp=, pp=, zero=)"
+            )
+        if self.strategy == CUSTOM and all(getattr(self, n) is None for n in _DIMS):
+            raise ConfigError(
+                f"strategy={CUSTOM!r} needs at least one of dp=, tp=, pp=, zero=; or choose "
+                f"a preset: {sorted(PRESET_LAYOUTS)}"
+            )
+        self._layout_kwargs(2)  # checks the dimension values themselves
+        UserRun(model=_placeholder, data=_placeholder, loss=_placeholder, **self.options())
+
+    # -- what the view and repr show ----------------------------------------------------
+    @property
+    def model(self) -> str:
+        return self._label("model")
+
+    @property
+    def optimizer(self) -> str:
+        return self._label("optimizer") if self.factories.get("optimizer") else "AdamW(lr=1e-3)"
+
+    @property
+    def checkpointing(self) -> bool:
+        return False
+
+    def _label(self, role: str) -> str:
+        shipped = self.factories.get(role)
+        return shipped.label if shipped is not None else "-"
+
+    # -- what the engines get ---------------------------------------------------------------
+    def options(self) -> dict[str, Any]:
+        names = ("batch_size", "grad_accum", "microbatches", "schedule", "precision", "seed")
+        out = {n: getattr(self, n) for n in names}
+        return {**out, "trace": self.trace, "per_module": self.per_module}
+
+    def _layout_kwargs(self, world_size: int) -> dict[str, Any]:
+        extra = {"tp_plan": self.tp_plan, "pp_split": self.pp_split}
+        if self.strategy == CUSTOM:
+            dims = {n: getattr(self, n) for n in _DIMS if getattr(self, n) is not None}
+            return {"overlap": self.overlap, **dims, **extra}
+        base = layout_for(self.strategy, max(world_size, 2), overlap=self.overlap)
+        return {
+            "dp": base.dp if world_size > 1 else 1,
+            "tp": base.tp,
+            "pp": base.pp,
+            "zero": base.zero,
+            "overlap": base.overlap,
+            **extra,
+        }
+
+    def layout(self, world_size: int) -> Layout:
+        return Layout(**self._layout_kwargs(world_size))
+
+    def label(self, world_size: int) -> str:
+        if self.strategy == CUSTOM:
+            return self.layout(world_size).describe(world_size)
+        return self.strategy
+
+    def payload(self, world_size: int) -> dict[str, Any]:
+        return {
+            "factories": dict(self.factories),
+            "layout": self._layout_kwargs(world_size),
+            "strategy": self.label(world_size),
+            "options": self.options(),
+        }
+
+    def validate(self, world_size: int) -> None:
+        """Everything that can be checked on the client, before any engine works."""
+        from workbench.parallel.user_model import UserRun
+
+        layout = self.layout(world_size)
+        dims = layout.dims(world_size)
+        UserRun(
+            model=_placeholder, data=_placeholder, loss=_placeholder, **self.options()
+        ).check_batch(dims)
+        if self.local_model is not None and world_size > 1:
+            _check_on_meta(self.local_model, layout, dims, self.seed)
+
+
+def _check_on_meta(factory: Any, layout: Layout, dims: Any, seed: int) -> None:
+    """The TP plan and split points against the model built on the meta device. A factory
+    that cannot build there is checked on the engines instead."""
+    import torch
+
+    from workbench.parallel.parallelize import check_layout
+
+    try:
+        with torch.device("meta"), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = factory()
+    except Exception:
+        return
+    if isinstance(model, torch.nn.Module):
+        check_layout(model, layout, dims)
+
+
+def user_spec(model: Any, strategy: str, options: dict[str, Any]) -> UserSpec:
+    """A validated ``UserSpec`` from ``Stepper(model=..., data=..., loss=..., ...)``."""
+    missing = [k for k in ("data", "loss") if options.get(k) is None]
+    if missing:
+        raise ConfigError(
+            f"your own model needs {' and '.join(missing)}= as well: "
+            "Stepper(model=make_model, data=make_data, loss=loss_fn, optimizer=make_opt)"
+        )
+    valid = {f.name for f in fields(UserSpec)} - {"factories", "local_model"}
+    rest = {k: v for k, v in options.items() if k not in ("data", "loss", "optimizer")}
+    unknown = sorted(set(rest) - valid)
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {unknown} for your own model; valid options: "
+            f"{sorted(valid | {'data', 'loss', 'optimizer'})}"
+        )
+    if rest.get("pp_split") is not None and not isinstance(rest["pp_split"], str):
+        rest["pp_split"] = tuple(rest["pp_split"])
+    factories: dict[str, Shipped | None] = {
+        "model": ship("model", model),
+        "data": ship("data", options["data"]),
+        "loss": ship("loss", options["loss"]),
+        "optimizer": (
+            ship("optimizer", options["optimizer"]) if options.get("optimizer") else None
+        ),
+    }
+    local = model if callable(model) else None
+    if any(rest.get(n) is not None for n in _DIMS):
+        strategy = CUSTOM  # dimensions given: they are the layout, not a preset
+    return UserSpec(factories=factories, strategy=strategy, local_model=local, **rest)
+
+
+class UserTrainingSession(TrainingSession):
+    """A ``TrainingSession`` over the user's own model (``spec`` is a ``UserSpec``)."""
+
+    def __init__(self, cluster: Cluster, spec: UserSpec, *, timeout: float | None = 300.0) -> None:
+        spec.validate(cluster.world_size)
+        super().__init__(cluster, spec, timeout=timeout)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        spec: UserSpec = self._state.spec  # type: ignore[assignment]
+        return (
+            f"<TrainingSession model={spec.model!r} "
+            f"layout={spec.layout(self.cluster.world_size).describe(self.cluster.world_size)!r}"
+            f" ranks={self.cluster.world_size} step={self.step_index} "
+            f"events={len(self._state.events)}>"
+        )
+
+    def build(self, **changes: Any) -> None:
+        spec: UserSpec = self._state.spec  # type: ignore[assignment]
+        if changes:
+            valid = {f.name for f in fields(UserSpec)} - {"factories", "local_model"}
+            unknown = sorted(set(changes) - valid)
+            if unknown:
+                raise ConfigError(f"unknown option(s) {unknown}; valid options: {sorted(valid)}")
+            if changes.get("strategy", CUSTOM) != CUSTOM:  # a preset replaces dimensions
+                changes = {**dict.fromkeys(_DIMS), **changes}
+            elif any(changes.get(n) is not None for n in _DIMS):
+                # New dimensions replace the old ones: rebuild(pp=2) after tp=2 is pp=2 alone.
+                changes = {**dict.fromkeys(_DIMS), **changes, "strategy": CUSTOM}
+            spec = replace(spec, **changes)
+        spec.validate(self.cluster.world_size)
+        self._state = _State(spec=spec)  # type: ignore[arg-type]
+        self._reference = []
+        self._build_remote(spec)  # type: ignore[arg-type]
+
+    def _build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
+        results = self.cluster.run(
+            user_remote.build_user_run, spec.payload(self.cluster.world_size), timeout=self.timeout
+        )
+        self._state.phases = list(results[0]["phases"])
+        self._state.cursors = {}
+        before = len(self._state.events)
+        self._absorb(results)
+        if not keep_events:
+            del self._state.events[before:]
+        self._interrupted = False
+        self.built = True
+
+    def reference_losses(self, steps: int | None = None) -> list[float]:
+        steps = self.step_index if steps is None else steps
+        if len(self._reference) < steps:
+            ahead = max(steps, 2 * len(self._reference), 8)
+            spec: UserSpec = self._state.spec  # type: ignore[assignment]
+            self._reference = self.cluster.run(
+                user_remote.run_user_reference,
+                spec.payload(self.cluster.world_size),
+                ahead,
+                ranks=[0],
+                timeout=self.timeout,
+            )[0]
+        return self._reference[:steps]
+
+    def check_sharding(self, epoch: int = 0) -> dict[str, Any]:
+        """Which samples each rank sees in ``epoch``: disjoint and complete over the
+        data-parallel ranks (ranks of one dp group, e.g. TP peers, see the same ones)."""
+        self._ensure_built()
+        shards = self.cluster.run(user_remote.user_shard_indices, epoch, timeout=self.timeout)
+        if not shards[0]["sharded"]:
+            return {"sharded": False, "reason": "the data is a callable, not a Dataset"}
+        by_dp: dict[int, list[int]] = {}
+        for s in shards:
+            by_dp.setdefault(int(s["rank"]), s["indices"])
+        sets = [set(v) for v in by_dp.values()]
+        union = set().union(*sets)
+        return {
+            "sharded": True,
+            "dp": int(shards[0]["replicas"]),
+            "samples": int(shards[0]["n"]),
+            "per_dp_rank": {r: len(v) for r, v in sorted(by_dp.items())},
+            "disjoint": sum(len(s) for s in sets) == len(union),
+            "complete": union == set(range(int(shards[0]["n"]))),
+            # drop_last: the last n mod dp samples of an epoch wait for the next shuffle
+            "left_out": int(shards[0]["n"]) - len(union),
+            "same_within_dp_group": all(s["indices"] == by_dp[int(s["rank"])] for s in shards),
+        }

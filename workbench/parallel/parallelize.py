@@ -1,0 +1,276 @@
+"""Parallelism by dimension: one ``Layout`` (dp + ZeRO stage, tp + plan, pp + split points)
+applied to any model one dimension at a time, as torchtitan's ``parallelize_*`` does.
+
+``parallelize`` reads the sizes from ``ParallelDims`` (one ``DeviceMesh``) and runs
+``if dims.pp > 1: apply_pp``, ``if dims.tp > 1: apply_tp``, ``if dims.dp > 1: apply_dp or
+apply_fsdp`` — no code branch per named combination. The preset strategy names are
+shorthands for layouts (``layout_for``): ``fsdp`` is ``Layout(zero=3)`` over all ranks,
+``dp_tp`` is ``Layout(tp=2, zero=3)``, and so on.
+
+ZeRO stages use the planner's vocabulary: 0 = DDP (every rank holds everything), 1 = DDP +
+sharded optimizer state (``ZeroRedundancyOptimizer``), 2 = FSDP2 without resharding after
+forward, 3 = FSDP2 with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
+
+from workbench.errors import ConfigError, ParallelError, choices_error
+from workbench.parallel.dims import ParallelDims
+from workbench.parallel.dp import apply_dp
+from workbench.parallel.fsdp import apply_fsdp
+from workbench.parallel.pp import apply_pp
+from workbench.parallel.pp_split import default_split_points, split_by_points, stage_units
+from workbench.parallel.tp import apply_tp, plan_for
+from workbench.parallel.tp_plan import hf_tp_plan, resolve_tp_plan
+
+__all__ = [
+    "PRESET_LAYOUTS",
+    "ZERO_STAGES",
+    "Layout",
+    "Parallelized",
+    "fsdp_blocks",
+    "layout_for",
+    "parallelize",
+]
+
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+TpPlan = Mapping[str, str | ParallelStyle]
+
+
+@dataclass(kw_only=True, frozen=True)
+class Layout:
+    """Sizes of each dimension and how each is applied.
+
+    ``dp=None`` takes what is left of the world size after ``tp * pp``. ``zero`` is the
+    ZeRO stage of the data-parallel dimension (0..3, see the module docstring); ``overlap``
+    applies to ``zero=0`` (DDP bucket all-reduce during backward, or deferred to the sync
+    phase). ``tp_plan`` maps module paths to styles (default: the model's own plan, a
+    built-in model's or a Hugging Face config's ``base_model_tp_plan``). ``pp_split`` names
+    the modules where stages 1..pp-1 begin (default: the model's ``pp_split_points`` or its
+    blocks cut evenly).
+    """
+
+    dp: int | None = None
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    overlap: bool = True
+    tp_plan: TpPlan | None = field(default=None, compare=False)
+    pp_split: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ParallelError(f"{name}={value!r} is not valid; it must be an integer >= 1")
+        dp = self.dp
+        if dp is not None and (isinstance(dp, bool) or not isinstance(dp, int) or dp < 1):
+            raise ParallelError(f"dp={dp!r} is not valid; it must be an integer >= 1 or None")
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+            raise choices_error("zero", self.zero, ZERO_STAGES)
+        if self.pp_split is not None:
+            if isinstance(self.pp_split, str) or not all(isinstance(p, str) for p in self.pp_split):
+                raise ParallelError(
+                    f"pp_split={self.pp_split!r} is not valid; give a list of module names "
+                    "(where stages 1..pp-1 begin), e.g. ['blocks.2']"
+                )
+            object.__setattr__(self, "pp_split", tuple(self.pp_split))
+
+    def dims(self, world_size: int) -> ParallelDims:
+        """The ``ParallelDims`` of this layout on ``world_size`` ranks (checked)."""
+        inner = self.tp * self.pp
+        if self.dp is None and world_size % inner:
+            valid = [d for d in range(1, world_size + 1) if world_size % d == 0]
+            raise ParallelError(
+                f"tp*pp = {self.tp}*{self.pp} = {inner} does not divide world_size="
+                f"{world_size}; each degree must divide it (choices: {valid})"
+            )
+        dp = self.dp if self.dp is not None else world_size // inner
+        dims = ParallelDims(dp=dp, tp=self.tp, pp=self.pp, world_size=world_size)
+        if dims.pp > 1 and (dims.dp > 1 or dims.tp > 1):
+            raise ParallelError(
+                f"pp={dims.pp} together with dp={dims.dp} / tp={dims.tp} is not supported; "
+                "use pp alone (dp=1, tp=1) or dp/tp without pp"
+            )
+        if dims.tp > 1 and dims.dp > 1 and self.zero < 2:
+            raise ParallelError(
+                f"dp={dims.dp} x tp={dims.tp} shards the data-parallel dimension with FSDP: "
+                f"zero={self.zero} is not valid there; use zero=2 or zero=3"
+            )
+        return dims
+
+    def describe(self, world_size: int) -> str:
+        d = self.dims(world_size)
+        parts = []
+        if d.dp > 1:
+            how = {0: "DDP", 1: "ZeRO-1", 2: "FSDP2 (ZeRO-2)", 3: "FSDP2 (ZeRO-3)"}[self.zero]
+            parts.append(f"dp={d.dp} {how}")
+        if d.tp > 1:
+            parts.append(f"tp={d.tp}")
+        if d.pp > 1:
+            parts.append(f"pp={d.pp}")
+        return " x ".join(parts) or "single device"
+
+
+def layout_for(strategy: str, world_size: int, *, overlap: bool = True) -> Layout:
+    """The layout a preset strategy name stands for on ``world_size`` ranks."""
+    if strategy not in PRESET_LAYOUTS:
+        raise choices_error("strategy", strategy, sorted(PRESET_LAYOUTS))
+    w = world_size
+    if strategy == "single":
+        return Layout(dp=1)
+    if w < 2:
+        raise ParallelError(
+            f"strategy={strategy!r} needs at least 2 ranks, got world_size={w}; "
+            "use strategy='single' on one process"
+        )
+    if strategy == "dp_tp" and w % 2:
+        raise ParallelError(
+            f"strategy='dp_tp' uses tp=2 and needs an even world_size, got {w}; "
+            "valid world sizes: 2, 4, 6, ..."
+        )
+    return PRESET_LAYOUTS[strategy](w, overlap)
+
+
+# strategy name -> (world_size, overlap) -> Layout.
+PRESET_LAYOUTS: dict[str, Callable[[int, bool], Layout]] = {
+    "single": lambda w, o: Layout(dp=1),
+    "dp": lambda w, o: Layout(dp=w, zero=0, overlap=o),
+    "zero1": lambda w, o: Layout(dp=w, zero=1),
+    "zero2": lambda w, o: Layout(dp=w, zero=2),
+    "fsdp": lambda w, o: Layout(dp=w, zero=3),
+    "tp": lambda w, o: Layout(dp=1, tp=w),
+    "pp": lambda w, o: Layout(dp=1, pp=w),
+    "dp_tp": lambda w, o: Layout(dp=w // 2, tp=2, zero=3),
+}
+
+
+def fsdp_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks FSDP wraps one by one: the largest ModuleList/ModuleDict."""
+    best: nn.Module | None = None
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList | nn.ModuleDict) and (
+            best is None or len(module) > len(best)  # type: ignore[arg-type]
+        ):
+            best = module
+    if best is None:
+        return []
+    return list(best.values() if isinstance(best, nn.ModuleDict) else best)
+
+
+def default_tp_plan(model: nn.Module) -> TpPlan:
+    """A Hugging Face model's own plan (its config's ``base_model_tp_plan``), a ``tp_plan``
+    dict on the model, or a built-in model's plan; else a clear error."""
+    plan = hf_tp_plan(model)
+    if plan:
+        return plan
+    own = getattr(model, "tp_plan", None)
+    if isinstance(own, Mapping) and own:
+        return own
+    return plan_for(model)  # raises with the choices when there is none
+
+
+def check_layout(model: nn.Module, layout: Layout, dims: ParallelDims) -> dict[str, Any]:
+    """Everything about ``model`` that ``layout`` needs, checked before any split: the
+    resolved TP plan and the pipeline split points."""
+    out: dict[str, Any] = {"tp_plan": None, "pp_split": None}
+    if dims.tp > 1:
+        plan = layout.tp_plan if layout.tp_plan is not None else default_tp_plan(model)
+        out["tp_plan"] = resolve_tp_plan(model, plan, dims.tp)
+    if dims.pp > 1:
+        if layout.pp_split is None and isinstance(getattr(model, "layers", None), nn.ModuleDict):
+            n = len(model.layers)  # type: ignore[arg-type]
+            if n % dims.pp:
+                valid = [d for d in range(1, n + 1) if n % d == 0]
+                raise ParallelError(
+                    f"pp={dims.pp} does not divide n_layers={n}; choose pp from {valid}"
+                )
+            return out  # workbench models: split_stage (ends set to None, tied head synced)
+        points = list(layout.pp_split or default_split_points(model, dims.pp))
+        stage_units(model, points, dims.pp)
+        out["pp_split"] = points
+    return out
+
+
+@dataclass(slots=True)
+class Parallelized:
+    """The wrapped model, the group the reported loss is reduced over, and how."""
+
+    model: nn.Module
+    loss_group: dist.ProcessGroup | None
+    loss_reduce: str
+
+
+def parallelize(
+    model: nn.Module,
+    layout: Layout,
+    dims: ParallelDims,
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    microbatches: int = 2,
+    schedule: str = "gpipe",
+    recorder: Any | None = None,
+    param_dtype: torch.dtype | None = None,
+    fsdp_units: Sequence[nn.Module] | None = None,
+) -> Parallelized:
+    """Apply ``layout`` to ``model`` on this rank, one dimension at a time."""
+    if dims.world_size == 1:
+        return Parallelized(model, None, "none")
+    checked = check_layout(model, layout, dims)
+    mesh = dims.mesh
+    if dims.pp > 1:
+        stage = None
+        if checked["pp_split"] is not None:
+            index = dist.get_rank(dims.submesh("pp").get_group())
+            stage = split_by_points(model, checked["pp_split"], index, dims.pp)
+        pipe = apply_pp(
+            model,
+            dims.submesh("pp"),
+            loss_fn=loss_fn,
+            microbatches=microbatches,
+            schedule=schedule,
+            recorder=recorder,
+            stage_module=stage,
+        )
+        return Parallelized(pipe, dims.submesh("pp").get_group(), "sum")
+    if dims.tp > 1:
+        model = apply_tp(model, dims.submesh("tp"), plan=checked["tp_plan"])
+    if dims.dp > 1:
+        dp_mesh = dims.submesh("dp")
+        if layout.zero >= 2:
+            units = fsdp_units if fsdp_units is not None else _default_units(model)
+            model = apply_fsdp(
+                model, dp_mesh, stage=layout.zero, param_dtype=param_dtype, blocks=units
+            )
+        else:  # ZeRO-1 is DDP here; its optimizer is sharded when it is made
+            model = apply_dp(model, dp_mesh, overlap=layout.overlap or layout.zero == 1)
+        dp_group = mesh.get_group("dp") if mesh.ndim > 1 else mesh.get_group()
+        return Parallelized(model, dp_group, "mean")
+    return Parallelized(model, None, "none")
+
+
+def _default_units(model: nn.Module) -> list[nn.Module]:
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        return list(layers.values())
+    return fsdp_blocks(model)
+
+
+def check_zero_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """ZeRO-1 rebuilds the optimizer from its class and defaults: one parameter group only."""
+    if len(optimizer.param_groups) != 1:
+        raise ConfigError(
+            f"zero=1 shards the optimizer by rebuilding it from its class and defaults; "
+            f"{type(optimizer).__name__} has {len(optimizer.param_groups)} parameter groups, "
+            "and only one is supported; use zero=0, 2 or 3"
+        )

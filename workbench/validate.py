@@ -1,0 +1,164 @@
+"""Checks for user-supplied settings: one message style at every public entry point.
+
+Each check returns the value (normalised: ``int`` stays ``int``, numbers become ``float``)
+or raises ``ConfigError`` phrased as
+
+    ``<name>=<value!r> is not valid: <why>; <valid range or choices>``
+
+(``<flag> <text!r> is not valid: ...`` when ``name`` is a command-line flag such as
+``--timeout``). Rules shared by every setting: ``bool`` is neither an integer nor a number,
+NaN and infinity are never valid, and a timeout is a positive number of seconds no longer
+than ``MAX_SECONDS`` (``None`` is how to wait without limit).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Collection, Mapping, Set
+
+from workbench.errors import ConfigError, choices_error
+
+__all__ = [
+    "MAX_SECONDS",
+    "MIN_REFRESH_S",
+    "boolean",
+    "choice",
+    "integer",
+    "invalid",
+    "number",
+    "parse_number",
+    "seconds",
+]
+
+# Longer waits than this are not a timeout but a typo; ``None`` means "no limit". (Also
+# far below what threading and asyncio accept, so no OverflowError deep inside a wait.)
+MAX_SECONDS = 365 * 24 * 3600.0
+# Auto-refresh (the dashboard) probes every engine; more often than this would keep them
+# busy answering instead of running cells.
+MIN_REFRESH_S = 0.5
+
+
+def invalid(name: str, value: object, why: str, valid: str) -> ConfigError:
+    """The standard "bad value, why, what is valid" error."""
+    shown = f"{name} {_shown(value)}" if name.startswith("-") else f"{name}={_shown(value)}"
+    return ConfigError(f"{shown} is not valid: {why}; {valid}")
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``repr`` of the value, cut short: a message stays one line whatever was passed (a
+    list of a million hosts, an int too long for ``repr``)."""
+    try:
+        text = repr(value)
+    except ValueError:  # ints beyond Python's digit limit for str()
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _range_text(
+    kind: str,
+    minimum: float | None,
+    maximum: float | None,
+    open_minimum: bool,
+    none_means: str | None,
+) -> str:
+    bounds = []
+    if minimum is not None:
+        bounds.append(f"{'>' if open_minimum else '>='} {_num(minimum)}")
+    if maximum is not None:
+        bounds.append(f"<= {_num(maximum)}")
+    text = f"use {kind}" + (f" {' and '.join(bounds)}" if bounds else "")
+    return text + (f", or None ({none_means})" if none_means else "")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def integer(
+    name: str,
+    value: object,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    none_means: str | None = None,
+    what: str = "an integer",
+) -> int | None:
+    """An ``int`` (not ``bool``, not ``1.0``) within ``[minimum, maximum]``; ``None`` only
+    when ``none_means`` says what None stands for."""
+    valid = _range_text(what, minimum, maximum, False, none_means)
+    if value is None and none_means is not None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise invalid(name, value, "not a whole number", valid)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise invalid(name, value, "out of range", valid)
+    return int(value)
+
+
+def number(
+    name: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    open_minimum: bool = False,
+    none_means: str | None = None,
+    what: str = "a number",
+) -> float | None:
+    """A finite real number (not ``bool``) within the bounds; ``open_minimum`` excludes
+    ``minimum`` itself (``> 0`` rather than ``>= 0``)."""
+    valid = _range_text(what, minimum, maximum, open_minimum, none_means)
+    if value is None and none_means is not None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise invalid(name, value, "not a number", valid)
+    x = float(value)
+    if not math.isfinite(x):
+        raise invalid(name, value, "not a finite number", valid)
+    too_low = minimum is not None and (x <= minimum if open_minimum else x < minimum)
+    if too_low or (maximum is not None and x > maximum):
+        raise invalid(name, value, "out of range", valid)
+    return x
+
+
+def seconds(
+    name: str, value: object, *, minimum: float = 0.0, none_means: str | None = None
+) -> float | None:
+    """A timeout or interval: a finite number of seconds > 0 (>= ``minimum`` when that is
+    above 0) and <= ``MAX_SECONDS``."""
+    return number(
+        name,
+        value,
+        minimum=minimum,
+        maximum=MAX_SECONDS,
+        open_minimum=minimum == 0,
+        none_means=none_means,
+        what="a number of seconds",
+    )
+
+
+def boolean(name: str, value: object) -> bool:
+    """``True`` or ``False`` exactly: ``"no"``, ``0`` and ``None`` are not switches."""
+    if not isinstance(value, bool):
+        raise invalid(name, value, "not a bool", "use True or False")
+    return value
+
+
+def choice(name: str, value: object, choices: Collection[str]) -> str:
+    """One of ``choices`` (names); anything else, unhashable values included, is the
+    standard choices error."""
+    if not isinstance(value, str) or value not in choices:
+        raise choices_error(
+            name, value, sorted(choices) if isinstance(choices, Set | Mapping) else choices
+        )
+    return value
+
+
+def parse_number(flag: str, text: str) -> float:
+    """Command-line text -> float (``nan`` and ``inf`` included: the range checks refuse
+    them with the right reason), or the standard error naming the flag and its text."""
+    try:
+        return float(text)
+    except ValueError:
+        raise invalid(flag, text, "not a number", "use a number, e.g. 10 or 2.5") from None
