@@ -322,6 +322,7 @@ class Cluster(RankDispatch):
                 self.launcher_options,
                 self._controller_address,
                 self._ssh_dir,
+                self.run_dir,
             )
         )
         return ipp.Cluster(**kwargs)

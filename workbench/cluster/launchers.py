@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -30,9 +31,12 @@ __all__ = [
     "controller_address",
     "engines_per_host",
     "ipp_settings",
+    "is_openmpi",
     "launcher_output",
+    "mpi_args",
     "parse_options",
     "preflight",
+    "sbatch_args",
     "ssh_args",
 ]
 
@@ -144,14 +148,22 @@ def _hostfile_hosts(path: str) -> list[str]:
 
 def controller_address(launcher: str, hosts: Sequence[str], options: LauncherOptions) -> str | None:
     """This host's address that the engines' hosts reach (None: not knowable here)."""
-    if options.network_interface:
-        try:
-            return hostinfo.interface_address(options.network_interface)
-        except ConfigError:
-            pass  # the login host may name its interfaces differently: use the route
     targets = list(hosts)
     if launcher == "mpi" and not targets and options.hostfile:
         targets = _hostfile_hosts(options.hostfile)
+    if options.network_interface:
+        try:
+            address = hostinfo.interface_address(options.network_interface)
+        except ConfigError:
+            address = ""  # the login host may name its interfaces differently: use the route
+        if address and hostinfo.is_loopback(address) and targets:
+            raise ConfigError(
+                f"network_interface={options.network_interface!r} has the loopback address "
+                f"{address} here, which the other hosts ({', '.join(targets)}) cannot reach; "
+                "name the interface of the network that joins the hosts (e.g. 'eth0')"
+            )
+        if address:
+            return address
     for host in targets:
         address = hostinfo.resolve(host)
         if hostinfo.is_loopback(address):
@@ -167,6 +179,7 @@ def ipp_settings(
     options: LauncherOptions,
     address: str | None,
     control_dir: str | None = None,
+    run_dir: str | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``ipyparallel.Cluster`` beyond the workbench's common ones."""
     from traitlets.config import Config
@@ -188,20 +201,92 @@ def ipp_settings(
         cfg.SSHLauncher.scp_args = list(args)
         cfg.SSHEngineSetLauncher.engines = engines_per_host(hosts, n)
         cfg.SSHEngineSetLauncher.delay = 0.0
+    elif launcher == "mpi":
+        kwargs["engines"] = "mpi"
+        cfg.MPILauncher.mpi_cmd = [options.mpiexec]
+        cfg.MPIEngineSetLauncher.mpi_args = mpi_args(n, hosts, options, address, run_dir)
     else:
-        kwargs["engines"] = launcher
+        kwargs["engines"] = "slurm"
+        cfg.SlurmEngineSetLauncher.submit_command = ["sbatch", *sbatch_args(n, hosts, options)]
+        if options.partition:
+            cfg.SlurmEngineSetLauncher.queue = options.partition
+        if options.account:
+            cfg.SlurmEngineSetLauncher.account = options.account
+        if options.time:
+            cfg.SlurmEngineSetLauncher.timelimit = options.time
     return kwargs
+
+
+def is_openmpi(mpiexec: str) -> bool:
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in out.stdout or "OpenRTE" in out.stdout
+
+
+def _cidr(address: str) -> str | None:
+    """The network (a.b.c.d/len) of the interface holding ``address`` on this host."""
+    import ipaddress
+
+    import psutil
+
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.address == address and a.netmask:
+                return str(ipaddress.ip_network(f"{address}/{a.netmask}", strict=False))
+    return None
+
+
+def mpi_args(
+    n: int,
+    hosts: Sequence[str],
+    options: LauncherOptions,
+    address: str | None,
+    run_dir: str | None,
+) -> list[str]:
+    """mpiexec's options: where the engines go, which network, what environment."""
+    args: list[str] = []
+    if options.hostfile:
+        args += ["--hostfile", options.hostfile]
+    elif hosts and run_dir:  # hosts=[...]: engines round-robin, as for ssh
+        path = os.path.join(run_dir, "hostfile")
+        with open(path, "w") as f:
+            f.writelines(f"{h} slots={k}\n" for h, k in engines_per_host(hosts, n).items())
+        args += ["--hostfile", path]
+    if is_openmpi(options.mpiexec):
+        network = _cidr(address) if address else None
+        if network:  # keep openmpi's own traffic on the network that joins the hosts
+            args += ["--mca", "oob_tcp_if_include", network, "--mca", "btl_tcp_if_include", network]
+        # openmpi (unlike MPICH) forwards no environment to other hosts unless told: without
+        # these the engines there never find the controller
+        for name in ("IPP_CONNECTION_INFO", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR"):
+            args += ["-x", name]
+    return args + list(options.mpi_args)
+
+
+def sbatch_args(n: int, hosts: Sequence[str], options: LauncherOptions) -> list[str]:
+    """sbatch's options: hosts=[...] become the node list, engines spread evenly."""
+    args: list[str] = []
+    if hosts:
+        args += [f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}"]
+        if n % len(hosts) == 0:
+            args.append(f"--ntasks-per-node={n // len(hosts)}")
+    return args + list(options.sbatch_args)
 
 
 _CHECK = (
     "import importlib.util as u, sys; "
-    "print('missing:' + ','.join(m for m in ('ipyparallel', 'workbench', 'torch') "
-    "if u.find_spec(m) is None))"
+    "print('missing:' + ','.join(m for m in ('ipyparallel', 'workbench', 'torch', {extra}) "
+    "if m and u.find_spec(m) is None))"
 )
 
 
-def _check_host(host: str, options: LauncherOptions, control_dir: str | None) -> str | None:
-    remote = f"{shlex.quote(options.python)} -c {shlex.quote(_CHECK)}"
+def _check_host(
+    launcher: str, host: str, options: LauncherOptions, control_dir: str | None
+) -> str | None:
+    extra = repr("mpi4py") if launcher == "mpi" else "''"
+    remote = f"{shlex.quote(options.python)} -c {shlex.quote(_CHECK.format(extra=extra))}"
     argv = ["ssh", *ssh_args(options, control_dir), host, remote]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=_PREFLIGHT_S)
@@ -233,14 +318,47 @@ async def preflight(
 ) -> None:
     """Before any engine starts: every ssh host answers and has the engines' interpreter.
     (This also opens the shared ssh connection to each host.)"""
-    if launcher != "ssh":
+    if launcher == "mpi":
+        _preflight_mpi(options)
+    if launcher == "slurm" and shutil.which("sbatch") is None:
+        raise ClusterError(
+            "launcher='slurm' needs sbatch on PATH (the Slurm client: apt-get install slurm-client)"
+        )
+    if launcher not in ("ssh", "mpi") or not hosts:
         return
     problems = await asyncio.gather(
-        *(asyncio.to_thread(_check_host, h, options, control_dir) for h in dict.fromkeys(hosts))
+        *(
+            asyncio.to_thread(_check_host, launcher, h, options, control_dir)
+            for h in dict.fromkeys(hosts)
+        )
     )
     found = [p for p in problems if p]
     if found:
-        raise ClusterError("launcher='ssh' cannot start engines: " + "\n".join(found))
+        raise ClusterError(f"launcher={launcher!r} cannot start engines: " + "\n".join(found))
+
+
+def _preflight_mpi(options: LauncherOptions) -> None:
+    import importlib.util
+
+    if shutil.which(options.mpiexec) is None:
+        raise ClusterError(
+            f"launcher='mpi' needs {options.mpiexec!r} on PATH (Debian: apt-get install "
+            "openmpi-bin), or launcher_options={'mpiexec': '/path/to/mpiexec'}"
+        )
+    if importlib.util.find_spec("mpi4py") is None:
+        raise ClusterError(
+            "launcher='mpi' runs `ipengine --mpi`, which needs mpi4py: "
+            "pip install 'distributed-workbench[mpi]' (in the environment of every node)"
+        )
+    if (
+        os.geteuid() == 0
+        and is_openmpi(options.mpiexec)
+        and "--allow-run-as-root" not in (options.mpi_args)
+    ):
+        raise ClusterError(
+            "openmpi's mpiexec refuses to run as root; run the notebook as a regular user "
+            "(or, knowingly, launcher_options={'mpi_args': ['--allow-run-as-root']})"
+        )
 
 
 def launcher_output(ipp_cluster: Any, limit: int = 3000) -> str:
