@@ -42,6 +42,8 @@ STATE_FILE = Path("/run/wbmn-bed.json")
 BRIDGE = "wbmnbr0"
 SUBNET = os.environ.get("WB_BED_SUBNET", "10.231.77")
 USER = "wbmn"
+SLURMCTLD_PORT = 16817
+SLURMD_PORT = 16818
 PID_BASE = 20000
 PID_STEP = 4000
 NODE_INIT = Path(__file__).with_name("node_init.py")
@@ -119,6 +121,8 @@ class Bed:
     created_user: bool = False
     nodes: list[Node] = field(default_factory=list)
     login_ip: str = f"{SUBNET}.1"
+    slurm: bool = False  # munged + slurmctld here, slurmd on every node (partition "wb")
+    daemons: list[int] = field(default_factory=list)  # login-node daemons' pids (slurm)
 
     # ------------------------------------------------------------------ facts
     @property
@@ -153,6 +157,8 @@ class Bed:
             "OMP_NUM_THREADS": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        if self.slurm:
+            env["SLURM_CONF"] = str(self.slurm_conf)
         if "WB_CI_RUN_TOKEN" in os.environ:  # CI's clean-up finds what this run started
             env["WB_CI_RUN_TOKEN"] = os.environ["WB_CI_RUN_TOKEN"]
         env.update(extra or {})
@@ -168,8 +174,12 @@ class Bed:
         try:
             self._make_user()
             self._make_network()
+            if self.slurm:
+                self._start_slurm_controller()
             self._start_nodes()
             self._wait_for_ssh()
+            if self.slurm:
+                self._wait_for_slurm()
         except BaseException:
             self.down()
             raise
@@ -183,6 +193,8 @@ class Bed:
             "nodes": [[n.index, n.name, n.ip, n.unshare_pid] for n in self.nodes],
             "nnodes": self.nnodes,
             "hosts_style": self.hosts_style,
+            "slurm": self.slurm,
+            "daemons": self.daemons,
         }
         STATE_FILE.write_text(json.dumps(state))
 
@@ -196,6 +208,8 @@ class Bed:
             user=state["user"],
             created_user=state["created_user"],
             nodes=[Node(i, name, ip, pid) for i, name, ip, pid in state["nodes"]],
+            slurm=state.get("slurm", False),
+            daemons=state.get("daemons", []),
         )
 
     def _make_user(self) -> None:
@@ -289,7 +303,12 @@ class Bed:
                 "stage": str(d / "stage"),
                 "daemons": [
                     ["/usr/sbin/sshd", "-D", "-f", f"{d}/sshd_config", "-E", f"{d}/sshd.log"]
-                ],
+                ]
+                + (
+                    [["slurmd", "-D", "-N", node.name, "-f", str(self.slurm_conf)]]
+                    if self.slurm
+                    else []
+                ),
             }
             # nsenter --net, not `ip netns exec`: the latter remounts /sys (slurmd needs
             # the real /sys/fs/cgroup). --kill-child: the node's init dies with unshare.
@@ -350,6 +369,89 @@ class Bed:
                 f.truncate(0)
                 f.write(self._hosts_text(node))
         self._save()
+
+    # ------------------------------------------------------------------ slurm
+    @property
+    def slurm_conf(self) -> Path:
+        return self.root / "slurm" / "slurm.conf"
+
+    def _start_slurm_controller(self) -> None:
+        """munged and slurmctld on the login node, in the foreground under our pids."""
+        munge, slurm = self.root / "munge", self.root / "slurm"
+        munge.mkdir(mode=0o700)
+        (slurm / "state").mkdir(parents=True)
+        key = munge / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        for node in self.nodes:
+            (slurm / f"spool-{node.name}").mkdir()
+        nodes = "\n".join(
+            f"NodeName={n.name} NodeAddr={n.ip} CPUs=2 RealMemory=1000 State=UNKNOWN"
+            for n in self.nodes
+        )
+        self.slurm_conf.write_text(
+            f"ClusterName=wbmn\nSlurmctldHost={os.uname().nodename}({self.login_ip})\n"
+            f"SlurmctldPort={SLURMCTLD_PORT}\nSlurmdPort={SLURMD_PORT}\nSlurmUser=root\n"
+            f"AuthType=auth/munge\nAuthInfo=socket={munge}/munge.socket\nCredType=cred/munge\n"
+            f"StateSaveLocation={slurm}/state\nSlurmdSpoolDir={slurm}/spool-%n\n"
+            f"SlurmctldPidFile={slurm}/slurmctld.pid\nSlurmdPidFile={slurm}/slurmd-%n.pid\n"
+            f"SlurmctldLogFile={slurm}/slurmctld.log\nSlurmdLogFile={slurm}/slurmd-%n.log\n"
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+            "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+            "SchedulerType=sched/backfill\nSelectType=select/cons_tres\n"
+            "SelectTypeParameters=CR_CPU\nMpiDefault=none\nReturnToService=2\n"
+            "SlurmctldTimeout=30\nSlurmdTimeout=30\nInactiveLimit=0\nKillWait=2\n"
+            f"MinJobAge=5\nWaittime=0\n{nodes}\n"
+            f"PartitionName=wb Nodes={','.join(n.name for n in self.nodes)} Default=YES "
+            "MaxTime=INFINITE State=UP\n"
+        )
+        self.slurm_conf.chmod(0o644)
+        logs = open(self.root / "slurm" / "daemons.log", "wb")  # noqa: SIM115 (daemons keep it)
+        munged = subprocess.Popen(
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--socket={munge}/munge.socket",
+                f"--key-file={key}",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
+            stdout=logs,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.daemons.append(munged.pid)
+        self._save()
+        deadline = time.monotonic() + 20
+        while not (munge / "munge.socket").exists():
+            if time.monotonic() > deadline or munged.poll() is not None:
+                raise BedError(f"munged did not start: {(munge / 'munged.log').read_text()}")
+            time.sleep(0.1)
+        munge.chmod(0o755)  # clients reach the socket; the key stays 0400 root
+        ctld = subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", str(self.slurm_conf)],
+            stdout=logs,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.daemons.append(ctld.pid)
+        self._save()
+
+    def _wait_for_slurm(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        while True:
+            out = _run("sinfo", "-h", "-N", "-o", "%t", check=False, env=env).stdout.split()
+            if len(out) == len(self.nodes) and set(out) == {"idle"}:
+                return
+            if time.monotonic() > deadline:
+                log = (self.root / "slurm" / "slurmctld.log").read_text(errors="replace")
+                raise BedError(f"slurm nodes not idle within {timeout}s: {out}\n{log[-2000:]}")
+            time.sleep(0.5)
 
     # ------------------------------------------------------------------ use
     def login_argv(self, argv: list[str]) -> list[str]:
@@ -444,6 +546,8 @@ class Bed:
                 _stop_node(node)
             _run("ip", "netns", "del", node.name, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
+        for pid in reversed(self.daemons):  # slurmctld, then munged
+            _stop_pid(pid)
         if self.created_user:
             try:
                 leftovers = self.user_processes()
@@ -458,6 +562,17 @@ class Bed:
             _run("userdel", self.user, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
         STATE_FILE.unlink(missing_ok=True)
+
+
+def _stop_pid(pid: int) -> None:
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        proc.wait(10)
+    except psutil.TimeoutExpired:
+        proc.kill()
+    except psutil.Error:
+        return
 
 
 def _stop_node(node: Node) -> None:
@@ -478,7 +593,10 @@ def _stop_node(node: Node) -> None:
 def main(argv: list[str]) -> int:
     cmd = argv[0] if argv else ""
     if cmd == "up":
-        bed = Bed(hosts_style=os.environ.get("HOSTS_STYLE", "cluster")).up()
+        bed = Bed(
+            hosts_style=os.environ.get("HOSTS_STYLE", "cluster"),
+            slurm=os.environ.get("SLURM", "1") == "1",
+        ).up()
         print(
             f"bed up in {bed.root}: user {bed.user}, nodes "
             + ", ".join(f"{n.name}={n.ip}" for n in bed.nodes)

@@ -7,6 +7,7 @@ user, no namespace, no bridge, no user, no directory.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 
@@ -20,7 +21,9 @@ def bed() -> Iterator[Bed]:
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    built = Bed().up()
+    # slurm (munged, slurmctld, slurmd) when Debian's slurm-wlm and munge are installed
+    slurm = all(shutil.which(c) for c in ("munged", "slurmctld", "slurmd", "sbatch"))
+    built = Bed(slurm=slurm).up()
     names = [n.name for n in built.nodes]
     try:
         yield built

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 
 from tests.multinode.bed import Bed
+from tests.multinode.checks import (
+    HOSTS,
+    close,
+    nothing_left,
+    ok,
+    trained_like_single_device,
+    two_by_two,
+)
 
 pytestmark = pytest.mark.engines
-
-HOSTS = ["wbmn1", "wbmn2"]
-TOL = 1e-5
-
-
-def _ok(report: dict[str, Any]) -> dict[str, Any]:
-    assert report.get("error") is None, f"{report['error']}\n{report.get('traceback', '')}"
-    return report
 
 
 @pytest.fixture(scope="module")
@@ -30,44 +30,20 @@ def full(bed: Bed) -> dict[str, Any]:
     return bed.drive({"scenario": "full", "launcher": "ssh", "hosts": HOSTS, "n": 4})
 
 
-def _close(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= TOL for x, y in zip(a, b, strict=True))
-
-
 def test_ranks_local_ranks_and_master_addr(bed: Bed, full: dict[str, Any]) -> None:
-    report = _ok(full)
-    ranks, env = report["ranks"], report["env"]
-    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
-    by_host: dict[str, list[int]] = {}
-    for r in ranks:
-        by_host.setdefault(r["host"], []).append(r["local_rank"])
-    assert sorted(by_host) == HOSTS  # two engines on each node
-    assert all(v == [0, 1] for v in by_host.values())
-    assert not any(r["local_pid"] for r in ranks)  # remote pids are known as remote
-    ips = {n.name: n.ip for n in bed.nodes}
-    master = ips[ranks[0]["host"]]  # rank 0's node address, reachable from the other node
-    for r, e in zip(ranks, env, strict=True):
-        assert e["hostname"] == r["host"]
-        assert (e["RANK"], e["WORLD_SIZE"]) == (str(r["rank"]), "4")
-        assert (e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) == (str(r["local_rank"]), "2")
-        assert e["GROUP_RANK"] == str(r["node_rank"])
-        assert e["MASTER_ADDR"] == master
-        assert e["GLOO_SOCKET_IFNAME"] == "eth0"  # the interface that joins the nodes
-    assert report["all_reduce"] == [10.0] * 4
+    two_by_two(bed, full)
 
 
 def test_interrupt_reaches_a_remote_rank(full: dict[str, Any]) -> None:
-    assert _ok(full)["interrupt"]["ename"] == "KeyboardInterrupt"
+    assert ok(full)["interrupt"]["ename"] == "KeyboardInterrupt"
 
 
 def test_ddp_across_nodes_equals_single_device(full: dict[str, Any]) -> None:
-    report = _ok(full)
-    assert _close(report["ddp"], report["single_device"]), (report["ddp"], report["single_device"])
-    assert report["ddp"][0] != report["ddp"][-1]  # it trained
+    trained_like_single_device(full)
 
 
 def test_killed_remote_engine_is_replaced_on_its_host(full: dict[str, Any]) -> None:
-    fault = _ok(full)["fault"]
+    fault = ok(full)["fault"]
     victim = fault["victim"]
     assert fault["ranks"] == [victim]
     assert f"rank {victim} (engine" in fault["error"] and fault["victim_host"] in fault["error"]
@@ -86,15 +62,11 @@ def test_killed_remote_engine_is_replaced_on_its_host(full: dict[str, Any]) -> N
     assert [e["hostname"] for e in env] == [after[r]["host"] for r in sorted(after)]
     assert [e["LOCAL_RANK"] for e in env] == [str(after[r]["local_rank"]) for r in sorted(after)]
     # the curve after recovery equals the uninterrupted run's
-    assert _close(fault["losses"], full["ddp"]), (fault["losses"], full["ddp"])
+    assert close(fault["losses"], full["ddp"]), (fault["losses"], full["ddp"])
 
 
 def test_stop_leaves_nothing_on_any_node(bed: Bed, full: dict[str, Any]) -> None:
-    assert full["left"] == [], full["left"]  # nothing of this user, 10 s after stop
-    for node in bed.nodes:
-        assert bed.node_processes(node) == []
-        tmp = bed.node_exec(node, ["ls", "/tmp"]).stdout.split()
-        assert not [d for d in tmp if d.startswith("wb-")], tmp
+    nothing_left(bed, full)
 
 
 def test_debian_hosts_file_still_gives_a_reachable_master_addr(bed: Bed) -> None:
@@ -104,7 +76,7 @@ def test_debian_hosts_file_still_gives_a_reachable_master_addr(bed: Bed) -> None
         report = bed.drive({"scenario": "basic", "launcher": "ssh", "hosts": HOSTS, "n": 4})
     finally:
         bed.set_hosts_style("cluster")
-    _ok(report)
+    ok(report)
     ips = {n.ip for n in bed.nodes}
     assert {e["MASTER_ADDR"] for e in report["env"]} <= ips
     assert report["all_reduce"] == [10.0] * 4

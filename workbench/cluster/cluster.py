@@ -27,7 +27,7 @@ from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import run_sync
-from workbench.cluster.processes import reap
+from workbench.cluster.processes import reap, started_for
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.config import ClusterConfig
@@ -409,6 +409,9 @@ class Cluster(RankDispatch):
         if self._ipp is None:
             return False
         for engine_set in self._ipp.engines.values():
+            # a set started as one process (mpiexec, a batch job) ends as a whole
+            if getattr(engine_set, "state", "running") == "after":
+                return True
             for launcher in getattr(engine_set, "launchers", {}).values():
                 # ipyparallel launchers move from "running" to "after" when the process exits
                 if getattr(launcher, "state", "running") == "after":
@@ -526,6 +529,9 @@ class Cluster(RankDispatch):
                 # every engine set at once (ipyparallel stops them one after another;
                 # recovery adds a set per replacement)
                 await asyncio.gather(*(cluster.stop_engines(i) for i in list(cluster.engines)))
+            except Exception:  # e.g. a set that failed to start: stop_cluster retries
+                log.debug("stopping engine sets failed", exc_info=True)
+            try:
                 await cluster.stop_cluster()
             except Exception:
                 if not quiet:
@@ -536,6 +542,9 @@ class Cluster(RankDispatch):
         if ssh_dir is not None:
             await launchers.close_ssh(self.config.hosts, self.launcher_options, ssh_dir)
             shutil.rmtree(ssh_dir, ignore_errors=True)
+        if cluster is not None and self._owns_engines:
+            known = {p.pid for p in processes}
+            processes += [p for p in started_for(cluster.cluster_id) if p.pid not in known]
         await asyncio.to_thread(reap, processes)
         dog, self._watchdog = self._watchdog, None
         if dog is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.cluster import hosts as hostinfo
+from workbench.cluster.slurm_launcher import WorkbenchSlurmEngineSetLauncher
 from workbench.cluster.ssh_launcher import SSHParallelEngineSetLauncher
 from workbench.errors import ClusterError, ConfigError
 
@@ -206,14 +207,18 @@ def ipp_settings(
         cfg.MPILauncher.mpi_cmd = [options.mpiexec]
         cfg.MPIEngineSetLauncher.mpi_args = mpi_args(n, hosts, options, address, run_dir)
     else:
-        kwargs["engines"] = "slurm"
-        cfg.SlurmEngineSetLauncher.submit_command = ["sbatch", *sbatch_args(n, hosts, options)]
+        kwargs["engines"] = WorkbenchSlurmEngineSetLauncher
+        slurm = cfg.WorkbenchSlurmEngineSetLauncher
+        slurm.submit_command = ["sbatch", *sbatch_args(n, hosts, options)]
+        if run_dir:  # sbatch reads (and copies) the script here; the notebook's folder
+            # may not be writable
+            slurm.batch_file_name = os.path.join(run_dir, "engines.sbatch")
         if options.partition:
-            cfg.SlurmEngineSetLauncher.queue = options.partition
+            slurm.queue = options.partition
         if options.account:
-            cfg.SlurmEngineSetLauncher.account = options.account
+            slurm.account = options.account
         if options.time:
-            cfg.SlurmEngineSetLauncher.timelimit = options.time
+            slurm.timelimit = options.time
     return kwargs
 
 
