@@ -133,7 +133,16 @@ async def _start_replacements(cluster: Cluster, dead: list[int]) -> None:
             "which the workbench did not start and cannot add engines to; start "
             "replacement engines yourself, then cluster.restart_sync()"
         )
-    if cluster.config.launcher != "ssh":
+    launcher = cluster.config.launcher
+    if launcher in ("mpi", "slurm"):
+        # one mpiexec / one batch job holds every engine: nothing can be added to it (and
+        # mpiexec ends the whole job when one rank dies; the job keeps its CPUs)
+        raise ClusterError(
+            f"ranks {dead} died, and launcher={launcher!r} started every engine as one job, "
+            "which cannot take a replacement engine; restart the whole job with `%wb restart "
+            "--full` (cluster.restart_sync()) and load the last checkpoint"
+        )
+    if launcher != "ssh":
         await ipp_cluster.start_engines(len(dead))
         return
     per_host: dict[str, int] = {}
