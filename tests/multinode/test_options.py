@@ -128,3 +128,30 @@ def test_a_remote_pid_is_never_used_locally(monkeypatch: pytest.MonkeyPatch) -> 
     local = replace(cluster.ranks[0], pid_space=hosts.local_pid_space())
     assert signals.signal_rank_sync(NoNanny(), local, signal.SIGINT)
     assert killed == [me]
+
+
+def test_a_shared_status_dir_reaches_remote_ranks(tmp_path: Path) -> None:
+    cluster = Cluster(
+        n=2, launcher="ssh", hosts=["n1"], launcher_options={"status_dir": str(tmp_path)}
+    )
+    cluster.run_dir = str(tmp_path / "wb-run-x")
+    remote = replace(_ranks({"n1": 2})[0], pid_space=REMOTE)
+    assert cluster.status_dir_of(remote) == cluster.run_dir  # hang reports see it
+
+
+def test_wb_start_passes_launcher_options() -> None:
+    from IPython.core.error import UsageError
+
+    from workbench.magics.args import MagicParser
+    from workbench.magics.cluster_cmds import _start_args, make_cluster
+
+    parser = MagicParser(prog="%wb start")
+    _start_args(parser)
+    line = ["--launcher", "ssh", "--hosts", "a,b", "--remote-python", "/x/python"]
+    cluster = make_cluster(parser.parse([*line, "--ssh-args", "-p 2222"]))
+    assert cluster.launcher_options.remote_python == "/x/python"
+    assert cluster.launcher_options.ssh_args == ("-p", "2222")
+    with pytest.raises(UsageError, match="ssh-args"):
+        make_cluster(parser.parse([*line, "--ssh-args", "-o 'unclosed"]))
+    with pytest.raises(UsageError, match="partition"):  # a slurm option for ssh
+        make_cluster(parser.parse([*line, "--partition", "gpu"]))

@@ -37,7 +37,7 @@ def test_stop_leaves_nothing_on_any_node(bed: Bed, run: dict[str, Any]) -> None:
     nothing_left(bed, run)
     # the engines' job ended with the stop (Slurm lists it as completing for a few seconds)
     deadline = time.monotonic() + 30
-    while (queue := bed.run_user(["squeue", "-h", "-u", bed.user], timeout=30).stdout.strip()):
+    while queue := bed.run_user(["squeue", "-h", "-u", bed.user], timeout=30).stdout.strip():
         assert time.monotonic() < deadline, queue
         time.sleep(0.5)
 

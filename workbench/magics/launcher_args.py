@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser
 
 __all__ = ["add_launcher_args", "launcher_options_from"]
@@ -36,6 +37,10 @@ def launcher_options_from(args: Any) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for name, is_list, _ in _FLAGS.values():
         value = getattr(args, f"lo_{name}", None)
-        if value is not None:
+        if value is None:
+            continue
+        try:
             out[name] = shlex.split(value) if is_list else value
+        except ValueError as exc:  # an unclosed quote
+            raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not valid: {exc}") from None
     return out or None
