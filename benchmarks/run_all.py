@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "planner_sweep": "benchmarks.planner_sweep",
     "plot_update": "benchmarks.plot_update",
     "trace_overhead": "benchmarks.trace_bench",
+    "traced_loop": "benchmarks.traced_loop_bench",
     "allreduce": "benchmarks.allreduce_bench",
     "dispatch": "benchmarks.dispatch_bench",
     "live_plot": "benchmarks.live_plot_bench",

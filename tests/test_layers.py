@@ -28,7 +28,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("session", ("workbench.session",)),
     ("plots", ("workbench.plots", "workbench.report")),
     ("ui", ("workbench.ui",)),
-    ("apps", ("workbench.magics", "workbench.cli", "workbench.demo", "workbench.__main__")),
+    (
+        "apps",
+        (
+            "workbench.magics",
+            "workbench.cli",
+            "workbench.demo",
+            "workbench.compare",
+            "workbench.__main__",
+        ),
+    ),
 ]
 NOTEBOOK_STACK = ("IPython", "ipywidgets", "ipyparallel", "plotly", "anywidget")
 # Third-party packages a layer must never import, even inside a function.

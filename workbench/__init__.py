@@ -26,10 +26,12 @@ __version__ = "0.1.0"
 # name -> module that defines it; resolved on first attribute access.
 _LAZY: dict[str, str] = {
     "Cluster": "workbench.cluster",
+    "compare": "workbench.compare",
     "Stepper": "workbench.ui.stepper",
     "Dashboard": "workbench.ui.dashboard",
     "PlannerWidget": "workbench.ui.planner",
     "plan": "workbench.planner",
+    "plan_from": "workbench.parallel.plan_from",
     "traced": "workbench.cluster.traced_engine",
 }
 
@@ -47,8 +49,10 @@ __all__ = [
     "Stepper",
     "WorkbenchError",
     "__version__",
+    "compare",
     "load_ipython_extension",
     "plan",
+    "plan_from",
     "traced",
 ]
 

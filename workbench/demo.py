@@ -32,6 +32,7 @@ from workbench.planner import (
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
 from workbench.report import ReportSection, write_report
 from workbench.trace import CommEvent, Event, MemorySample, Metric, PhaseSpan, to_perfetto
+from workbench.vocab import planner_name
 
 __all__ = ["DEFAULT_STRATEGIES", "StrategyResult", "run_demo", "write_demo_report"]
 
@@ -117,7 +118,7 @@ def _validation(result: StrategyResult, spec: RunSpec) -> dict[str, Any]:
         micro_batch=spec.batch_size // layout.dp // (layout.micro_batches or 1),
         seq=getattr(config, "seq_len", 1),
         precision="fp32",
-        optimizer=spec.optimizer,
+        optimizer=planner_name("optimizer", spec.optimizer),
         dropout=False,
     )
     plan = evaluate(planner_model(spec.model), training, layout, _CPU)
@@ -156,8 +157,27 @@ def run_demo(
     return results
 
 
+PLANNER_TEXT = (
+    "The planner's per-rank memory for the same layout, against what the tracer "
+    "measured. Model state (weights, gradients, optimizer) is arithmetic and "
+    "matches to the byte for replicated and evenly sharded layouts (DDP, ZeRO, "
+    "FSDP); activations should be within 10%. The TP layouts are planned with the "
+    "embedding whole on every rank, as the workbench's plans keep it; the Megatron "
+    "teaching view also keeps attention whole, so it holds more per rank than "
+    "planned; a pipeline stage's share depends on where the split falls. "
+    "Optimizer step counters are bookkeeping and are recorded as 'other'."
+)
+
+
 def write_demo_report(
-    results: list[StrategyResult], out: str | Path, *, steps: int, model: str
+    results: list[StrategyResult],
+    out: str | Path,
+    *,
+    steps: int,
+    model: str,
+    planner_text: str = PLANNER_TEXT,
+    title: str = "workbench demo report",
+    where: str = "2 local ranks (gloo on CPU)",
 ) -> Path:
     """The HTML report and one Perfetto trace per strategy under ``out``; returns the HTML path."""
     out_dir = Path(out)
@@ -182,8 +202,8 @@ def write_demo_report(
         ReportSection(
             title="Every strategy, side by side",
             text=(
-                f"The same model ({model}) trained for {steps} steps on 2 local ranks "
-                "(gloo on CPU) under each strategy, with the same global batch. Memory is "
+                f"The same model ({model}) trained for {steps} steps on {where} "
+                "under each strategy, with the same global batch. Memory is "
                 "measured from storages (parameters, gradients, optimizer state, activations "
                 "saved for backward); collectives are every all-reduce, all-gather, "
                 "reduce-scatter and point-to-point transfer the run issued. The last two "
@@ -193,34 +213,31 @@ def write_demo_report(
         ),
         ReportSection(
             title="Planner predictions next to measurements (rank 0)",
-            text=(
-                "The planner's per-rank memory for the same layout, against what the tracer "
-                "measured. Model state (weights, gradients, optimizer) is arithmetic and "
-                "matches to the byte for replicated and evenly sharded layouts (DDP, ZeRO, "
-                "FSDP); activations should be within 10%. The TP layouts are planned with the "
-                "embedding whole on every rank, as the workbench's plans keep it; the Megatron "
-                "teaching view also keeps attention whole, so it holds more per rank than "
-                "planned; a pipeline stage's share depends on where the split falls. "
-                "Optimizer step counters are bookkeeping and are recorded as 'other'."
-            ),
+            text=planner_text,
             table=planner_rows,
         ),
     ]
     for r in results:
-        trace_path = out_dir / f"trace_{r.strategy}.json"
+        ranks = sorted({e.rank for e in r.events}) or [0, 1]
+        trace_path = out_dir / f"trace_{_file_name(r.strategy)}.json"
         to_perfetto(r.events, trace_path)
         sections.append(
             ReportSection(
                 title=f"{r.strategy}",
                 text=f"Perfetto trace: {trace_path.name} (open it in ui.perfetto.dev).",
                 figures=[
-                    memory_figure(r.events, ranks=[0, 1]),
-                    comm_timeline_figure(r.events, ranks=[0, 1]),
+                    memory_figure(r.events, ranks=ranks),
+                    comm_timeline_figure(r.events, ranks=ranks),
                     loss_figure(r.events),
                 ],
             )
         )
-    return write_report(out_dir / "report.html", sections, title="workbench demo report")
+    return write_report(out_dir / "report.html", sections, title=title)
+
+
+def _file_name(strategy: str) -> str:
+    """A strategy label as a file name part ("dp=2 x tp=2" -> "dp2_x_tp2")."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in strategy.replace("=", ""))
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -15,6 +15,7 @@ __all__ = [
     "CollectiveTimeout",
     "ConfigError",
     "EngineDied",
+    "EngineUnresponsive",
     "ParallelError",
     "RankError",
     "UserCodeError",
@@ -45,6 +46,11 @@ class EngineDied(ClusterError):
     def __init__(self, message: str, *, ranks: list[int] | None = None) -> None:
         super().__init__(message)
         self.ranks = list(ranks or [])
+
+
+class EngineUnresponsive(EngineDied):
+    """An engine's process still exists but stopped answering (stopped by a signal, frozen,
+    or missing the controller's heartbeats); recovery replaces it like a dead one."""
 
 
 class RankError(ClusterError):

@@ -156,7 +156,7 @@ print(f"measured:  compute {measured_compute * 1e3:.1f} ms + sync {measured_sync
 report = validate(stepper.events, prediction, rank=0, steps=range(1, 6))
 row = report.row("dp bytes/step")
 print(f"gradient bytes all-reduced per step: predicted {row.predicted:,.0f}, "
-      f"measured {row.measured:,.0f} (the extra 4 bytes: the loss average)")
+      f"measured {row.measured:,.0f} (the 4-byte loss average is counted apart, as metrics)")
 
 # %% [markdown]
 # The byte count is exact; times are the noisy part. On a quiet machine the prediction

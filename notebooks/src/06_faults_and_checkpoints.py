@@ -134,11 +134,17 @@ print("cluster state:", cluster.state)
 print(str(died).splitlines()[-1])
 
 # %% [markdown]
-# `%wb status` agrees: rank 1's engine is `dead`. (This notebook runs as a regression test;
-# host and process-id columns are masked when outputs are compared.)
+# `%wb status` agrees: rank 1's engine is `dead`. Rank 0 may still be `busy` for a moment,
+# finishing its part of step 4 until its next collective finds the peer gone, so this
+# notebook, which runs as a regression test, compares the table's facts below rather than
+# the table itself.
+
+# %% tags=["nbval-ignore-output"]
+%wb status
 
 # %%
-%wb status
+states = {row["rank"]: row["state"] for row in cluster.status()}
+print("rank 1:", states[1], "  rank 0 alive:", states[0] != "dead")
 
 # %% [markdown]
 # ## 3. Recover: replace the dead engine, roll back, resume

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -81,13 +80,13 @@ def test_bad_ranks_are_config_errors(cluster: Cluster) -> None:
 
 
 def test_timeout_reports_pending_ranks(cluster: Cluster) -> None:
-    t0 = time.monotonic()
     with pytest.raises(CollectiveTimeout, match=r"ranks \[1\]") as info:
-        cluster.execute("import time\nif rank == 1: time.sleep(1.5)", timeout=0.3)
-    assert time.monotonic() - t0 < 1.4
+        # without the timeout's interrupt, rank 1 would sleep for two minutes
+        cluster.execute("import time\nif rank == 1: time.sleep(120)", timeout=0.3)
     assert info.value.report == {"pending": [1], "finished": [0]}
-    # the cluster stays usable once the slow rank is done
-    assert cluster.run(_all_reduce_rank, timeout=30) == [[3.0] * 3, [3.0] * 3]
+    assert "ranks [1] were interrupted" in str(info.value)
+    # the cluster stays usable: the slow rank was interrupted (generous bound, no hang)
+    assert cluster.run(_all_reduce_rank, timeout=60) == [[3.0] * 3, [3.0] * 3]
 
 
 def test_status_and_repr(cluster: Cluster) -> None:

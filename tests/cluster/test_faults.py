@@ -4,7 +4,6 @@ starts its own cluster (never the shared session fixture) and always stops it.""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -106,15 +105,14 @@ def test_kill_mid_step_recover_and_resume_equals_uninterrupted(
         survivor = own_cluster.ranks[0].pid
         own_cluster.run(_die_in_forward, ranks=[1])
         if strategy == "dp":  # by hand: the error, then recover()
-            started = time.perf_counter()
+            # The step reports the death (it does not wait out the session's 60 s timeout:
+            # that would raise CollectiveTimeout instead); how fast lives in benchmarks/.
             with pytest.raises(EngineDied) as info:
                 session.step()
-            detected = time.perf_counter() - started
             message = str(info.value)
             assert info.value.ranks == [1]
             assert "rank 1 (engine" in message and own_cluster.ranks[1].host in message
             assert "had completed 3 step(s)" in message and "last checkpoint: step 3" in message
-            assert detected < 1 + 1.0  # a step here takes well under a second
             assert own_cluster.state == "degraded"
             report = session.recover()
             assert "rolled back from step 3 to the checkpoint of step 3" in report

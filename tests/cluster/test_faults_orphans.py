@@ -48,7 +48,7 @@ def test_sigkilled_kernel_leaves_no_processes() -> None:
         started = time.monotonic()
         os.kill(kernel.pid, signal.SIGKILL)
         kernel.wait(10)
-        while alive(pids) and time.monotonic() - started < 10:
+        while alive(pids) and time.monotonic() - started < 30:  # generous: a busy machine
             time.sleep(0.1)
         cleanup = time.monotonic() - started
         assert alive(pids) == [], {p: cmdlines.get(p) for p in alive(pids)}

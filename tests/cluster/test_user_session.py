@@ -50,6 +50,7 @@ def test_user_model_steps_under_fsdp_like_a_builtin(fsdp: Stepper) -> None:
     fsdp.step()
     fsdp.run(2)
     assert [s.step for s in fsdp.status] == [3, 3]
+    assert fsdp.session.last_recovery is None  # built once, never rebuilt between calls
     events = fsdp.events
     phases = Counter(e.phase for e in events if isinstance(e, PhaseSpan))
     assert phases == dict.fromkeys(["data", "forward", "backward", "sync", "optimizer"], 6)

@@ -136,3 +136,16 @@ def test_hardware_from_dict_reports_malformed_input_as_config_errors():
     ):
         with pytest.raises(ConfigError, match=match):
             HardwareSpec.from_dict(broken)  # type: ignore[arg-type]
+
+
+def test_specs_module_still_names_every_spec_and_choice_list():
+    """``workbench.planner.specs`` is the import path users and notebooks know: the specs
+    defined in ``model_spec`` and ``hardware_spec`` are the same objects there."""
+    from workbench.planner import hardware_spec, model_spec, specs
+
+    for name in specs.__all__:
+        assert hasattr(specs, name), name
+    assert specs.ModelSpec is model_spec.ModelSpec is ModelSpec
+    assert specs.HardwareSpec is hardware_spec.HardwareSpec is HardwareSpec
+    assert specs.LinkSpec is hardware_spec.LinkSpec is LinkSpec
+    assert (specs.NORMS, specs.GPU_KINDS) == (model_spec.NORMS, hardware_spec.GPU_KINDS)

@@ -46,6 +46,8 @@ ProgressCallback = Callable[[str, int, int], None]
 # detection fast and start-up near 3 s for 2 local engines (measured, see DESIGN.md).
 _CONTROLLER_ARGS = ["--HeartMonitor.period=500"]
 _MULTI_NODE = {"mpi", "ssh", "slurm"}
+# How often a starting cluster records its new processes for the orphan watchdog.
+_TRACK_S = 0.1
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _current: list[weakref.ref[Cluster]] = []  # the most recently started cluster, if alive
@@ -59,6 +61,24 @@ def _stop_all_at_exit() -> None:
             cluster.stop_sync()
         except Exception:  # exit path: never mask the interpreter's own shutdown
             log.debug("atexit stop failed for %r", cluster, exc_info=True)
+
+
+def _terminate(processes: list[psutil.Process]) -> None:
+    """SIGTERM each process that is still the one we started (``reap`` kills the rest)."""
+    for proc in processes:
+        try:
+            if proc.is_running():
+                proc.terminate()
+        except psutil.Error:
+            continue
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Still this process (pid and start time) and not exited."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 class Cluster(RankDispatch):
@@ -105,30 +125,84 @@ class Cluster(RankDispatch):
         if profile is not None or cluster_id is not None:  # fail now, not at start
             find_connection_file(profile, cluster_id)
         self.progress = progress
-        self.state = "stopped"
+        self._state = "stopped"
         self.ranks: list[RankAssignment] = []
         self.timings: dict[str, float] = {}
         self._ipp: ipp.Cluster | None = None
         self._client: ipp.Client | None = None
         self._owns_engines = profile is None and cluster_id is None
         self._info_futures: dict[int, Any] = {}
+        self._engine_ids: list[int] = []  # the engines that get ranks, chosen at start
         self._nanny_pids: set[int] = set()
         # Out-of-band status files of the engines (see flight.py) and the orphan watchdog.
         self.run_dir: str | None = None
         self._watchdog: Any | None = None
         # Ranks left blocked by a timeout / interrupt / death, and their unfinished futures.
         self._stuck: dict[int, Any] = {}
+        # Those of them a timeout or an interrupt gave up on: they refuse new work.
+        self._given_up: set[int] = set()
+        # Every process this cluster started, remembered from the moment it is seen: once a
+        # parent dies (a killed controller), its children cannot be found from here any more.
+        self._known: dict[int, psutil.Process] = {}
 
     @classmethod
     def current(cls) -> Cluster:
         """The most recently started cluster that is still running (e.g. by ``%wb start``)."""
         cluster = _current[0]() if _current else None
+        if cluster is not None and cluster.state == "broken":
+            raise cluster.controller_died()
         if cluster is None or cluster.state not in ("running", "degraded"):
             raise ClusterError(
                 "no running cluster; start one with `%wb start -n 2` or "
                 "`workbench.Cluster(n=2).start_sync()`"
             )
         return cluster
+
+    # ----------------------------------------------------------------- state
+    @property
+    def state(self) -> str:
+        """``stopped``, ``starting``, ``running``, ``degraded`` (a dead or stuck engine:
+        ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``."""
+        if self._state in ("running", "degraded") and self.controller_lost():
+            self._state = "broken"
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+
+    def controller_lost(self) -> bool:
+        """True when the controller this cluster started has exited. It is a child of this
+        process, so its pid is checked here; without it nothing routes work to the engines
+        or notices that one died."""
+        proc = self._controller_process()
+        if proc is None:
+            return False
+        try:
+            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True
+
+    def _controller_process(self) -> psutil.Process | None:
+        if not self._owns_engines or self._ipp is None:
+            return None
+        proc = getattr(getattr(self._ipp, "controller", None), "process", None)
+        return proc if isinstance(proc, psutil.Process) else None
+
+    def controller_died(self) -> ClusterError:
+        """The error every call raises once the controller is gone."""
+        proc = self._controller_process()
+        pid = f" (pid {proc.pid})" if proc is not None else ""
+        return ClusterError(
+            f"the cluster's ipyparallel controller{pid} died: nothing can reach the engines "
+            "or notice an engine death any more. Rebuild the whole cluster with "
+            "`%wb restart` (cluster.restart_sync()); this stops every process it started."
+        )
+
+    def check_controller(self) -> None:
+        """Raise ``controller_died()`` when the controller is gone (fast, no round trip)."""
+        if self.state == "broken":
+            raise self.controller_died()
 
     # ----------------------------------------------------------------- introspection
     def __repr__(self) -> str:
@@ -155,6 +229,7 @@ class Cluster(RankDispatch):
 
     @property
     def client(self) -> ipp.Client:
+        self.check_controller()
         if self._client is None or self.state not in ("running", "degraded"):
             raise ClusterError("the cluster is not running; start it with start_sync()")
         return self._client
@@ -165,24 +240,26 @@ class Cluster(RankDispatch):
         return self._ipp
 
     def _process_tree(self) -> list[psutil.Process]:
-        """Controller, engines, nannies and every process they spawned (schedulers...)."""
-        tree: dict[int, psutil.Process] = {}
+        """Controller, engines, nannies and every process they spawned (schedulers...),
+        including those seen before whose parent has died since; only running ones."""
         engine_pids = {r.pid for r in self._local_ranks()}
         self._nanny_pids = set()
         for pid in self.pids():
             try:
-                proc = psutil.Process(pid)
-                tree[pid] = proc
+                proc = self._known.get(pid) or psutil.Process(pid)
                 children = proc.children(recursive=True)
             except psutil.Error:
                 continue
-            tree.update((c.pid, c) for c in children)
+            self._known[pid] = proc
+            for child in children:
+                self._known.setdefault(child.pid, child)
             if pid in engine_pids:  # an engine's children are its nanny
                 self._nanny_pids.update(c.pid for c in children)
-        return list(tree.values())
+        return [p for p in self._known.values() if _running(p)]
 
     def pids(self) -> list[int]:
-        """Process ids of the controller, engines and their nannies started by this cluster."""
+        """Process ids (on this host) of the controller, engines and their nannies started
+        by this cluster."""
         pids: list[int] = []
         if self._ipp is None:
             return pids
@@ -195,6 +272,8 @@ class Cluster(RankDispatch):
                 proc = getattr(launcher, "process", None)
                 if proc is not None:
                     pids.append(proc.pid)
+        # An engine on another host (or in another PID namespace) has a pid that means
+        # nothing here (its launcher's local process, e.g. ssh, is listed above instead).
         pids += [r.pid for r in self._local_ranks() if r.pid not in pids]
         return pids
 
@@ -230,21 +309,31 @@ class Cluster(RankDispatch):
         """Start (or connect to) engines, assign ranks and initialise the process group."""
         if self.state in ("running", "degraded"):
             return self
+        if self.state == "broken":  # reap what outlived the controller before starting anew
+            await self.stop()
         self.state = "starting"
         t0 = time.perf_counter()
         # status_dir: a directory every node shares, so hang reports include remote ranks
         self.run_dir = tempfile.mkdtemp(
             prefix="wb-run-", dir=self.launcher_options.status_dir or None
         )
+        # The watchdog runs before the first process starts, and learns every process as
+        # it appears: a kernel killed at any moment of the start leaves nothing behind.
+        self._start_watchdog()
+        tracker = asyncio.ensure_future(self._track_start()) if self._watchdog else None
         try:
             await self._start_engines()
             t1 = time.perf_counter()
             await self._init_process_group()
-            self._start_watchdog()
         except BaseException:
+            if tracker is not None:
+                tracker.cancel()
             await self._shutdown(quiet=True)
             self.state = "stopped"
             raise
+        if tracker is not None:
+            tracker.cancel()
+        self._write_pidfile()
         self.timings = {
             "engines_s": t1 - t0,
             "process_group_s": time.perf_counter() - t1,
@@ -256,7 +345,8 @@ class Cluster(RankDispatch):
         return self
 
     async def stop(self) -> None:
-        """Leave the process group; stop controller and engines if this cluster started them."""
+        """Leave the process group; stop controller and engines if this cluster started them
+        (every process it started, by pid, also after its controller died)."""
         if self.state == "stopped" and self._ipp is None and self._client is None:
             return
         self.state = "stopping"
@@ -265,7 +355,8 @@ class Cluster(RankDispatch):
         _live.discard(self)
 
     async def restart(self) -> Cluster:
-        """Stop everything and start again with the same settings (fresh ranks and port)."""
+        """Stop everything and start again with the same settings (fresh ranks and port).
+        This is the way back from a dead controller."""
         await self.stop()
         return await self.start()
 
@@ -289,8 +380,18 @@ class Cluster(RankDispatch):
     def _start_watchdog(self) -> None:
         if not self._owns_engines or self.run_dir is None:
             return
+        watchdog.write_pidfile(self.run_dir, [])
         self._watchdog = watchdog.spawn(self.run_dir)
-        self._write_pidfile()
+
+    async def _track_start(self) -> None:
+        """While starting, tell the watchdog about each process within ``_TRACK_S`` of its
+        launch (the controller, its schedulers, engines and their nannies)."""
+        while True:
+            try:
+                self._write_pidfile()
+            except Exception:  # a process exiting mid-walk: the next pass sees the rest
+                log.debug("pid file update failed", exc_info=True)
+            await asyncio.sleep(_TRACK_S)
 
     def _write_pidfile(self) -> None:
         if self.run_dir is not None and self._owns_engines:
@@ -339,6 +440,7 @@ class Cluster(RankDispatch):
                 await launchers.preflight(c.launcher, c.hosts, self.launcher_options, self._ssh_dir)
             self._ipp = self._make_ipp_cluster()
             await self._ipp.start_controller()
+            self._write_pidfile()
             try:
                 await self._ipp.start_engines(c.n)
             except Exception as exc:
@@ -347,6 +449,7 @@ class Cluster(RankDispatch):
                     f"launcher={c.launcher!r} failed to start engines: {exc}"
                     + (f"\n--- launcher output ---\n{output}" if output else "")
                 ) from exc
+            self._write_pidfile()
             self._client = await self._ipp.connect_client()
         else:
             self._client = ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "")
@@ -362,18 +465,27 @@ class Cluster(RankDispatch):
         self._info_futures = {}
         self._address_futures: dict[int, Any] = {}
         while True:
+            # One read of the ids per pass: an engine may register between two reads, and
+            # every id counted must be one whose facts were asked for.
+            ids = sorted(client.ids)
             # Ask each engine for its facts as soon as it registers: importing torch there
             # overlaps with the other engines still starting.
-            for eid in client.ids:
+            for eid in ids:
                 if eid not in self._info_futures:
                     self._info_futures[eid] = client[eid].apply_async(engine_fns.engine_info)
                     self._address_futures[eid] = client[eid].apply_async(*self.address_call())
-            count = len(client.ids)
+            count = len(ids)
             if count != seen:
                 self._report("engines", min(count, n), n)
                 seen = count
             if count >= n:
+                self._engine_ids = ids[:n]
                 return
+            if self.controller_lost():
+                raise ClusterError(
+                    "the ipyparallel controller exited during start-up; run "
+                    "`ipcontroller --debug` by hand to see why"
+                )
             if self._owns_engines and self._engines_exited():
                 output = launchers.launcher_output(self._ipp)
                 raise ClusterError(
@@ -418,9 +530,9 @@ class Cluster(RankDispatch):
                     return True
         return False
 
-    async def _init_process_group(self) -> None:
-        client = self.client_unchecked()
-        ids = sorted(client.ids)[: self.config.n]
+    async def _engine_infos(self) -> tuple[list[int], list[dict[str, Any]]]:
+        """The engines chosen by ``_wait_for_engines`` and the facts each reported."""
+        ids = list(self._engine_ids)
         futures = [self._info_futures[eid] for eid in ids]
         infos = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         try:
@@ -433,6 +545,11 @@ class Cluster(RankDispatch):
         self.launch_hosts = {eid: info["launch_host"] for eid, info in zip(ids, infos, strict=True)}
         if self._ipp is not None:
             attach_nannies(self._ipp, dict(zip(ids, infos, strict=True)))
+        return ids, list(infos)
+
+    async def _init_process_group(self) -> None:
+        client = self.client_unchecked()
+        ids, infos = await self._engine_infos()
         # Clock offsets to rank 0 from one quick round trip per engine (torch is loaded now).
         sent = time.time_ns()
         clocks = await asyncio.wrap_future(client[ids].apply_async(time.time_ns))
@@ -454,18 +571,11 @@ class Cluster(RankDispatch):
             backend=self.config.backend,
             threads_per_engine=self.config.threads_per_engine,
         )
-        # The rendezvous port is chosen on rank 0's own host, bound where it will listen;
-        # across hosts, every rank first proves it reaches MASTER_ADDR (rendezvous.py).
-        r0 = draft[0]
-        if r0.num_nodes > 1:
-            port = await rendezvous.check_reachable(client, draft)
-        else:
-            port = await asyncio.wrap_future(
-                client[r0.engine_id].apply_async(
-                    engine_fns.pick_free_port,
-                    r0.master_addr if r0.master_addr == "127.0.0.1" else "0.0.0.0",
-                )
-            )
+        # Across hosts, every rank first proves it reaches MASTER_ADDR (and points gloo at
+        # the interface that does): an unreachable address fails here, named (rendezvous.py).
+        if draft[0].num_nodes > 1:
+            await rendezvous.check_reachable(client, draft)
+        port = await self._open_store(draft[0])
         ranks = assign_ranks(
             engines,
             backend=self.config.backend,
@@ -502,6 +612,16 @@ class Cluster(RankDispatch):
         self.ranks = ranks
         self._report("rendezvous", len(ranks), len(ranks))
 
+    async def _open_store(self, r0: RankAssignment) -> int:
+        """Rank 0 opens the rendezvous store on ``MASTER_ADDR`` only (loopback for a local
+        cluster) and keeps it for ``setup_rank``; returns the port it listens on."""
+        port = await asyncio.wrap_future(
+            self.client_unchecked()[r0.engine_id].apply_async(
+                engine_fns.open_store, r0.master_addr, r0.world_size, self.config.init_timeout
+            )
+        )
+        return int(port)
+
     def client_unchecked(self) -> ipp.Client:
         if self._client is None:
             raise ClusterError("no ipyparallel client; the cluster has not started")
@@ -510,9 +630,11 @@ class Cluster(RankDispatch):
     async def _shutdown(self, *, quiet: bool) -> None:
         # Snapshot every process first: once engines exit, their nannies are orphans.
         processes = self._process_tree()
+        # Without a controller no request reaches the engines: stop them by pid below.
+        lost = self.controller_lost()
         client, self._client = self._client, None
         if client is not None:
-            if self.ranks and self._owns_engines:
+            if self.ranks and self._owns_engines and not lost:
                 try:  # leave the process group cleanly so engines exit without noise
                     ar = client[[r.engine_id for r in self.ranks if r.engine_id in client.ids]]
                     ar.apply_async(engine_fns.teardown_rank).get(timeout=5)
@@ -521,8 +643,10 @@ class Cluster(RankDispatch):
                 except Exception:
                     log.debug("teardown on engines failed", exc_info=True)
             client.close()
-        if client is not None and self._owns_engines:
+        if client is not None and self._owns_engines and not lost:
             await asyncio.to_thread(self._finish_engines, processes)
+        if lost:  # the dead controller's schedulers and the engines: nobody else ends them
+            await asyncio.to_thread(_terminate, processes)
         cluster, self._ipp = self._ipp, None
         if cluster is not None:
             try:
@@ -545,7 +669,9 @@ class Cluster(RankDispatch):
         if cluster is not None and self._owns_engines:
             known = {p.pid for p in processes}
             processes += [p for p in started_for(cluster.cluster_id) if p.pid not in known]
+        self._given_up = set()
         await asyncio.to_thread(reap, processes)
+        self._known = {}
         dog, self._watchdog = self._watchdog, None
         if dog is not None:
             watchdog.stop(dog)

@@ -18,10 +18,18 @@ import ipyparallel as ipp
 
 from workbench import validate
 from workbench.cluster.hang import describe_rank, hang_report, read_status
+from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import CellResult, format_remote
 from workbench.cluster.signals import signal_rank_sync
-from workbench.errors import ClusterError, CollectiveTimeout, ConfigError, EngineDied, RankError
+from workbench.errors import (
+    ClusterError,
+    CollectiveTimeout,
+    ConfigError,
+    EngineDied,
+    EngineUnresponsive,
+    RankError,
+)
 
 __all__ = ["RankDispatch"]
 
@@ -35,27 +43,83 @@ _DEATH_GRACE_S = 0.5
 # does not (signals run between bytecodes) and is left for recover().
 _INTERRUPT_GRACE_S = 2.0
 _POLL_S = 0.02
+# ipykernel drops requests queued behind one that failed; say so instead of a task uuid.
+_ABORTED = (
+    "the engine dropped this work because the work before it on that rank failed "
+    "(ipykernel aborts what was queued behind an error); run it again"
+)
+# While waiting, how often the controller (and, for local engines, their processes) are
+# checked: without a controller no reply and no death notice would ever arrive.
+_HEALTH_S = 0.25
 
 
 class RankDispatch:
     """Mixed into ``Cluster``; uses its ``ranks``, ``client``, ``state``, ``run_dir``,
-    ``_ipp`` and ``_stuck``."""
+    ``_ipp``, ``_stuck``, ``_given_up`` and ``check_controller``."""
 
-    def _targets(self, ranks: int | Sequence[int] | None) -> list[RankAssignment]:
+    ranks: list[RankAssignment]
+    run_dir: str | None
+    _client: Any
+    _ipp: Any
+    _stuck: dict[int, Any]
+    _given_up: set[int]
+
+    def check_controller(self) -> None:  # implemented by Cluster
+        raise NotImplementedError
+
+    def _targets(
+        self, ranks: int | Sequence[int] | None, *, blocked_ok: bool = False
+    ) -> list[RankAssignment]:
+        self.check_controller()
         if not self.ranks or self.state not in ("running", "degraded"):
             raise ClusterError("the cluster is not running; start it first (%wb start)")
         if ranks is None:
-            self.ensure_alive()
-            return list(self.ranks)
-        wanted = [ranks] if isinstance(ranks, int) else list(ranks)
-        valid = range(self.world_size)
-        bad = [r for r in wanted if isinstance(r, bool) or not isinstance(r, int) or r not in valid]
-        if bad or not wanted:
-            raise ConfigError(
-                f"ranks={wanted!r} is not valid; choose from 0..{self.world_size - 1}"
-            )
-        self.ensure_alive(wanted)
+            wanted = list(range(self.world_size))
+        else:
+            wanted = [ranks] if isinstance(ranks, int) else list(ranks)
+            valid = range(self.world_size)
+            bad = [
+                r for r in wanted if isinstance(r, bool) or not isinstance(r, int) or r not in valid
+            ]
+            if bad or not wanted:
+                raise ConfigError(
+                    f"ranks={wanted!r} is not valid; choose from 0..{self.world_size - 1}"
+                )
+        self.ensure_alive(None if ranks is None else wanted)
+        if not blocked_ok:
+            self._ensure_free(wanted)
         return [self.ranks[r] for r in sorted(set(wanted))]
+
+    def _ensure_free(self, ranks: Sequence[int]) -> None:
+        """Raise at once when a rank is still blocked by an earlier cell that timed out or
+        was interrupted, or waits in a collective that cannot finish: new work would only
+        queue behind it (and be dropped by the engine when that cell finally fails). A rank
+        merely still busy after a peer died is waited for, as before: it fails out of its
+        next collective and is free a moment later."""
+        wanted = set(ranks)
+        suspects = [r for r in sorted(wanted) if r in self._stuck]
+        if not suspects:
+            return
+        if any(r not in self._given_up for r in suspects):
+            # a survivor of a peer's death fails out of its collective a moment later
+            end = time.monotonic() + _INTERRUPT_GRACE_S
+            while time.monotonic() < end and not all(self._stuck[r].ready() for r in suspects):
+                time.sleep(_POLL_S)
+        self._stuck = {r: f for r, f in self._stuck.items() if not f.ready()}
+        self._given_up &= set(self._stuck)
+        statuses = {r: read_status(self.run_dir, r) for r in suspects if r in self._stuck}
+        blocked = [
+            r
+            for r, status in statuses.items()
+            if r in self._given_up or (status is not None and status.get("in_flight"))
+        ]
+        if blocked:
+            where = "; ".join(f"rank {r}: {describe_rank(statuses[r])}" for r in blocked)
+            raise ClusterError(
+                f"ranks {blocked} are still blocked by an earlier cell (it timed out, was "
+                f"interrupted or lost a peer: {where}); free them with `%wb restart` "
+                "(cluster.recover_sync()), which keeps their engines when it can"
+            )
 
     def run(
         self,
@@ -94,10 +158,20 @@ class RankDispatch:
             return
         ids = set(client.ids)
         chosen = self.ranks if ranks is None else [self.ranks[r] for r in ranks]
-        dead = sorted(r.rank for r in chosen if r.engine_id not in ids)
+        dead = sorted(r.rank for r in chosen if r.engine_id not in ids or self._frozen(r))
         if dead:
             self.state = "degraded"
-            raise EngineDied(self._describe_dead(dead), ranks=dead)
+            raise self._lost_error(dead)
+
+    @staticmethod
+    def _frozen(r: RankAssignment) -> bool:
+        """A local engine whose process is stopped (SIGSTOP, a debugger): it cannot answer.
+        Engines on other hosts are not inspected from here."""
+        return local_state(r.host, r.pid) in FROZEN
+
+    def _lost(self, r: RankAssignment, future: Any) -> bool:
+        """The engine of ``r`` died or cannot answer any more."""
+        return self._dead_engine(future, r.engine_id) or self._frozen(r)
 
     def _dead_engine(self, future: Any, engine_id: int) -> bool:
         """True when the engine behind ``future`` died (ipyparallel reports it as a
@@ -124,14 +198,18 @@ class RankDispatch:
         died; raises ``CollectiveTimeout`` with the hang report at ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         death_deadline: float | None = None
+        next_health = time.monotonic() + _HEALTH_S
         try:
             while True:
                 pending = [i for i, f in enumerate(futures) if not f.ready()]
                 if not pending:
                     return
                 now = time.monotonic()
+                if now >= next_health:
+                    next_health = now + _HEALTH_S
+                    self.check_controller()
                 if death_deadline is None and any(
-                    self._dead_engine(f, r.engine_id) for r, f in zip(targets, futures, strict=True)
+                    self._lost(r, f) for r, f in zip(targets, futures, strict=True)
                 ):
                     death_deadline = now + _DEATH_GRACE_S
                 if death_deadline is not None and now >= death_deadline:
@@ -140,21 +218,40 @@ class RankDispatch:
                     break
                 futures[pending[0]].wait(_POLL_S)
         except KeyboardInterrupt:
-            busy = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
-            self.interrupt(busy)
-            end = time.monotonic() + _INTERRUPT_GRACE_S
-            while time.monotonic() < end and not all(f.ready() for f in futures):
-                time.sleep(_POLL_S)
-            self._mark_stuck(targets, futures)
+            self._give_up(targets, futures)
             raise
-        if any(self._dead_engine(f, r.engine_id) for r, f in zip(targets, futures, strict=True)):
+        if any(self._lost(r, f) for r, f in zip(targets, futures, strict=True)):
             return
         pending_ranks = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
         done = [r.rank for r in targets if r.rank not in pending_ranks]
+        # The report first: it shows where the ranks were when time ran out.
         message, report = hang_report(self.run_dir, pending_ranks, done, timeout)
-        if "waiting" in report:  # blocked in a collective: only recover() frees them
-            self._mark_stuck(targets, futures)
+        blocked = self._give_up(targets, futures)
+        freed = [r for r in pending_ranks if r not in blocked]
+        if freed:
+            message += f"\nranks {freed} were interrupted and are free for the next cell."
+        if blocked:
+            message += (
+                f"\nranks {blocked} are still blocked (an interrupt does not end a "
+                "collective) and cannot run another cell until `%wb restart` "
+                "(cluster.recover_sync()) frees them."
+            )
         raise CollectiveTimeout(message, report=report)
+
+    def _give_up(self, targets: list[RankAssignment], futures: list[Any]) -> list[int]:
+        """Interrupt the ranks still busy (ends Python code at once), wait a moment, and
+        mark those still busy as stuck (e.g. blocked in a collective). Returns them."""
+        busy = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+        if not busy:
+            return []
+        self.interrupt(busy)
+        end = time.monotonic() + _INTERRUPT_GRACE_S
+        while time.monotonic() < end and not all(f.ready() for f in futures):
+            time.sleep(_POLL_S)
+        self._mark_stuck(targets, futures)
+        blocked = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+        self._given_up.update(blocked)
+        return blocked
 
     def _mark_stuck(self, targets: list[RankAssignment], futures: list[Any]) -> None:
         for r, f in zip(targets, futures, strict=True):
@@ -172,7 +269,7 @@ class RankDispatch:
         failures: dict[int, str] = {}
         dead: list[int] = []
         for r, future in zip(targets, futures, strict=True):
-            if self._dead_engine(future, r.engine_id):
+            if self._lost(r, future):
                 dead.append(r.rank)
                 continue
             if not future.ready():  # still blocked after a peer died
@@ -181,25 +278,50 @@ class RankDispatch:
                 results.append(future.get(0))
             except ipp.error.RemoteError as exc:
                 failures[r.rank] = format_remote(exc)
+            except ipp.error.TaskAborted:
+                failures[r.rank] = _ABORTED
         if dead:
             self._mark_stuck(targets, futures)
             self.state = "degraded"
-            raise EngineDied(self._describe_dead(dead), ranks=dead)
+            raise self._lost_error(dead)
         if failures:
             raise RankError.from_failures(failures)
         return results
 
-    def _describe_dead(self, dead: list[int]) -> str:
-        parts = [
-            f"rank {r} (engine {self.ranks[r].engine_id} on {self.ranks[r].host}, "
-            f"pid {self.ranks[r].pid}; last seen {describe_rank(read_status(self.run_dir, r))})"
-            for r in dead
-        ]
-        return (
-            f"engine died: {', '.join(parts)}; the process group is broken on every rank. "
-            "Recover with `%wb restart` (cluster.recover_sync()): it replaces only the dead "
+    def _lost_error(self, lost: list[int]) -> EngineDied:
+        """``EngineDied`` for ranks whose engine is gone; ``EngineUnresponsive`` when every
+        one of them still has a process (looked at on this host only) that does not answer."""
+        dead: list[str] = []
+        unresponsive: list[str] = []
+        for rank in lost:
+            r = self.ranks[rank]
+            state = local_state(r.host, r.pid)
+            where = f"rank {rank} (engine {r.engine_id} on {r.host}, pid {r.pid}"
+            seen = f"last seen {describe_rank(read_status(self.run_dir, rank))}"
+            if state is None or state == GONE:  # another host: its pid is not ours to read
+                dead.append(f"{where}; {seen})")
+            elif state in FROZEN:
+                unresponsive.append(
+                    f"{where}; its process is {state}, e.g. by SIGSTOP or a debugger; {seen})"
+                )
+            else:
+                unresponsive.append(
+                    f"{where}; its process is {state} but missed the controller's "
+                    f"heartbeats; {seen})"
+                )
+        parts = []
+        if dead:
+            parts.append(f"engine died: {', '.join(dead)}")
+        if unresponsive:
+            parts.append(f"engine unresponsive: {', '.join(unresponsive)}")
+        which = "dead" if not unresponsive else "unresponsive" if not dead else "lost"
+        message = (
+            f"{'; '.join(parts)}; the process group is broken on every rank. "
+            f"Recover with `%wb restart` (cluster.recover_sync()): it replaces only the {which} "
             "engine(s) and re-creates the process group."
         )
+        cls = EngineUnresponsive if not dead else EngineDied
+        return cls(message, ranks=lost)
 
     def execute(
         self,
@@ -220,7 +342,7 @@ class RankDispatch:
         self._wait_all(targets, futures, timeout)
         for r, future in zip(targets, futures, strict=True):
             # A reply can arrive before the engine's last stdout/display messages.
-            if future.ready() and not self._dead_engine(future, r.engine_id):
+            if future.ready() and not self._lost(r, future):
                 future.wait_for_output(5)
         out: list[CellResult] = []
         dead: list[int] = []
@@ -234,7 +356,7 @@ class RankDispatch:
                 outputs=list(md.get("outputs", [])),
                 execute_result=md.get("execute_result"),
             )
-            if self._dead_engine(future, r.engine_id):
+            if self._lost(r, future):
                 dead.append(r.rank)
                 out.append(result)
                 continue
@@ -249,23 +371,26 @@ class RankDispatch:
             except ipp.error.CompositeError as exc:
                 ename, evalue, tb, _ = exc.elist[0]
                 result.ename, result.evalue, result.traceback = ename, str(evalue), tb
+            except ipp.error.TaskAborted:
+                result.ename, result.evalue, result.traceback = "TaskAborted", _ABORTED, _ABORTED
             out.append(result)
         if dead:
             self._mark_stuck(targets, futures)
             self.state = "degraded"
-            raise EngineDied(self._describe_dead(dead), ranks=dead)
+            raise self._lost_error(dead)
         return out
 
     def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Send SIGINT to the engines of ``ranks`` (default: all) to stop running code."""
         if self._ipp is None:
             return
-        targets = self._targets(ranks)
+        targets = self._targets(ranks, blocked_ok=True)
         for r in targets:  # through the engine's nanny, on the engine's own host
             signal_rank_sync(self.client, r, signal.SIGINT)
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""
+        self.check_controller()  # the queue query below would wait forever for a dead hub
         rows = []
         alive: set[int] = set()
         queues: dict[int, Any] = {}
@@ -276,7 +401,14 @@ class RankDispatch:
             except Exception:
                 queues = {}
         for r in self.ranks:
-            if r.engine_id not in alive:
+            local = local_state(r.host, r.pid)
+            if (
+                local is not None
+                and local != GONE
+                and (r.engine_id not in alive or local in FROZEN)
+            ):
+                state = "unresponsive"  # the process is there but does not answer
+            elif r.engine_id not in alive:
                 state = "dead"
             else:
                 q = queues.get(r.engine_id, {}) if isinstance(queues, dict) else {}

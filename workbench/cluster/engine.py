@@ -18,13 +18,15 @@ __all__ = [
     "STATE_KEY",
     "engine_info",
     "engine_state",
-    "pick_free_port",
+    "open_store",
     "setup_rank",
     "teardown_rank",
     "user_namespace",
 ]
 
 STATE_KEY = "_wb_state"
+LOOPBACK = "127.0.0.1"
+_PENDING_STORE = "pending_store"  # rank 0's store, between open_store and setup_rank
 
 
 def user_namespace() -> dict[str, Any]:
@@ -68,11 +70,68 @@ def engine_info() -> dict[str, Any]:
     }
 
 
-def pick_free_port(bind: str = "127.0.0.1") -> int:
-    """A free TCP port on this host for the rendezvous store."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((bind, 0))
-        return int(s.getsockname()[1])
+def _loopback_interface() -> str:
+    """The name of this host's loopback interface ("lo" on Linux, "lo0" on macOS)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == LOOPBACK for a in addrs):
+            return name
+    return "lo"
+
+
+def open_store(bind: str, world_size: int, timeout_s: float) -> int:
+    """On rank 0: the rendezvous store, listening on ``bind`` only; returns its port.
+
+    The listening socket is created here, bound to exactly one address (loopback for a
+    local cluster, ``MASTER_ADDR`` for several hosts), and handed to the store, so nothing
+    listens on other interfaces and no other process can take the port between choosing
+    it and listening on it. The store is kept until ``setup_rank`` joins the group with it.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((bind, 0))
+        sock.listen(max(16, world_size))
+        port = int(sock.getsockname()[1])
+        store = dist.TCPStore(
+            bind,
+            port,
+            world_size,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,  # the other ranks connect later, in setup_rank
+            master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now and closes it with the group
+    engine_state()[_PENDING_STORE] = store
+    return port
+
+
+def _join_store(assignment: dict[str, Any], timeout_s: float) -> Any:
+    """Rank 0 takes the store ``open_store`` made; the others connect to it as clients."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = engine_state().pop(_PENDING_STORE, None)
+    if int(assignment["rank"]) == 0:
+        if store is None:
+            raise RuntimeError("rank 0 has no rendezvous store; open_store must run first")
+        return store
+    return dist.TCPStore(
+        assignment["master_addr"],
+        int(assignment["master_port"]),
+        int(assignment["world_size"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
 
 
 def setup_rank(
@@ -104,6 +163,12 @@ def setup_rank(
             "MASTER_PORT": str(assignment["master_port"]),
         }
     )
+    if assignment["master_addr"] == LOOPBACK:
+        # One host: gloo's and NCCL's own connections listen on loopback too (by default
+        # they bind the address the host name resolves to, which may face the network).
+        loopback = _loopback_interface()
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback
+        os.environ["NCCL_SOCKET_IFNAME"] = loopback
     torch.set_num_threads(int(assignment["threads"]))
     device = torch.device(assignment["device"])
     if device.type == "cuda":
@@ -111,7 +176,7 @@ def setup_rank(
     started = time.perf_counter()
     dist.init_process_group(
         backend=assignment["backend"],
-        init_method=f"tcp://{assignment['master_addr']}:{assignment['master_port']}",
+        store=_join_store(assignment, timeout_s),
         rank=int(assignment["rank"]),
         world_size=int(assignment["world_size"]),
         timeout=timedelta(seconds=timeout_s),

@@ -1,13 +1,51 @@
-"""Processes a cluster started: reaping them after a stop."""
+"""Processes a cluster started: their state where it can be seen, reaping them after a stop.
+
+A pid means something only on its own host: an engine on another host is never inspected
+or signalled from here (``local_state`` answers None for it).
+"""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import psutil
 
-__all__ = ["reap", "started_for"]
+__all__ = ["FROZEN", "GONE", "is_local", "local_state", "reap", "signal_local", "started_for"]
+
+GONE = "gone"
+# Process states in which an engine cannot answer at all (SIGSTOP / a debugger's stop).
+FROZEN = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
+
+
+def is_local(host: str) -> bool:
+    """True when an engine reporting ``host`` runs on this machine (same host name)."""
+    return host == socket.gethostname()
+
+
+def local_state(host: str, pid: int) -> str | None:
+    """psutil's status of the engine process ``pid`` ("running", "sleeping", "stopped",
+    ...), ``GONE`` when it has exited, or None when ``host`` is another host."""
+    if not is_local(host):
+        return None
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.Error:
+        return GONE
+    return GONE if status == psutil.STATUS_ZOMBIE else str(status)
+
+
+def signal_local(host: str, pid: int, sig: int) -> bool:
+    """Send ``sig`` to engine process ``pid`` if it runs on this host; False when it is on
+    another host (its pid means nothing here) or already gone."""
+    if not is_local(host):
+        return False
+    try:
+        psutil.Process(pid).send_signal(sig)
+    except psutil.Error:
+        return False
+    return True
 
 
 def reap(processes: list[psutil.Process], grace: float = 1.0) -> None:

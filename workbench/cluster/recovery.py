@@ -1,5 +1,9 @@
 """``recover(cluster)``: back to a working process group after a dead or stuck engine.
 
+0. Unresponsive engines (a process still there on this host, but stopped or missing the
+   controller's heartbeats) are killed first: that closes their sockets, so a survivor
+   blocked in a collective with them fails at once and is freed in step 1 instead of being
+   replaced too. Engines on other hosts are never signalled from here.
 1. Stuck ranks (left busy by a timeout, an interrupt or a peer's death) are interrupted
    (frees Python code) and the process group is torn down on the healthy ranks: when that
    destroys their group objects, the sockets close and a blocked collective fails at once.
@@ -26,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from workbench.cluster import engine as engine_fns
-from workbench.cluster.hosts import local_pid_space
-from workbench.cluster.ranks import RankAssignment, relocalize
+from workbench.cluster.processes import FROZEN, GONE, local_state
+from workbench.cluster.ranks import relocalize
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.ssh_launcher import attach_nannies
@@ -44,11 +48,13 @@ FREE_GRACE_S = 2.0
 @dataclass(slots=True)
 class RecoveryReport:
     """What ``recover`` did: engines replaced (rank -> (old, new) engine id), ranks freed
-    from a collective without losing their engine, ranks whose engine had to be killed."""
+    from a collective without losing their engine, ranks whose engine had to be killed
+    because it stayed stuck, ranks whose engine did not respond (killed, then replaced)."""
 
     replaced: dict[int, tuple[int, int]] = field(default_factory=dict)
     freed: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
+    unresponsive: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
     def __str__(self) -> str:
@@ -56,23 +62,47 @@ class RecoveryReport:
             f"rank {rank}: engine {old} replaced by engine {new}"
             for rank, (old, new) in sorted(self.replaced.items())
         ]
+        if self.unresponsive:
+            parts.append(
+                f"ranks {self.unresponsive} did not respond and had their engines replaced"
+            )
         if self.killed:
             parts.append(f"ranks {self.killed} were stuck and had their engines replaced")
-        if self.freed:
-            parts.append(f"ranks {self.freed} freed without replacing their engines")
+        # ``freed`` is left out on purpose: a freed rank keeps its engine exactly like a rank
+        # that was never stuck, and whether a survivor was caught inside a collective when
+        # its peer died is a race; the report says what changed, the same on every run.
         if not parts:
             parts.append("no engine needed replacing")
         return "; ".join(parts) + "; process group re-created on a fresh port"
 
 
-def _alive(rank: RankAssignment) -> bool:
-    """A local engine's process still runs (a remote one is judged by the controller)."""
-    if rank.pid_space != local_pid_space():
-        return True
-    try:
-        return psutil.Process(rank.pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+def _unresponsive(cluster: Cluster, ids: set[int]) -> list[int]:
+    """Local ranks whose process is still there but stopped, or gone from the controller."""
+    out = []
+    for r in cluster.ranks:
+        state = local_state(r.host, r.pid)
+        if state is not None and state != GONE and (r.engine_id not in ids or state in FROZEN):
+            out.append(r.rank)
+    return out
+
+
+def _gone(cluster: Cluster, r_rank: int, ids: set[int]) -> bool:
+    """The engine left the controller, or (on this host) its process exited."""
+    r = cluster.ranks[r_rank]
+    return r.engine_id not in ids or local_state(r.host, r.pid) == GONE
+
+
+async def _kill_local(cluster: Cluster, ranks: list[int]) -> None:
+    """SIGKILL the (local) engines of ``ranks`` and wait until their processes are gone."""
+    procs = []
+    for rank in ranks:
+        try:
+            proc = psutil.Process(cluster.ranks[rank].pid)
+            proc.kill()  # works on a stopped process too
+            procs.append(proc)
+        except psutil.Error:
+            continue
+    await asyncio.to_thread(psutil.wait_procs, procs, 15)
 
 
 async def _gather(futures: list[Any], timeout: float) -> list[Any]:
@@ -163,6 +193,7 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
     client = cluster.client_unchecked()
     before = set(client.ids)
     await _start_replacements(cluster, dead)
+    cluster._write_pidfile()  # the watchdog covers the new engines from their launch
     deadline = time.monotonic() + cluster.config.start_timeout
     while len(set(client.ids) - before) < len(dead):
         if time.monotonic() > deadline:
@@ -204,25 +235,26 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
 
 async def recover(cluster: Cluster) -> RecoveryReport:
     """See the module docstring. Works from ``running`` too (re-creates the group)."""
+    cluster.check_controller()  # a dead controller needs a full restart, not a recovery
     if cluster.state not in ("running", "degraded") or not cluster.ranks:
         raise ClusterError("the cluster is not running; start it with `%wb start`")
     started = time.perf_counter()
     report = RecoveryReport()
     client = cluster.client_unchecked()
     ids = set(client.ids)
-    dead = [r.rank for r in cluster.ranks if r.engine_id not in ids or not _alive(r)]
+    report.unresponsive = _unresponsive(cluster, ids)
+    await _kill_local(cluster, report.unresponsive)
+    dead = sorted(
+        {*report.unresponsive, *(r.rank for r in cluster.ranks if _gone(cluster, r.rank, ids))}
+    )
     killed = await _free_stuck(cluster, dead, report)
     report.killed = killed
     await _replace(cluster, sorted({*dead, *killed}), report)
 
-    r0 = cluster.ranks[0]
-    if r0.num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (sets gloo's interface)
-        port = await check_reachable(client, cluster.ranks)
-    else:
-        bind = r0.master_addr if r0.master_addr == "127.0.0.1" else "0.0.0.0"
-        port = await asyncio.wrap_future(
-            client[r0.engine_id].apply_async(engine_fns.pick_free_port, bind)
-        )
+    if cluster.ranks[0].num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (and
+        # points gloo at the interface that does) before the store opens
+        await check_reachable(client, cluster.ranks)
+    port = await cluster._open_store(cluster.ranks[0])
     cluster.ranks = [replace(r, master_port=int(port)) for r in cluster.ranks]
     futures = [
         client[r.engine_id].apply_async(
@@ -239,6 +271,7 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     except Exception as exc:
         raise ClusterError(f"re-creating the process group failed: {exc}") from exc
     cluster._stuck = {}
+    cluster._given_up = set()
     cluster.state = "running"
     cluster._write_pidfile()
     report.seconds = time.perf_counter() - started

@@ -6,7 +6,7 @@ from typing import Any
 
 from workbench.cluster.engine import engine_state
 
-__all__ = ["compare_with_reference"]
+__all__ = ["compare_user_with_reference", "compare_with_reference"]
 
 
 def compare_with_reference() -> dict[str, Any] | None:
@@ -15,14 +15,27 @@ def compare_with_reference() -> dict[str, Any] | None:
 
     Returns ``{"max_param_diff", "max_loss_diff", "steps", "params"}`` on rank 0, None elsewhere.
     """
-    from workbench.parallel import full_state_dict, reference_losses_and_params
+    from workbench.parallel import reference_losses_and_params
+
+    return _compare(reference_losses_and_params)
+
+
+def compare_user_with_reference() -> dict[str, Any] | None:
+    """``compare_with_reference`` for a run of the user's own model (``UserRun``)."""
+    from workbench.parallel.user_model import user_reference
+
+    return _compare(user_reference)
+
+
+def _compare(reference: Any) -> dict[str, Any] | None:
+    from workbench.parallel import full_state_dict
 
     train_step = engine_state()["run"]
     full = full_state_dict(train_step)
     if full is None:
         return None
     steps = train_step.step
-    ref_losses, ref_params = reference_losses_and_params(train_step.spec, steps)
+    ref_losses, ref_params = reference(train_step.spec, steps)
     missing = sorted(set(ref_params) ^ set(full))
     if missing:
         raise RuntimeError(f"parameter names differ from the single-device model: {missing}")

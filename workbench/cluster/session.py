@@ -228,6 +228,11 @@ class TrainingSession:
             self._regroup = True
             self.built = False
             raise self._rank_failure(exc) from None
+        self._built(results, keep_events=keep_events)
+
+    def _built(self, results: list[dict[str, Any]], *, keep_events: bool) -> None:
+        """Bookkeeping once every rank built its run: phases, cursors, the baseline events
+        and which engines hold the run (a restart since then means rebuilding)."""
         self._state.phases = list(results[0]["phases"])
         self._state.cursors = {}
         before = len(self._state.events)
@@ -446,7 +451,7 @@ class TrainingSession:
         try:
             self.cluster.ensure_alive()
         except EngineDied as exc:
-            raise EngineDied(f"{exc}\n{self._context()}", ranks=exc.ranks) from None
+            raise type(exc)(f"{exc}\n{self._context()}", ranks=exc.ranks) from None
         futures = [
             client[self.cluster.ranks[r].engine_id].apply_async(fn, *args, cursors[r])
             for r in ranks

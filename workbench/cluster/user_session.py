@@ -230,14 +230,7 @@ class UserTrainingSession(TrainingSession):
         results = self.cluster.run(
             user_remote.build_user_run, spec.payload(self.cluster.world_size), timeout=self.timeout
         )
-        self._state.phases = list(results[0]["phases"])
-        self._state.cursors = {}
-        before = len(self._state.events)
-        self._absorb(results)
-        if not keep_events:
-            del self._state.events[before:]
-        self._interrupted = False
-        self.built = True
+        self._built(results, keep_events=keep_events)
 
     def reference_losses(self, steps: int | None = None) -> list[float]:
         steps = self.step_index if steps is None else steps

@@ -1,18 +1,19 @@
 """Orphan watchdog: stops a cluster's processes when the kernel that owns them is gone.
 
 A kernel killed with SIGKILL runs no atexit handler, so its controller, engines and their
-nannies would run on forever. ``Cluster.start`` spawns this module detached (its own session,
-so the kernel's process group being killed does not take it along), as a plain script
-that imports only the standard library and psutil, so it is watching within milliseconds:
+nannies would run on forever. ``Cluster.start`` spawns this module before it starts the
+first process of the cluster, detached (its own session, so the kernel's process group
+being killed does not take it along), as a plain script that imports only the standard
+library and psutil, so it is watching within milliseconds:
 
     python -P .../workbench/cluster/watchdog.py --parent PID --run-dir DIR
 
 It polls the parent every ``POLL_S`` seconds; the cluster keeps ``DIR/pids.json`` up to date
-(after start and after every recovery). The watchdog also remembers every descendant of
-those processes it has seen, since orphaned children are re-parented and cannot be found
-from the kernel any more. When the parent is gone it sends SIGTERM to all of them, SIGKILL
-after ``GRACE_S``, removes ``DIR`` and exits. When the cluster stops normally, it is told to
-exit (SIGTERM) and touches nothing.
+(every 0.1 s while it starts, as each process appears, and after every recovery). The
+watchdog also remembers every descendant of those processes it has seen, since orphaned
+children are re-parented and cannot be found from the kernel any more. When the parent is
+gone it sends SIGTERM to all of them, SIGKILL after ``GRACE_S``, removes ``DIR`` and exits.
+When the cluster stops normally, it is told to exit (SIGTERM) and touches nothing.
 """
 
 from __future__ import annotations

@@ -59,6 +59,8 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
         raise UsageError(
             f"a cluster is already running ({magics.cluster!r}); `%wb stop` or `%wb restart` first"
         )
+    if magics.cluster is not None and magics.cluster.state == "broken":
+        magics.cluster.stop_sync()  # its engines and schedulers outlived the controller
     cluster = make_cluster(args)
     callback, close = notebook_progress(args.n)
     cluster.progress = callback
@@ -135,7 +137,12 @@ def restart(magics: WorkbenchMagics, args: Any) -> None:
     cluster = magics.cluster
     if cluster is None:
         raise UsageError("no cluster to restart; start one with `%wb start -n 2`")
-    if args.full or (cluster.state != "degraded" and not cluster.stuck_ranks):
+    # A dead controller (state "broken") leaves nothing to recover: rebuild everything.
+    if (
+        args.full
+        or cluster.state == "broken"
+        or (cluster.state != "degraded" and not cluster.stuck_ranks)
+    ):
         cluster.restart_sync()
         print(f"workbench: restarted, {cluster.world_size} ranks ready")
         return

@@ -56,7 +56,8 @@ class WorkbenchMagics(Magics):
         self.trace_log: Any | None = None  # a cluster.traced_log.TraceLog once %wb trace is used
 
     def require_cluster(self) -> Cluster:
-        if self.cluster is None or self.cluster.state not in ("running", "degraded"):
+        # A "broken" cluster (dead controller) is returned: its calls say what happened.
+        if self.cluster is None or self.cluster.state not in ("running", "degraded", "broken"):
             raise UsageError("no cluster is running; start one first with `%wb start -n 2`")
         return self.cluster
 

@@ -46,6 +46,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from workbench.errors import CheckpointError
 from workbench.parallel.agreement import Failures, capture, exchange
+from workbench.parallel.checkpoint_layout import (
+    PREFIX,
+    checkpoint_name,
+    choose_checkpoint,
+    list_checkpoints,
+)
 from workbench.parallel.checkpoint_meta import (
     FORMAT,
     RngState,
@@ -73,7 +79,6 @@ __all__ = [
     "save_checkpoint",
 ]
 
-_PREFIX = "step-"
 _TMP = ".tmp-"
 _TRASH = ".old-"
 # zero1 (ZeroRedundancyOptimizer), megatron (hand-sharded plain tensors that DCP would take
@@ -154,10 +159,6 @@ def _check_strategy(train_step: TrainStep) -> None:
         )
 
 
-def _name(step: int) -> str:
-    return f"{_PREFIX}{step:08d}"
-
-
 def _rng_name(rank: int) -> str:
     return f"rng/rank-{rank:05d}"
 
@@ -188,8 +189,8 @@ def save_checkpoint(
             f"{train_step.phase!r}); finish the step first (step(), not phase())"
         )
     root = Path(root)
-    final = root / _name(train_step.step)
-    tmp = root / f"{_TMP}{_name(train_step.step)}"
+    final = root / checkpoint_name(train_step.step)
+    tmp = root / f"{_TMP}{checkpoint_name(train_step.step)}"
     steps = _Steps(train_step, f"saving step {train_step.step} to {str(root)!r}")
     rank, world = steps.rank, _world(train_step)
     kept = " (the previous checkpoints are unchanged)"
@@ -249,37 +250,6 @@ def _commit(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-# -- list --------------------------------------------------------------------------------
-def _committed(root: Path) -> dict[int, Path]:
-    """Checkpoint directories by the step in their name (those with a ``meta.json``)."""
-    if not root.is_dir():
-        return {}
-    found: dict[int, Path] = {}
-    for path in root.iterdir():
-        digits = path.name[len(_PREFIX) :]
-        if path.name.startswith(_PREFIX) and digits.isdigit() and (path / "meta.json").is_file():
-            found[int(digits)] = path
-    return dict(sorted(found.items()))
-
-
-def list_checkpoints(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Complete checkpoints under ``root``, oldest first: each ``meta.json`` plus ``path``.
-
-    Directories without ``meta.json`` (a save that died) or with one that is not valid
-    are not listed (loading one names what is wrong with it). Nothing here is verified
-    against the manifest: this is a listing, not a load.
-    """
-    found: list[dict[str, Any]] = []
-    for step, path in _committed(Path(root)).items():
-        try:
-            meta = parse_meta((path / "meta.json").read_bytes(), repr(str(path)))
-        except (OSError, CheckpointError):
-            continue
-        if meta["step"] == step:
-            found.append({**meta, "path": str(path)})
-    return found
-
-
 # -- load --------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class _Verified:
@@ -291,27 +261,11 @@ class _Verified:
     rng: RngState | None
 
 
-def _choose(root: Path, step: int | None) -> Path:
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise CheckpointError(f"step={step!r} is not valid; it must be an integer >= 0 or None")
-    available = _committed(root)
-    if not available:
-        raise CheckpointError(f"no complete checkpoint under {str(root)!r}; save one first")
-    if step is None:
-        return available[max(available)]
-    if step not in available:
-        raise CheckpointError(
-            f"step={step!r} has no checkpoint under {str(root)!r}; "
-            f"available steps: {list(available)}"
-        )
-    return available[step]
-
-
 def _verify(train_step: TrainStep, root: Path, step: int | None, key: bytes | None) -> _Verified:
     """Rank-local: the checkpoint is signed, this rank's share of the files is intact,
     ``meta.json`` and this rank's RNG files are valid and match the run."""
     rank, world = _rank(train_step), _world(train_step)
-    path = _choose(root, step)
+    path = choose_checkpoint(root, step)
     where = repr(str(path))
     digests = read_manifest(path, checkpoint_key() if key is None else key)
     # The shards are checked once in all, split among the ranks (agree() then tells every
@@ -320,7 +274,7 @@ def _verify(train_step: TrainStep, root: Path, step: int | None, key: bytes | No
     verify_files(path, digests, [n for n in names[rank::world] if not n.startswith("rng/")])
     verify_files(path, digests, [".metadata"])
     meta = parse_meta(read_verified(path, digests, "meta.json"), where)
-    if meta["step"] != int(path.name[len(_PREFIX) :]):
+    if meta["step"] != int(path.name[len(PREFIX) :]):
         raise CheckpointError(
             f"meta.json of the checkpoint at {where} says step {meta['step']}, its directory "
             f"name says {path.name}; it was moved or edited"

@@ -19,10 +19,11 @@ import torch
 from torch import nn
 
 from workbench.errors import ConfigError, choices_error
+from workbench.vocab import RUN_PRECISIONS
 
 __all__ = ["PRECISIONS", "apply_checkpointing", "autocast", "check_precision", "compute_dtype"]
 
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+PRECISIONS = RUN_PRECISIONS  # the runtime's spelling; see workbench.vocab
 
 
 def apply_checkpointing(model: nn.Module) -> int:

@@ -31,6 +31,7 @@ from workbench.parallel.pp import apply_pp
 from workbench.parallel.pp_split import default_split_points, split_by_points, stage_units
 from workbench.parallel.tp import apply_tp, plan_for
 from workbench.parallel.tp_plan import hf_tp_plan, resolve_tp_plan
+from workbench.vocab import RUN_ZERO_STAGES
 
 __all__ = [
     "PRESET_LAYOUTS",
@@ -42,7 +43,7 @@ __all__ = [
     "parallelize",
 ]
 
-ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+ZERO_STAGES = RUN_ZERO_STAGES  # the planner's numbering; see workbench.vocab
 
 TpPlan = Mapping[str, str | ParallelStyle]
 

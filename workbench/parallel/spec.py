@@ -10,6 +10,7 @@ from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.models import PRESETS
 from workbench.parallel.options import PRECISIONS
 from workbench.parallel.pp import SCHEDULES
+from workbench.vocab import RUN_OPTIMIZERS
 
 __all__ = ["DEFAULT_LR", "MAX_BATCH_SIZE", "MAX_SEED", "OPTIMIZERS", "STRATEGIES", "RunSpec"]
 
@@ -28,7 +29,7 @@ STRATEGIES: tuple[str, ...] = (
     "pp",
     "dp_tp",
 )
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+OPTIMIZERS = RUN_OPTIMIZERS  # "sgd" has momentum 0.9; see workbench.vocab
 DEFAULT_LR: dict[str, float] = {"sgd": 1e-2, "adamw": 1e-3}
 
 

@@ -41,6 +41,7 @@ from workbench.parallel.collectives import all_reduce
 from workbench.parallel.dp import DeferredSyncDDP
 from workbench.parallel.options import autocast
 from workbench.parallel.pp import PipelineModule
+from workbench.trace.comm import labelled
 from workbench.trace.events import PHASES, Metric
 from workbench.trace.recorder import Recorder
 
@@ -261,7 +262,10 @@ class TrainStep:
         if pipe is not None:
             pipe.sync_tied()
         if self.loss_reduce != "none" and self.loss_group is not None:
-            all_reduce(self._loss_sum, self.loss_group, average=self.loss_reduce == "mean")
+            # Reporting, not training traffic: kept apart from the data-parallel bytes the
+            # planner predicts (the tracer records it with source "metrics").
+            with labelled("metrics"):
+                all_reduce(self._loss_sum, self.loss_group, average=self.loss_reduce == "mean")
 
     def _optimizer_step(self) -> None:
         self.optimizer.step()

@@ -172,14 +172,7 @@ def cpu_profile(
         raise ConfigError(
             f"outside_s={outside_s!r} is not valid; it must be >= 0 and < step_s={step_s!r}"
         )
-    overlap = 0.0
-    if allreduce_s is not None and exposed_s is not None:
-        if not (math.isfinite(allreduce_s) and math.isfinite(exposed_s)) or allreduce_s <= 0:
-            raise ConfigError(
-                f"allreduce_s={allreduce_s!r}, exposed_s={exposed_s!r} are not valid; "
-                "give finite seconds, allreduce_s > 0"
-            )
-        overlap = min(1.0, max(0.0, 1.0 - exposed_s / allreduce_s))
+    overlap = _measured_overlap(allreduce_s, exposed_s)
     tokens = training.micro_batch * seq
     base = hardware_from_fit(
         fit, name=name, memory=memory, processes_per_node=processes_per_node
@@ -192,3 +185,15 @@ def cpu_profile(
         max_overlap=overlap,
         step_overhead=float(outside_s) * share,
     )
+
+
+def _measured_overlap(allreduce_s: float | None, exposed_s: float | None) -> float:
+    """The share of a measured all-reduce hidden behind compute (0 when not measured)."""
+    if allreduce_s is None or exposed_s is None:
+        return 0.0
+    if not (math.isfinite(allreduce_s) and math.isfinite(exposed_s)) or allreduce_s <= 0:
+        raise ConfigError(
+            f"allreduce_s={allreduce_s!r}, exposed_s={exposed_s!r} are not valid; "
+            "give finite seconds, allreduce_s > 0"
+        )
+    return min(1.0, max(0.0, 1.0 - exposed_s / allreduce_s))

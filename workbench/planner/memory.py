@@ -319,14 +319,22 @@ def memory_breakdown(
     *,
     seq: int,
     micro_batches: int,
+    activation_scale: tuple[float, float] = (1.0, 1.0),
 ) -> MemoryBreakdown:
     """Bytes per GPU on the most loaded pipeline stage (every stage is evaluated: the
-    first holds the embedding and the most micro-batches, the last the head)."""
+    first holds the embedding and the most micro-batches, the last the head).
+
+    ``activation_scale`` multiplies the (transformer layers, embedding + head) activation
+    terms: the ratio of measured to formula bytes at a small scale (``wb.plan_from``)."""
     layout = parallel.stage_layers(model.layers)
     params = stage_params(model, parallel.tp, layout, vocab_parallel=parallel.vocab_parallel)
-    acts = stage_activation_bytes(
-        model, training, parallel, hardware, seq=seq, micro_batches=micro_batches
-    )
+    layer_scale, edge_scale = activation_scale
+    acts = [
+        (layers * layer_scale, edge * edge_scale)
+        for layers, edge in stage_activation_bytes(
+            model, training, parallel, hardware, seq=seq, micro_batches=micro_batches
+        )
+    ]
     per = state_bytes_per_param(training)
     temporary = 0
     if parallel.zero >= 3 and parallel.grad_group > 1:

@@ -169,14 +169,35 @@ def evaluate(
     training: TrainingSpec,
     parallel: ParallelSpec,
     hardware: HardwareSpec,
+    *,
+    activation_scale: tuple[float, float] = (1.0, 1.0),
 ) -> Plan:
-    """The plan for one fully specified configuration (the pure core of ``plan``)."""
+    """The plan for one fully specified configuration (the pure core of ``plan``).
+    ``activation_scale``: measured / formula activation bytes (layers, embedding + head)."""
     check_layout(model, parallel)
     seq = training.seq or model.seq
     if seq is None:
         raise ConfigError("no sequence length: give training seq=<tokens> or model seq=<tokens>")
+    for factor in activation_scale:
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not (0 <= factor < 1e6)
+        ):
+            raise ConfigError(
+                f"activation_scale={activation_scale!r} is not valid; give two finite "
+                "factors >= 0 (layers, embedding + head)"
+            )
     m, global_batch = resolve_batch(training, parallel)
-    memory = memory_breakdown(model, training, parallel, hardware, seq=seq, micro_batches=m)
+    memory = memory_breakdown(
+        model,
+        training,
+        parallel,
+        hardware,
+        seq=seq,
+        micro_batches=m,
+        activation_scale=activation_scale,
+    )
     time = step_time(model, training, parallel, hardware, seq=seq, micro_batches=m)
     notes: list[str] = []
     if model.shape_assumed:

@@ -14,6 +14,7 @@ from workbench.errors import ConfigError
 from workbench.planner.plan import Plan
 from workbench.planner.specs import RECOMPUTE, HardwareSpec, ModelSpec, TrainingSpec
 from workbench.planner.sweep import sweep
+from workbench.planner.timing import StepTime
 
 __all__ = ["Recommendation", "min_gpus", "recommend"]
 
@@ -129,17 +130,7 @@ def _reasons(
     name = plans[0].model.name
     where = f"{gpus}x {hw.name} ({max(1, -(-gpus // hw.gpus_per_node))} node(s))"
     if best is None:
-        frugal = min(plans, key=lambda p: p.memory.total)
-        out = [
-            f"Nothing fits for {name} on {where}: the most memory-frugal of "
-            f"{len(plans)} layouts ({frugal.layout()}) needs {_gb(frugal.memory.total)} "
-            f"per GPU, {_gb(hw.usable)} usable."
-        ]
-        if smallest is not None:
-            out.append(f"It fits from {smallest[0]} GPUs ({smallest[1].layout()}).")
-        else:
-            out.append("No power-of-two GPU count up to 4096 fits; use a larger card.")
-        return out
+        return _nothing_fits(name, where, plans, hw, smallest)
     t = best.time
     out = [
         f"Recommended for {name} on {where}: {best.layout()}.",
@@ -150,6 +141,42 @@ def _reasons(
         f"It is the fastest (within {_TIE:.0%}) and simplest of {len(ranked)} layouts that "
         f"fit, out of {len(plans)} considered; global batch {best.global_batch} samples.",
     ]
+    out += _why_memory_savers(best, plans)
+    out += _why_model_parallel(best, plans, hw)
+    out += _where_time_goes(t, hw)
+    if smallest is not None and smallest[0] < gpus:
+        out.append(
+            f"The cheapest setup that fits uses {smallest[0]} GPU(s) ({smallest[1].layout()}); "
+            f"{gpus} GPUs buy speed, not feasibility."
+        )
+    out.extend(best.notes)
+    return out
+
+
+def _nothing_fits(
+    name: str,
+    where: str,
+    plans: list[Plan],
+    hw: HardwareSpec,
+    smallest: tuple[int, Plan] | None,
+) -> list[str]:
+    frugal = min(plans, key=lambda p: p.memory.total)
+    out = [
+        f"Nothing fits for {name} on {where}: the most memory-frugal of "
+        f"{len(plans)} layouts ({frugal.layout()}) needs {_gb(frugal.memory.total)} "
+        f"per GPU, {_gb(hw.usable)} usable."
+    ]
+    if smallest is not None:
+        out.append(f"It fits from {smallest[0]} GPUs ({smallest[1].layout()}).")
+    else:
+        out.append("No power-of-two GPU count up to 4096 fits; use a larger card.")
+    return out
+
+
+def _why_memory_savers(best: Plan, plans: list[Plan]) -> list[str]:
+    """Why the chosen ZeRO stage and recompute are needed: the same tp/pp without them
+    does not fit."""
+    out = []
     p = best.parallel
     same = [q for q in plans if q.parallel.tp == p.tp and q.parallel.pp == p.pp]
     if p.zero:
@@ -171,6 +198,13 @@ def _reasons(
                 f"Recompute '{best.training.recompute}' is needed: without it activations "
                 f"take {_gb(none[0].memory.activations)} per GPU."
             )
+    return out
+
+
+def _why_model_parallel(best: Plan, plans: list[Plan], hw: HardwareSpec) -> list[str]:
+    """Why tp·pp > 1 (pure data parallelism does not fit, or is slower), and where TP runs."""
+    out = []
+    p = best.parallel
     if p.tp * p.pp > 1:
         pure = [q for q in plans if q.parallel.tp * q.parallel.pp == 1]
         if pure and not any(q.fits for q in pure):
@@ -189,6 +223,12 @@ def _reasons(
         out.append(
             f"TP={p.tp} stays inside a node ({hw.gpus_per_node} GPUs/node, {hw.intra.name})."
         )
+    return out
+
+
+def _where_time_goes(t: StepTime, hw: HardwareSpec) -> list[str]:
+    """The step's exposed communication (and its largest part) and pipeline bubble."""
+    out = []
     if t.comm_exposed > 0.01 * t.total:
         parts = [
             (
@@ -205,10 +245,4 @@ def _reasons(
         )
     if t.bubble > 0:
         out.append(f"Pipeline bubble: {t.bubble / t.total:.0%} of the step.")
-    if smallest is not None and smallest[0] < gpus:
-        out.append(
-            f"The cheapest setup that fits uses {smallest[0]} GPU(s) ({smallest[1].layout()}); "
-            f"{gpus} GPUs buy speed, not feasibility."
-        )
-    out.extend(best.notes)
     return out

@@ -203,106 +203,183 @@ def step_time(
 ) -> StepTime:
     dp, tp, pp, cp, m = parallel.dp, parallel.tp, parallel.pp, parallel.cp, micro_batches
     world = parallel.world
-    b = training.micro_batch
-    tokens = b * m * dp * seq
+    tokens = training.micro_batch * m * dp * seq
     peak = hardware.flops(training.precision)
     share = hardware.core_share(min(world, hardware.gpus_per_node))
-    rate = training.mfu * peak * share
+    work = _compute(model, training, parallel, seq, m, rate=training.mfu * peak * share)
     overlap = min(training.overlap, hardware.max_overlap)
+    dp_comm, dp_exposed = _dp_time(model, training, parallel, hardware, work, m, overlap)
+    layers = max(work.layout)
+    return StepTime(
+        compute=work.compute,
+        bubble=work.bubble,
+        dp_comm=dp_comm,
+        dp_exposed=dp_exposed,
+        tp_comm=_tp_time(model, training, parallel, hardware, seq, m, layers),
+        pp_comm=_pp_time(model, training, parallel, hardware, seq, m),
+        tokens=tokens,
+        world=world,
+        model_flops=model_flops_per_token(model, seq) * tokens,
+        peak_flops=peak,
+        dp_inter=spans_nodes(parallel.grad_group, tp, hardware.gpus_per_node),
+        tp_inter=spans_nodes(tp, 1, hardware.gpus_per_node),
+        pp_inter=spans_nodes(pp, tp * cp * dp, hardware.gpus_per_node),
+        hardware_flops=executed_flops_per_token(model, training, seq) * tokens,
+        cp_comm=_cp_time(model, training, parallel, hardware, seq, m, layers),
+        overhead=hardware.step_overhead / share,
+    )
 
-    # Compute: the busiest stage, one micro-batch (b·s tokens over its tp·cp ranks).
+
+@dataclass(frozen=True, slots=True)
+class _Compute:
+    """The busiest pipeline stage's compute: one micro-batch (and its forward and backward
+    parts, which data-parallel traffic hides behind), the whole step, and the bubble."""
+
+    layout: tuple[int, ...]  # transformer layers per pipeline stage
+    per_micro: float
+    fwd_micro: float
+    bwd_micro: float
+    compute: float
+    bubble: float
+
+
+def _compute(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    seq: int,
+    m: int,
+    *,
+    rate: float,
+) -> _Compute:
+    """Compute at ``rate`` FLOP/s per rank: the busiest stage, one micro-batch (b·s tokens
+    over its tp·cp ranks), m of them per step, and the pipeline bubble."""
+    pp = parallel.pp
     layer_f, head_f = _layer_head_flops(model, training, seq)
     layout = parallel.stage_layers(model.layers)
     stage = [n * layer_f + (head_f if i == pp - 1 else 0.0) for i, n in enumerate(layout)]
     busiest = max(range(pp), key=lambda i: stage[i])
-    scale = b * seq / (tp * cp * rate)
+    scale = training.micro_batch * seq / (parallel.tp * parallel.cp * rate)
     per_micro = stage[busiest] * scale
     if training.recompute == "selective" and not training.flash_attention:
         # Recomputing softmax and dropout is memory-bound: Korthikanti et al. measured it
         # as a share of each layer's time, not as FLOPs.
         per_micro += training.selective_overhead * layout[busiest] * layer_f * scale
-    compute = m * per_micro
-    bubble = per_micro * (pp - 1) / parallel.virtual_stages if pp > 1 else 0.0
     fwd_share = 1.0 / _passes(training)[0]  # the forward is one of the matmul passes
-    fwd_micro, bwd_micro = per_micro * fwd_share, per_micro * (1.0 - fwd_share)
+    return _Compute(
+        layout=layout,
+        per_micro=per_micro,
+        fwd_micro=per_micro * fwd_share,
+        bwd_micro=per_micro * (1.0 - fwd_share),
+        compute=m * per_micro,
+        bubble=per_micro * (pp - 1) / parallel.virtual_stages if pp > 1 else 0.0,
+    )
 
-    # Data-parallel / ZeRO traffic over the dp·cp ranks that share parameters (spaced tp).
-    group = parallel.grad_group
+
+def _dp_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    work: _Compute,
+    m: int,
+    overlap: float,
+) -> tuple[float, float]:
+    """Data-parallel / ZeRO traffic over the dp·cp ranks that share parameters (spaced
+    tp): (seconds of communication, seconds of it not hidden behind compute)."""
+    group, tp = parallel.grad_group, parallel.tp
+    if group == 1:
+        return 0.0, 0.0
     d = training.dtype_bytes
     dp_link = group_link(hardware, group, tp)
-    n_rank = max(stage_params(model, tp, layout, vocab_parallel=parallel.vocab_parallel))
+    n_rank = max(stage_params(model, tp, work.layout, vocab_parallel=parallel.vocab_parallel))
     trainable = n_rank * training.trainable
     grad_bytes = trainable * training.grad_comm_bytes
     z = parallel.zero
     once = training.grad_sync == "per_step" or m == 1
-    dp_comm = dp_exposed = 0.0
-    if group == 1:
-        pass
-    elif z == 0:
+    bwd_micro = work.bwd_micro
+    if z == 0:
         dp_comm = all_reduce_time(grad_bytes, group, dp_link)
-        dp_exposed = max(0.0, dp_comm - overlap * bwd_micro)  # after the last backward
-    elif z <= 2:
-        rs = all_gather_time(grad_bytes, group, dp_link)
+        return dp_comm, max(0.0, dp_comm - overlap * bwd_micro)  # after the last backward
+    rs = all_gather_time(grad_bytes, group, dp_link)
+    if z <= 2:
         ag = all_gather_time(trainable * d, group, dp_link)  # updated weights
         syncs = 1 if z == 1 or once else m
-        dp_comm = syncs * rs + ag
         # Every reduce-scatter hides behind its micro-batch's backward; the last one and
         # the weight all-gather behind the last backward.
-        dp_exposed = (syncs - 1) * max(0.0, rs - overlap * bwd_micro) + max(
+        exposed = (syncs - 1) * max(0.0, rs - overlap * bwd_micro) + max(
             0.0, rs + ag - overlap * bwd_micro
         )
-    else:
-        ag = all_gather_time(n_rank * d, group, dp_link)
-        rs = all_gather_time(grad_bytes, group, dp_link)
-        unit = all_gather_time(largest_unit(model, tp) * d, group, dp_link)
-        fwd = max(unit, ag - overlap * fwd_micro)
-        bwd_rs = max(unit, ag + rs - overlap * bwd_micro)
-        bwd = max(unit, ag - overlap * bwd_micro)
-        if once:  # gradients accumulate unsharded; one reduce-scatter after the last
-            dp_comm = m * 2 * ag + rs
-            dp_exposed = m * fwd + (m - 1) * bwd + bwd_rs
-        else:
-            dp_comm = m * (2 * ag + rs)
-            dp_exposed = m * (fwd + bwd_rs)
+        return syncs * rs + ag, exposed
+    # ZeRO-3: every pass gathers the weights and hides that behind its own compute only;
+    # the first unit's gather is never hidden.
+    ag = all_gather_time(n_rank * d, group, dp_link)
+    unit = all_gather_time(largest_unit(model, tp) * d, group, dp_link)
+    fwd = max(unit, ag - overlap * work.fwd_micro)
+    bwd_rs = max(unit, ag + rs - overlap * bwd_micro)
+    bwd = max(unit, ag - overlap * bwd_micro)
+    if once:  # gradients accumulate unsharded; one reduce-scatter after the last
+        return m * 2 * ag + rs, m * fwd + (m - 1) * bwd + bwd_rs
+    return m * (2 * ag + rs), m * (fwd + bwd_rs)
 
-    # Tensor-parallel activation all-reduces, contiguous ranks.
-    layers = max(layout)
+
+def _activation_bytes(model: ModelSpec, training: TrainingSpec, cp: int, seq: int) -> float:
+    """One micro-batch's activations at a layer boundary, on one context-parallel rank."""
     s_local = seq / cp
-    act = b * s_local * model.hidden * d
-    tp_comm = 0.0
-    if tp > 1:
-        per_layer = 6 if training.recompute == "full" else 4
-        tp_comm = layers * m * per_layer * all_reduce_time(act, tp, group_link(hardware, tp, 1))
+    return training.micro_batch * s_local * model.hidden * training.dtype_bytes
 
-    # Context parallel: K and V (kv_hidden wide, split over TP) gathered forward (and again
-    # under full recompute), their gradients reduce-scattered backward.
-    cp_comm = 0.0
-    if cp > 1:
-        kv = 2 * b * seq * model.kv_hidden * d / tp
-        passes = 3 if training.recompute == "full" else 2
-        cp_comm = layers * m * passes * all_gather_time(kv, cp, group_link(hardware, cp, tp))
 
-    # Pipeline point-to-point between neighbouring stages, ranks spaced tp·cp·dp apart.
-    pp_comm = 0.0
-    if pp > 1:
-        sent = act / tp if parallel.sequence_parallel else act
-        pp_comm = 2 * m * p2p_time(sent, group_link(hardware, pp, tp * cp * dp))
+def _tp_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    seq: int,
+    m: int,
+    layers: int,
+) -> float:
+    """Tensor-parallel activation all-reduces over contiguous ranks: 4 per layer per
+    micro-batch (6 under full recompute) on the busiest stage."""
+    tp = parallel.tp
+    if tp == 1:
+        return 0.0
+    act = _activation_bytes(model, training, parallel.cp, seq)
+    per_layer = 6 if training.recompute == "full" else 4
+    return layers * m * per_layer * all_reduce_time(act, tp, group_link(hardware, tp, 1))
 
-    return StepTime(
-        compute=compute,
-        bubble=bubble,
-        dp_comm=dp_comm,
-        dp_exposed=dp_exposed,
-        tp_comm=tp_comm,
-        pp_comm=pp_comm,
-        tokens=tokens,
-        world=world,
-        model_flops=model_flops_per_token(model, seq) * tokens,
-        peak_flops=peak,
-        dp_inter=spans_nodes(group, tp, hardware.gpus_per_node),
-        tp_inter=spans_nodes(tp, 1, hardware.gpus_per_node),
-        pp_inter=spans_nodes(pp, tp * cp * dp, hardware.gpus_per_node),
-        hardware_flops=executed_flops_per_token(model, training, seq) * tokens,
-        cp_comm=cp_comm,
-        overhead=hardware.step_overhead / share,
-    )
+
+def _cp_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    seq: int,
+    m: int,
+    layers: int,
+) -> float:
+    """Context parallel: K and V (kv_hidden wide, split over TP) gathered forward (and
+    again under full recompute), their gradients reduce-scattered backward."""
+    cp, tp = parallel.cp, parallel.tp
+    if cp == 1:
+        return 0.0
+    kv = 2 * training.micro_batch * seq * model.kv_hidden * training.dtype_bytes / tp
+    passes = 3 if training.recompute == "full" else 2
+    return layers * m * passes * all_gather_time(kv, cp, group_link(hardware, cp, tp))
+
+
+def _pp_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    seq: int,
+    m: int,
+) -> float:
+    """Pipeline point-to-point between neighbouring stages, ranks spaced tp·cp·dp apart:
+    activations forward and their gradients backward, per micro-batch."""
+    p = parallel
+    if p.pp == 1:
+        return 0.0
+    act = _activation_bytes(model, training, p.cp, seq)
+    sent = act / p.tp if p.sequence_parallel else act
+    return 2 * m * p2p_time(sent, group_link(hardware, p.pp, p.tp * p.cp * p.dp))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.planner.plan import Plan
@@ -124,11 +124,26 @@ def validate(
     """
     wanted = set(steps) if steps is not None else None
     dp_run = plan.parallel.dp > 1  # otherwise "workbench" traffic is not data parallel
-    mem: dict[str, int] = defaultdict(int)
-    comm_bytes: dict[int, int] = defaultdict(int)
-    comm_secs: dict[int, float] = defaultdict(float)
-    phase_secs: dict[int, float] = defaultdict(float)
-    seen: set[int] = set()
+    measured = _measure(events, rank, wanted, dp_run)
+    rows = _memory_rows(plan, measured.mem, state_tol, activation_tol)
+    rows += _time_rows(plan, measured, comm_bytes_tol)
+    return ValidationReport(rows=tuple(rows), rank=rank, steps=tuple(sorted(measured.seen)))
+
+
+@dataclass(slots=True)
+class _Measured:
+    """What one rank recorded: peak memory by category, and per step the data-parallel
+    bytes and seconds and the forward/backward seconds."""
+
+    mem: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    comm_bytes: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    comm_secs: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    phase_secs: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    seen: set[int] = field(default_factory=set)
+
+
+def _measure(events: Iterable[Any], rank: int, wanted: set[int] | None, dp_run: bool) -> _Measured:
+    out = _Measured()
     for e in events:
         if _get(e, "rank") != rank:
             continue
@@ -137,35 +152,45 @@ def validate(
             continue
         kind = _get(e, "kind")
         if kind == "memory":
-            seen.add(step)
+            out.seen.add(step)
             for cat in ("params", "grads", "optimizer", "activations"):
-                mem[cat] = max(mem[cat], int(_get(e, cat, 0)))
+                out.mem[cat] = max(out.mem[cat], int(_get(e, cat, 0)))
         elif kind == "comm" and dp_run and _get(e, "source") in _DP_SOURCES:
-            seen.add(step)
-            comm_bytes[step] += int(_get(e, "bytes", 0))
-            comm_secs[step] += max(int(_get(e, "end")) - int(_get(e, "start")), 1) / 1e9
+            out.seen.add(step)
+            out.comm_bytes[step] += int(_get(e, "bytes", 0))
+            out.comm_secs[step] += max(int(_get(e, "end")) - int(_get(e, "start")), 1) / 1e9
         elif kind == "phase" and str(_get(e, "phase", "")).split("[")[0] in (
             "forward",
             "backward",
         ):
-            seen.add(step)
-            phase_secs[step] += (int(_get(e, "end")) - int(_get(e, "start"))) / 1e9
+            out.seen.add(step)
+            out.phase_secs[step] += (int(_get(e, "end")) - int(_get(e, "start"))) / 1e9
+    return out
 
+
+def _memory_rows(
+    plan: Plan, mem: dict[str, int], state_tol: float, activation_tol: float
+) -> list[Comparison]:
+    if not mem:
+        return []
     m = plan.memory
+    return [
+        Comparison("weights", m.weights, mem["params"], state_tol),
+        Comparison("grads", m.grads, mem["grads"], state_tol),
+        Comparison("optimizer", m.optimizer, mem["optimizer"], state_tol),
+        Comparison(
+            "model state",
+            m.model_state,
+            mem["params"] + mem["grads"] + mem["optimizer"],
+            state_tol,
+        ),
+        Comparison("activations", m.activations, mem["activations"], activation_tol),
+    ]
+
+
+def _time_rows(plan: Plan, measured: _Measured, comm_bytes_tol: float) -> list[Comparison]:
     rows: list[Comparison] = []
-    if mem:
-        rows += [
-            Comparison("weights", m.weights, mem["params"], state_tol),
-            Comparison("grads", m.grads, mem["grads"], state_tol),
-            Comparison("optimizer", m.optimizer, mem["optimizer"], state_tol),
-            Comparison(
-                "model state",
-                m.model_state,
-                mem["params"] + mem["grads"] + mem["optimizer"],
-                state_tol,
-            ),
-            Comparison("activations", m.activations, mem["activations"], activation_tol),
-        ]
+    comm_bytes, phase_secs = measured.comm_bytes, measured.phase_secs
     if comm_bytes:
         n = len(comm_bytes)
         rows.append(
@@ -176,14 +201,13 @@ def validate(
                 comm_bytes_tol,
             )
         )
-        rows.append(
-            Comparison("dp comm s/step", plan.time.dp_comm, sum(comm_secs.values()) / n, None, "s")
-        )
+        comm_s = sum(measured.comm_secs.values()) / n
+        rows.append(Comparison("dp comm s/step", plan.time.dp_comm, comm_s, None, "s"))
     if phase_secs:
         n = len(phase_secs)
         compute = plan.time.compute + plan.time.bubble
         rows.append(Comparison("compute s/step", compute, sum(phase_secs.values()) / n, None, "s"))
-    return ValidationReport(rows=tuple(rows), rank=rank, steps=tuple(sorted(seen)))
+    return rows
 
 
 def _dp_bytes(plan: Plan) -> float:

@@ -99,45 +99,8 @@ def scaling_figure(
     series = dict(points) if isinstance(points, Mapping) else {"": list(points)}
     fig = go.Figure()
     for name, pts in series.items():
-        pts = list(pts)
-        if not pts:
-            continue
-        gpus = [p.gpus for p in pts]
-        prefix = f"{name} " if name else ""
-        ideal = pts[0].tokens_per_s / pts[0].gpus
-        fig.add_trace(
-            go.Scatter(
-                name=f"{prefix}tokens/s",
-                x=gpus,
-                y=[p.tokens_per_s for p in pts],
-                mode="lines+markers",
-                marker={"symbol": ["circle" if p.fits else "x" for p in pts], "size": 9},
-                customdata=[[p.nodes, p.step_s] for p in pts],
-                hovertemplate="%{x} GPUs (%{customdata[0]} nodes): %{y:,.0f} tokens/s, "
-                "step %{customdata[1]:.3g} s<extra></extra>",
-            )
-        )
-        fig.add_trace(
-            go.Scatter(
-                name=f"{prefix}linear",
-                x=gpus,
-                y=[ideal * g for g in gpus],
-                mode="lines",
-                line={"dash": "dot", "color": "#9D9D9D"},
-                hoverinfo="skip",
-            )
-        )
-        fig.add_trace(
-            go.Scatter(
-                name=f"{prefix}efficiency",
-                x=gpus,
-                y=[p.efficiency for p in pts],
-                mode="lines+markers",
-                yaxis="y2",
-                line={"dash": "dash"},
-                hovertemplate="%{x} GPUs: %{y:.0%} of linear<extra></extra>",
-            )
-        )
+        for trace in _scaling_traces(name, list(pts)):
+            fig.add_trace(trace)
     fig.update_layout(
         title=title,
         xaxis={"title": "GPUs", "type": "log"},
@@ -152,6 +115,44 @@ def scaling_figure(
         margin={"t": 50, "b": 40, "l": 70, "r": 70},
     )
     return fig
+
+
+def _scaling_traces(name: str, pts: list[ScalingPoint]) -> list[go.Scatter]:
+    """One series: tokens/s, the linear ideal from its first point, and efficiency."""
+    if not pts:
+        return []
+    gpus = [p.gpus for p in pts]
+    prefix = f"{name} " if name else ""
+    ideal = pts[0].tokens_per_s / pts[0].gpus
+    return [
+        go.Scatter(
+            name=f"{prefix}tokens/s",
+            x=gpus,
+            y=[p.tokens_per_s for p in pts],
+            mode="lines+markers",
+            marker={"symbol": ["circle" if p.fits else "x" for p in pts], "size": 9},
+            customdata=[[p.nodes, p.step_s] for p in pts],
+            hovertemplate="%{x} GPUs (%{customdata[0]} nodes): %{y:,.0f} tokens/s, "
+            "step %{customdata[1]:.3g} s<extra></extra>",
+        ),
+        go.Scatter(
+            name=f"{prefix}linear",
+            x=gpus,
+            y=[ideal * g for g in gpus],
+            mode="lines",
+            line={"dash": "dot", "color": "#9D9D9D"},
+            hoverinfo="skip",
+        ),
+        go.Scatter(
+            name=f"{prefix}efficiency",
+            x=gpus,
+            y=[p.efficiency for p in pts],
+            mode="lines+markers",
+            yaxis="y2",
+            line={"dash": "dash"},
+            hovertemplate="%{x} GPUs: %{y:.0%} of linear<extra></extra>",
+        ),
+    ]
 
 
 def memory_vs_model_size_figure(

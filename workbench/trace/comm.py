@@ -10,7 +10,8 @@ Two hook points, no double counting:
   functional collectives - is seen at the dispatcher (see ``intercept``: a kernel at the
   ``BackendSelect`` key of the collective ops only, so other ops cost nothing). The source
   (dtensor, fsdp, pipeline, ddp, zero, workbench, user) is read from the Python call stack
-  at issue time.
+  at issue time, unless the issuing code names it with ``labelled(source)`` (the loss
+  average is ``metrics``: reporting, not training traffic).
 
 Completion: a ``c10d`` op returns a ``Work``; its future's callback marks completion (on
 gloo the callback runs before ``Work.wait()`` returns). A functional op completes when its
@@ -25,10 +26,11 @@ report can say which rank waits in which collective.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -42,7 +44,7 @@ from workbench.trace.intercept import add_listener, looking_away, remove_listene
 from workbench.trace.recorder import Recorder
 from workbench.trace.storage import StorageKey, storage_key
 
-__all__ = ["CommTracer"]
+__all__ = ["CommTracer", "labelled"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _WORKBENCH_DIR = os.path.dirname(workbench.__file__) + os.sep
@@ -60,8 +62,27 @@ _SOURCES = tuple(
 )
 
 
+# A source named by the issuing code itself (``labelled``), per thread.
+_LABEL = threading.local()
+
+
+@contextlib.contextmanager
+def labelled(source: str) -> Iterator[None]:
+    """Collectives issued on this thread inside the block are recorded with ``source``."""
+    previous = getattr(_LABEL, "source", None)
+    _LABEL.source = source
+    try:
+        yield
+    finally:
+        _LABEL.source = previous
+
+
 def _source() -> str:
-    """Who issued the collective: the first frame outside torch's plumbing decides."""
+    """Who issued the collective: a ``labelled`` block, else the first frame outside
+    torch's plumbing decides."""
+    label = getattr(_LABEL, "source", None)
+    if label is not None:
+        return str(label)
     frame: Any = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename

@@ -89,7 +89,7 @@ class CommEvent:
     group_size: int
     start: int
     end: int
-    source: str = "user"  # ddp-bucket, dtensor, fsdp, pipeline, workbench, user
+    source: str = "user"  # ddp-bucket, dtensor, fsdp, pipeline, zero, workbench, metrics, user
     phase: str = ""
 
     @property

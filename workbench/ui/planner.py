@@ -139,7 +139,21 @@ class PlannerWidget:
             if not hasattr(self.state, key):
                 raise ConfigError(f"unknown planner setting {key!r}")
             setattr(self.state, key, value)
-        s = self.state
+        self._controls = self._make_controls(self.state)
+        self.verdict = widgets.HTML()
+        self.reasons = widgets.HTML()
+        self.recommend_button = widgets.Button(description="recommend")
+        self.recommend_button.on_click(lambda _: self.show_recommendation())
+        self.plan: Plan | None = None
+        self.memory_fig = go.FigureWidget(memory_breakdown_figure(self.state.plan()))
+        self.scaling_fig = go.FigureWidget(scaling_figure(self.state.scaling()))
+        for name, control in self._controls.items():
+            control.observe(lambda change, n=name: self._on_change(n, change["new"]), "value")
+        self.view = self._make_view()
+        self.refresh()
+
+    def _make_controls(self, s: PlannerState) -> dict[str, widgets.ValueWidget]:
+        """One control per ``PlannerState`` field, set to its value: {field: control}."""
         self.model = widgets.Dropdown(options=[*MODELS, CUSTOM], value=s.model, description="model")
         self.size = widgets.FloatLogSlider(
             value=s.params_b, base=10, min=-1, max=3, step=0.05, description="size (B)"
@@ -168,14 +182,7 @@ class PlannerWidget:
                                       description="grads")  # fmt: skip
         self.grad_sync = widgets.Dropdown(options=list(GRAD_SYNC), value=s.grad_sync,
                                           description="grad sync")  # fmt: skip
-        self.verdict = widgets.HTML()
-        self.reasons = widgets.HTML()
-        self.recommend_button = widgets.Button(description="recommend")
-        self.recommend_button.on_click(lambda _: self.show_recommendation())
-        self.plan: Plan | None = None
-        self.memory_fig = go.FigureWidget(memory_breakdown_figure(self.state.plan()))
-        self.scaling_fig = go.FigureWidget(scaling_figure(self.state.scaling()))
-        self._controls = {
+        return {
             "model": self.model,
             "params_b": self.size,
             "gpu": self.gpu,
@@ -191,9 +198,9 @@ class PlannerWidget:
             "grads": self.grads,
             "grad_sync": self.grad_sync,
         }
-        for name, control in self._controls.items():
-            control.observe(lambda change, n=name: self._on_change(n, change["new"]), "value")
-        self.view = widgets.VBox(
+
+    def _make_view(self) -> widgets.VBox:
+        return widgets.VBox(
             [
                 widgets.HBox([widgets.VBox([self.model, self.size, self.gpu, self.gpus,
                                             self.network]),
@@ -206,7 +213,6 @@ class PlannerWidget:
                 self.reasons,
             ]
         )  # fmt: skip
-        self.refresh()
 
     def _on_change(self, name: str, value: Any) -> None:
         setattr(self.state, name, value)

@@ -1,0 +1,107 @@
+"""A dead controller (the ipyparallel hub SIGKILLed) is noticed: every call fails fast with a
+clear ClusterError, `%wb restart` rebuilds the whole cluster, and every process of the old
+one (the controller's schedulers included) is gone. On a cluster of this test's own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.processes import alive
+from workbench.cluster import Cluster
+from workbench.errors import ClusterError
+
+pytestmark = pytest.mark.engines
+
+BOUND_S = 30.0  # generous: "fast" means no hang, not a speed on a busy machine
+
+
+def _raises_without_hanging(call: Callable[[], Any]) -> BaseException:
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(BOUND_S)
+    assert not thread.is_alive(), f"{call} still waits after {BOUND_S} s"
+    exc = outcome[0]
+    assert isinstance(exc, ClusterError), exc
+    return exc
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def _children() -> dict[int, str]:
+    out = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            out[proc.pid] = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_dead_controller_fails_fast_and_restart_rebuilds(ipython_shell: Any, capsys: Any) -> None:
+    before = set(_children())
+    cluster = Cluster(n=2, backend="gloo")
+    magics = ipython_shell._workbench_magics
+    restarted: dict[int, str] = {}
+    try:
+        cluster.start_sync()
+        magics.cluster = cluster
+        old = {p: c for p, c in _children().items() if p not in before}
+        controller = cluster.pids()[0]
+        # the controller and its scheduler processes: the ones a stop used to leave behind
+        assert sum("ipyparallel.controller" in c for c in old.values()) >= 2, old
+        os.kill(controller, signal.SIGKILL)
+        deadline = time.monotonic() + BOUND_S
+        while cluster.state != "broken" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cluster.state == "broken"
+
+        for call in (
+            cluster.status,
+            lambda: cluster.run(os.getpid),
+            lambda: cluster.execute("1"),
+            cluster.recover_sync,
+            lambda: ipython_shell.run_line_magic("wb", "status"),
+            lambda: ipython_shell.run_cell_magic("wb", "", "1"),
+            Cluster.current,
+        ):
+            message = str(_raises_without_hanging(call))
+            assert "controller" in message and "died" in message, message
+            assert "%wb restart" in message and "restart_sync()" in message, message
+
+        capsys.readouterr()
+        ipython_shell.run_line_magic("wb", "restart")
+        assert "restarted, 2 ranks ready" in capsys.readouterr().out
+        assert cluster.state == "running"
+        assert cluster.pids()[0] != controller
+        assert cluster.run(_rank) == [0, 1]
+        deadline = time.monotonic() + BOUND_S
+        while alive(list(old)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert alive(list(old)) == [], {p: old[p] for p in alive(list(old))}
+        restarted = {p: c for p, c in _children().items() if p not in before and p not in old}
+    finally:
+        magics.cluster = None
+        cluster.stop_sync()
+    assert alive(list(restarted)) == []
