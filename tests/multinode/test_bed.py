@@ -3,7 +3,11 @@ own pids, own /tmp, own /etc/hosts, reachable only inside the bed."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.multinode.bed import PID_BASE, PID_STEP, Bed
+
+pytestmark = pytest.mark.engines
 
 
 def test_nodes_are_separate_machines(bed: Bed) -> None:

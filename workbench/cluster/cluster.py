@@ -27,7 +27,7 @@ from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import run_sync
-from workbench.cluster.processes import reap, started_for
+from workbench.cluster.processes import is_local, reap, started_for
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.config import ClusterConfig
@@ -281,7 +281,8 @@ class Cluster(RankDispatch):
         """Ranks whose pid is meaningful here (same machine, same PID namespace). A remote
         engine is signalled only through its own host, never by its pid here."""
         here = local_pid_space()
-        return [r for r in self.ranks if r.pid_space == here]
+        # (ranks made by hand, without a pid space, fall back to comparing host names)
+        return [r for r in self.ranks if (r.pid_space == here if r.pid_space else is_local(r.host))]
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> Cluster:
@@ -542,7 +543,9 @@ class Cluster(RankDispatch):
         except ipp.error.RemoteError as exc:  # e.g. network_interface missing on a host
             raise ClusterError(f"{exc.ename}: {exc.evalue}") from None
         infos = [{**info, **addr} for info, addr in zip(infos, addresses, strict=True)]
-        self.launch_hosts = {eid: info["launch_host"] for eid, info in zip(ids, infos, strict=True)}
+        self.launch_hosts = {
+            eid: str(info.get("launch_host", "")) for eid, info in zip(ids, infos, strict=True)
+        }
         if self._ipp is not None:
             attach_nannies(self._ipp, dict(zip(ids, infos, strict=True)))
         return ids, list(infos)
@@ -562,7 +565,7 @@ class Cluster(RankDispatch):
                 address=info["address"],
                 cuda_devices=info["cuda_devices"],
                 cpus=info["cpus"],
-                pid_space=info["pid_space"],
+                pid_space=info.get("pid_space", ""),
             )
             for eid, info in zip(ids, infos, strict=True)
         ]
