@@ -48,8 +48,9 @@ PID_BASE = 20000
 PID_STEP = 4000
 NODE_INIT = Path(__file__).with_name("node_init.py")
 DRIVER = Path(__file__).with_name("driver.py")
-# The interpreter's own install (a venv's base): every bed process must be able to run it.
-PYTHON_BASE = os.path.realpath(sys.base_prefix)
+# The interpreter's own install (a venv's base) and this checkout (with its venv): every
+# bed process must be able to read them, wherever they are (node_init.expose).
+EXPOSE = sorted({os.path.realpath(sys.base_prefix), str(Path(__file__).resolve().parents[2])})
 REQUIRED_COMMANDS = (
     "ip",
     "unshare",
@@ -299,7 +300,7 @@ class Bed:
                 "name": node.name,
                 "pid_base": PID_BASE + node.index * PID_STEP,
                 "hosts": str(d / "hosts"),
-                "python_base": PYTHON_BASE,
+                "expose": EXPOSE,
                 "stage": str(d / "stage"),
                 "daemons": [
                     ["/usr/sbin/sshd", "-D", "-f", f"{d}/sshd_config", "-E", f"{d}/sshd.log"]
@@ -460,7 +461,7 @@ class Bed:
             "hosts": str(self.login_hosts_file),
             "uid": self.uid,
             "gid": self.gid,
-            "python_base": PYTHON_BASE,
+            "expose": EXPOSE,
             "stage": str(self.root / "login" / "stage"),
         }
         return [

@@ -21,29 +21,43 @@ def sh(*argv: str) -> None:
     subprocess.run(list(argv), check=True)
 
 
-def expose(base: str, stage: str) -> None:
-    """Make the interpreter's install directory ``base`` reachable for a plain user in this
-    mount namespace only: when an ancestor is private (``/root`` with mode 700, as with a
-    pyenv under root), lay a world-readable tmpfs over that ancestor holding just ``base``.
-    On a real cluster the interpreter is simply installed where every user can run it."""
-    parts = base.strip("/").split("/")
+def _blocking_ancestor(path: str) -> str | None:
+    parts = path.strip("/").split("/")
     for depth in range(1, len(parts)):
         ancestor = "/" + "/".join(parts[:depth])
         if os.stat(ancestor).st_mode & 0o001 == 0:
-            break
-    else:
-        return
-    os.makedirs(stage, exist_ok=True)
-    sh("mount", "--bind", base, stage)
-    sh("mount", "-t", "tmpfs", "-o", "mode=755", "wbmn-view", ancestor)
-    os.makedirs(base, exist_ok=True)
-    sh("mount", "--bind", stage, base)
+            return ancestor
+    return None
+
+
+def expose(paths: list[str], stage: str) -> None:
+    """Make ``paths`` (the interpreter's install, the checkout with its venv) reachable for
+    a plain user in this mount namespace only: where an ancestor is private (``/root`` with
+    mode 700, e.g. a pyenv or a CI checkout under root), lay a world-readable tmpfs over
+    that ancestor holding just those paths. On a real cluster they are simply installed
+    where every user can read them."""
+    blocked: dict[str, list[str]] = {}
+    for path in paths:
+        ancestor = _blocking_ancestor(path)
+        if ancestor is not None:
+            blocked.setdefault(ancestor, []).append(path)
+    for i, (ancestor, inside) in enumerate(blocked.items()):
+        staged = []
+        for j, path in enumerate(inside):
+            place = f"{stage}/{i}-{j}"
+            os.makedirs(place, exist_ok=True)
+            sh("mount", "--bind", path, place)
+            staged.append((path, place))
+        sh("mount", "-t", "tmpfs", "-o", "mode=755", "wbmn-view", ancestor)
+        for path, place in staged:
+            os.makedirs(path, exist_ok=True)
+            sh("mount", "--bind", place, path)
 
 
 def login(cfg: dict, argv: list[str]) -> None:
     """The login node's view for the bed user: the bed's /etc/hosts, then run ``argv``."""
     sh("mount", "--bind", cfg["hosts"], "/etc/hosts")
-    expose(cfg["python_base"], cfg["stage"])
+    expose(cfg["expose"], cfg["stage"])
     os.setgroups([])
     os.setgid(cfg["gid"])
     os.setuid(cfg["uid"])
@@ -65,7 +79,7 @@ def main() -> None:
     # A private /tmp: what an engine writes there is invisible to the login node and to
     # the other node (the workbench must not rely on a node-local directory being shared).
     sh("mount", "-t", "tmpfs", "-o", "mode=1777,size=1g", "wbmn-" + cfg["name"], "/tmp")
-    expose(cfg["python_base"], cfg["stage"])
+    expose(cfg["expose"], cfg["stage"])
     children = [subprocess.Popen(cmd, start_new_session=True) for cmd in cfg["daemons"]]
 
     def stop(*_: object) -> None:
