@@ -115,9 +115,8 @@ class Bed:
     nnodes: int = 2
     hosts_style: str = "cluster"  # or "debian": the hostname maps to 127.0.1.1
     # outside /tmp, which every node replaces with its own: the bed's files are shared
-    root: Path = field(
-        default_factory=lambda: Path(tempfile.mkdtemp(prefix="wbmn-", dir="/var/tmp"))
-    )
+    # (made by up(), so a bed that cannot be built leaves no directory)
+    root: Path = Path("/nonexistent")
     user: str = USER
     created_user: bool = False
     nodes: list[Node] = field(default_factory=list)
@@ -170,6 +169,7 @@ class Bed:
         reason = unavailable_reason()
         if reason is not None:
             raise BedError(reason)
+        self.root = Path(tempfile.mkdtemp(prefix="wbmn-", dir="/var/tmp"))
         self.root.chmod(0o755)
         self._save()  # from here on, `down` can undo whatever part was built
         try:
