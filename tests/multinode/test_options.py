@@ -155,3 +155,9 @@ def test_wb_start_passes_launcher_options() -> None:
         make_cluster(parser.parse([*line, "--ssh-args", "-o 'unclosed"]))
     with pytest.raises(UsageError, match="partition"):  # a slurm option for ssh
         make_cluster(parser.parse([*line, "--partition", "gpu"]))
+
+
+def test_controller_address_for_this_machine_only_is_loopback() -> None:
+    options = launchers.LauncherOptions()
+    assert launchers.controller_address("ssh", ["localhost"], options) == "127.0.0.1"
+    assert launchers.controller_address("slurm", [], options) is None  # Slurm picks nodes

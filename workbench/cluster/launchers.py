@@ -170,7 +170,8 @@ def controller_address(launcher: str, hosts: Sequence[str], options: LauncherOpt
         if hostinfo.is_loopback(address):
             continue  # this machine itself, by a name that maps to loopback
         return hostinfo.route_source(address)
-    return None
+    # only this machine (ssh to localhost): loopback; nothing known (slurm picks): None
+    return "127.0.0.1" if targets else None
 
 
 def ipp_settings(
