@@ -220,7 +220,10 @@ print("parameter bytes:", [e.params for e in ev if e.kind == "memory" and e.labe
 %wb trace plot memory
 
 # %%
-%wb trace export your_loop.json
+import tempfile
+
+trace_path = f"{tempfile.mkdtemp()}/your_loop.json"  # open it in ui.perfetto.dev
+%wb trace export {trace_path}
 
 # %% [markdown]
 # ## 5. A Hugging Face model

@@ -4,6 +4,7 @@ this module's own: recovery tears the process group down, which the shared one m
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -105,6 +106,9 @@ def test_timed_out_cell_in_python_code_leaves_the_cluster_usable(own_cluster: Cl
 def test_interrupt_stops_a_running_cell_and_leaves_the_cluster_usable(
     own_cluster: Cluster,
 ) -> None:
+    # interrupt_main does nothing unless Python handles SIGINT, and an earlier test (a
+    # browser driver, a subprocess helper) may have left it ignored: install the default.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, _thread.interrupt_main)  # what the notebook's stop does
     timer.start()
     try:
@@ -113,6 +117,7 @@ def test_interrupt_stops_a_running_cell_and_leaves_the_cluster_usable(
             own_cluster.execute("import time\nfor _ in range(6000):\n    time.sleep(0.1)")
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert own_cluster.state == "running" and own_cluster.stuck_ranks == []
     results = own_cluster.execute(TOGETHER, timeout=30)
     assert all(r.ok for r in results)
