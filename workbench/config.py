@@ -27,7 +27,8 @@ MAX_ENGINES = 1024
 class ClusterConfig:
     """How to start (or connect to) engines and join them into a process group.
 
-    ``hosts`` (launcher ``'ssh'`` only) is a sequence of host names or one string: a
+    ``hosts`` (ssh: required; mpi: the hostfile; slurm: the node list) is a sequence of
+    host names or one string: a
     string is one host, or several separated by commas (``"node-a,node-b"``, as
     ``%wb start --hosts`` takes them); it is stored as a tuple of names.
     """
@@ -50,12 +51,12 @@ class ClusterConfig:
         object.__setattr__(self, "hosts", hosts)  # frozen: normalise once, here
         if self.launcher == "ssh" and not hosts:
             raise ConfigError("launcher='ssh' needs hosts=('host1', 'host2', ...)")
-        if self.launcher != "ssh" and hosts:
+        if self.launcher == "local" and hosts:
             raise validate.invalid(
                 "hosts",
                 hosts,
-                f"launcher={self.launcher!r} does not place engines on named hosts",
-                "use launcher='ssh' with hosts, or leave hosts empty",
+                "launcher='local' does not place engines on named hosts",
+                "use launcher='ssh', 'mpi' or 'slurm' with hosts, or leave hosts empty",
             )
         # A profile / cluster_id is looked up by Cluster itself (cluster.connection): finding
         # ipyparallel's connection file is the cluster layer's business, not a setting's.

@@ -21,18 +21,24 @@
 # | launcher | how engines start | typical use |
 # |---|---|---|
 # | `%wb start --launcher ssh --hosts node-a,node-b -n 16` | over `ssh`, engines dealt round-robin to the hosts | a few machines you can ssh into |
-# | `%wb start --launcher mpi -n 16` | one `mpiexec` running `ipengine`; MPI's host file places them | machines with an MPI installation |
-# | `%wb start --launcher slurm -n 16` | engines submitted as a Slurm batch job | an HPC cluster's scheduler |
+# | `%wb start --launcher mpi --hosts node-a,node-b -n 16` | one `mpiexec` running `ipengine --mpi` (needs mpi4py); the hosts become its host file | machines with an MPI installation |
+# | `%wb start --launcher slurm -n 16 --partition gpu` | engines submitted as a Slurm batch job (`--hosts` become its node list) | an HPC cluster's scheduler |
 #
 # Whatever the launcher, each engine then reports its host name, address, process id,
 # GPU count and CPUs, and the workbench assigns ranks from those facts. What the
 # workbench does differently for the three multi-node launchers:
 #
-# - **The controller listens on all interfaces** (`controller_ip="*"`), so engines on other
-#   hosts can register. With `local` it binds to loopback only — nothing on this machine
-#   is reachable from the network.
-# - **`MASTER_ADDR` is rank 0's host address**, not 127.0.0.1, and the rendezvous port is
-#   picked *on rank 0's host* (a port free there, bound where it will listen).
+# - **The controller listens on the address that reaches the hosts** (the interface that
+#   routes to them, or `--network-interface`), so engines on other hosts can register.
+#   With `local` it binds to loopback only — nothing on this machine is reachable from
+#   the network.
+# - **`MASTER_ADDR` is rank 0's address on that network**, not 127.0.0.1 and not what its
+#   hostname resolves to (stock Debian maps it to 127.0.1.1). Before the process group
+#   starts, every rank connects to rank 0 on it: an unreachable address is an error
+#   naming it and the fix, within seconds.
+# - **Launcher options** pass straight through: `--remote-python` (default: this kernel's
+#   interpreter path), `--ssh-args`, `--hostfile`, `--mpi-args`, `--partition`, `--time`,
+#   `--account`, `--sbatch-args`, `--network-interface` (or `launcher_options={...}`).
 # - **Clocks**: engines on other hosts get a measured clock offset so their phases and
 #   collectives line up on one timeline.
 #

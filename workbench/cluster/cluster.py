@@ -15,19 +15,21 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ipyparallel as ipp
 import psutil
 
 from workbench.cluster import engine as engine_fns
-from workbench.cluster import watchdog
+from workbench.cluster import launchers, rendezvous, watchdog
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
+from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import run_sync
-from workbench.cluster.processes import is_local, reap
+from workbench.cluster.processes import is_local, reap, started_for
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
+from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.config import ClusterConfig
 from workbench.errors import (
     ClusterError,
@@ -100,6 +102,7 @@ class Cluster(RankDispatch):
         start_timeout: float = 60.0,
         threads_per_engine: int | None = None,
         progress: ProgressCallback | None = None,
+        launcher_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = ClusterConfig(
             n=n,
@@ -112,6 +115,13 @@ class Cluster(RankDispatch):
             start_timeout=start_timeout,
             threads_per_engine=threads_per_engine,
         )
+        # ssh: remote_python, ssh_args; mpi: hostfile, mpi_args, mpiexec; slurm: partition,
+        # time, account, sbatch_args; all three: network_interface (see launchers.py)
+        self.launcher_options = launchers.parse_options(launcher, launcher_options)
+        self._controller_address: str | None = None
+        self._ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
+        # engine id -> the launcher's host entry that started it (ssh), for replacements
+        self.launch_hosts: dict[int, str] = {}
         if profile is not None or cluster_id is not None:  # fail now, not at start
             find_connection_file(profile, cluster_id)
         self.progress = progress
@@ -235,7 +245,7 @@ class Cluster(RankDispatch):
     def _process_tree(self) -> list[psutil.Process]:
         """Controller, engines, nannies and every process they spawned (schedulers...),
         including those seen before whose parent has died since; only running ones."""
-        engine_pids = {r.pid for r in self.ranks}
+        engine_pids = {r.pid for r in self._local_ranks()}
         self._nanny_pids = set()
         for pid in self.pids():
             try:
@@ -265,10 +275,17 @@ class Cluster(RankDispatch):
                 proc = getattr(launcher, "process", None)
                 if proc is not None:
                     pids.append(proc.pid)
-        # An engine on another host has a pid that means nothing here (its launcher's local
-        # process, e.g. ssh, is listed above instead).
-        pids += [r.pid for r in self.ranks if is_local(r.host) and r.pid not in pids]
+        # An engine on another host (or in another PID namespace) has a pid that means
+        # nothing here (its launcher's local process, e.g. ssh, is listed above instead).
+        pids += [r.pid for r in self._local_ranks() if r.pid not in pids]
         return pids
+
+    def _local_ranks(self) -> list[RankAssignment]:
+        """Ranks whose pid is meaningful here (same machine, same PID namespace). A remote
+        engine is signalled only through its own host, never by its pid here."""
+        here = local_pid_space()
+        # (ranks made by hand, without a pid space, fall back to comparing host names)
+        return [r for r in self.ranks if (r.pid_space == here if r.pid_space else is_local(r.host))]
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> Cluster:
@@ -300,7 +317,10 @@ class Cluster(RankDispatch):
             await self.stop()
         self.state = "starting"
         t0 = time.perf_counter()
-        self.run_dir = tempfile.mkdtemp(prefix="wb-run-")
+        # status_dir: a directory every node shares, so hang reports include remote ranks
+        self.run_dir = tempfile.mkdtemp(
+            prefix="wb-run-", dir=self.launcher_options.status_dir or None
+        )
         # The watchdog runs before the first process starts, and learns every process as
         # it appears: a kernel killed at any moment of the start leaves nothing behind.
         self._start_watchdog()
@@ -395,30 +415,44 @@ class Cluster(RankDispatch):
             "n": c.n,
             "log_level": logging.ERROR,
             "controller_args": list(_CONTROLLER_ARGS),
-            # Loopback unless the user asked for a multi-node launcher.
-            "controller_ip": "*" if c.launcher in _MULTI_NODE else "127.0.0.1",
-            "engines": c.launcher if c.launcher != "local" else "local",
             "shutdown_atexit": True,
         }
-        if c.launcher == "ssh":
-            from traitlets.config import Config
-
-            cfg = Config()
-            per_host: dict[str, int] = {}
-            for i in range(c.n):
-                host = c.hosts[i % len(c.hosts)]
-                per_host[host] = per_host.get(host, 0) + 1
-            cfg.SSHEngineSetLauncher.engines = per_host
-            kwargs["config"] = cfg
+        # Loopback unless the user asked for a multi-node launcher; then only the address
+        # that reaches the other hosts (see launchers.py).
+        kwargs.update(
+            launchers.ipp_settings(
+                c.launcher,
+                c.n,
+                c.hosts,
+                self.launcher_options,
+                self._controller_address,
+                self._ssh_dir,
+                self.run_dir,
+            )
+        )
         return ipp.Cluster(**kwargs)
 
     async def _start_engines(self) -> None:
         c = self.config
         if self._owns_engines:
+            if c.launcher == "ssh":
+                self._ssh_dir = tempfile.mkdtemp(prefix="wb-ssh-")
+            if c.launcher in _MULTI_NODE:
+                self._controller_address = launchers.controller_address(
+                    c.launcher, c.hosts, self.launcher_options
+                )
+                await launchers.preflight(c.launcher, c.hosts, self.launcher_options, self._ssh_dir)
             self._ipp = self._make_ipp_cluster()
             await self._ipp.start_controller()
             self._write_pidfile()
-            await self._ipp.start_engines(c.n)
+            try:
+                await self._ipp.start_engines(c.n)
+            except Exception as exc:
+                output = launchers.launcher_output(self._ipp)
+                raise ClusterError(
+                    f"launcher={c.launcher!r} failed to start engines: {exc}"
+                    + (f"\n--- launcher output ---\n{output}" if output else "")
+                ) from exc
             self._write_pidfile()
             self._client = await self._ipp.connect_client()
         else:
@@ -433,6 +467,7 @@ class Cluster(RankDispatch):
         deadline = time.monotonic() + self.config.start_timeout
         seen = -1
         self._info_futures = {}
+        self._address_futures: dict[int, Any] = {}
         while True:
             # One read of the ids per pass: an engine may register between two reads, and
             # every id counted must be one whose facts were asked for.
@@ -442,6 +477,7 @@ class Cluster(RankDispatch):
             for eid in ids:
                 if eid not in self._info_futures:
                     self._info_futures[eid] = client[eid].apply_async(engine_fns.engine_info)
+                    self._address_futures[eid] = client[eid].apply_async(*self.address_call())
             count = len(ids)
             if count != seen:
                 self._report("engines", min(count, n), n)
@@ -455,9 +491,14 @@ class Cluster(RankDispatch):
                     "`ipcontroller --debug` by hand to see why"
                 )
             if self._owns_engines and self._engines_exited():
+                output = launchers.launcher_output(self._ipp)
                 raise ClusterError(
                     f"engines exited during start-up ({count} of {n} registered); "
-                    "run `ipengine --debug` by hand to see why"
+                    + (
+                        f"the launcher's output:\n{output}"
+                        if output
+                        else "run `ipengine --debug` by hand to see why"
+                    )
                 )
             if time.monotonic() > deadline:
                 raise ClusterError(
@@ -467,10 +508,26 @@ class Cluster(RankDispatch):
                 )
             await asyncio.sleep(0.02)
 
+    def status_dir_of(self, rank: RankAssignment) -> str | None:
+        """Where ``rank`` writes its out-of-band status: the run directory when the rank
+        sees it (same machine, or a ``status_dir`` shared by every node), else nowhere (a
+        node-local /tmp path would only litter the node)."""
+        if self.launcher_options.status_dir or rank.pid_space == local_pid_space():
+            return self.run_dir
+        return None
+
+    def address_call(self) -> tuple[Any, ...]:
+        """``apply_async`` arguments asking an engine for its reachable address etc."""
+        iface = self.launcher_options.network_interface or None
+        return (rendezvous.engine_address, self._controller_address, iface)
+
     def _engines_exited(self) -> bool:
         if self._ipp is None:
             return False
         for engine_set in self._ipp.engines.values():
+            # a set started as one process (mpiexec, a batch job) ends as a whole
+            if getattr(engine_set, "state", "running") == "after":
+                return True
             for launcher in getattr(engine_set, "launchers", {}).values():
                 # ipyparallel launchers move from "running" to "after" when the process exits
                 if getattr(launcher, "state", "running") == "after":
@@ -482,6 +539,18 @@ class Cluster(RankDispatch):
         ids = list(self._engine_ids)
         futures = [self._info_futures[eid] for eid in ids]
         infos = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        try:
+            addresses = await asyncio.gather(
+                *(asyncio.wrap_future(self._address_futures[eid]) for eid in ids)
+            )
+        except ipp.error.RemoteError as exc:  # e.g. network_interface missing on a host
+            raise ClusterError(f"{exc.ename}: {exc.evalue}") from None
+        infos = [{**info, **addr} for info, addr in zip(infos, addresses, strict=True)]
+        self.launch_hosts = {
+            eid: str(info.get("launch_host", "")) for eid, info in zip(ids, infos, strict=True)
+        }
+        if self._ipp is not None:
+            attach_nannies(self._ipp, dict(zip(ids, infos, strict=True)))
         return ids, list(infos)
 
     async def _init_process_group(self) -> None:
@@ -499,6 +568,7 @@ class Cluster(RankDispatch):
                 address=info["address"],
                 cuda_devices=info["cuda_devices"],
                 cpus=info["cpus"],
+                pid_space=info.get("pid_space", ""),
             )
             for eid, info in zip(ids, infos, strict=True)
         ]
@@ -507,6 +577,10 @@ class Cluster(RankDispatch):
             backend=self.config.backend,
             threads_per_engine=self.config.threads_per_engine,
         )
+        # Across hosts, every rank first proves it reaches MASTER_ADDR (and points gloo at
+        # the interface that does): an unreachable address fails here, named (rendezvous.py).
+        if draft[0].num_nodes > 1:
+            await rendezvous.check_reachable(client, draft)
         port = await self._open_store(draft[0])
         ranks = assign_ranks(
             engines,
@@ -526,7 +600,7 @@ class Cluster(RankDispatch):
                 self.config.init_timeout,
                 # Engines on rank 0's host share its clock; others get the measured offset.
                 0 if r.host == ranks[0].host else offsets[r.engine_id] - base,
-                self.run_dir,
+                self.status_dir_of(r),
             )
             for r in ranks
         ]
@@ -582,12 +656,25 @@ class Cluster(RankDispatch):
         cluster, self._ipp = self._ipp, None
         if cluster is not None:
             try:
+                # every engine set at once (ipyparallel stops them one after another;
+                # recovery adds a set per replacement)
+                await asyncio.gather(*(cluster.stop_engines(i) for i in list(cluster.engines)))
+            except Exception:  # e.g. a set that failed to start: stop_cluster retries
+                log.debug("stopping engine sets failed", exc_info=True)
+            try:
                 await cluster.stop_cluster()
             except Exception:
                 if not quiet:
                     raise
         self.ranks = []
         self._stuck = {}
+        ssh_dir, self._ssh_dir = self._ssh_dir, None
+        if ssh_dir is not None:
+            await launchers.close_ssh(self.config.hosts, self.launcher_options, ssh_dir)
+            shutil.rmtree(ssh_dir, ignore_errors=True)
+        if cluster is not None and self._owns_engines:
+            known = {p.pid for p in processes}
+            processes += [p for p in started_for(cluster.cluster_id) if p.pid not in known]
         self._given_up = set()
         await asyncio.to_thread(reap, processes)
         self._known = {}
@@ -605,7 +692,7 @@ class Cluster(RankDispatch):
         polling, and the launcher's stop waits for it; with the engine already gone it
         supervises nothing, so it is killed here and the stop that follows is quick.
         """
-        engine_pids = {r.pid for r in self.ranks}
+        engine_pids = {r.pid for r in self._local_ranks()}
         engines = [p for p in processes if p.pid in engine_pids]
         nannies = [p for p in processes if p.pid in self._nanny_pids]
         psutil.wait_procs(engines, timeout=2.0)

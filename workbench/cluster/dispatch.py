@@ -18,10 +18,10 @@ import ipyparallel as ipp
 
 from workbench import validate
 from workbench.cluster.hang import describe_rank, hang_report, read_status
-from workbench.cluster.loop import run_sync
-from workbench.cluster.processes import FROZEN, GONE, local_state, signal_local
+from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import CellResult, format_remote
+from workbench.cluster.signals import signal_rank_sync
 from workbench.errors import (
     ClusterError,
     CollectiveTimeout,
@@ -385,12 +385,8 @@ class RankDispatch:
         if self._ipp is None:
             return
         targets = self._targets(ranks, blocked_ok=True)
-        for r in targets:
-            try:
-                run_sync(self._ipp.signal_engine(signal.SIGINT, r.engine_id), timeout=5)
-            except Exception:
-                if not signal_local(r.host, r.pid, signal.SIGINT):
-                    log.debug("could not interrupt rank %s", r.rank, exc_info=True)
+        for r in targets:  # through the engine's nanny, on the engine's own host
+            signal_rank_sync(self.client, r, signal.SIGINT)
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""

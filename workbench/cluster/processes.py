@@ -6,12 +6,13 @@ or signalled from here (``local_state`` answers None for it).
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
 import psutil
 
-__all__ = ["FROZEN", "GONE", "is_local", "local_state", "reap", "signal_local"]
+__all__ = ["FROZEN", "GONE", "is_local", "local_state", "reap", "signal_local", "started_for"]
 
 GONE = "gone"
 # Process states in which an engine cannot answer at all (SIGSTOP / a debugger's stop).
@@ -70,3 +71,29 @@ def reap(processes: list[psutil.Process], grace: float = 1.0) -> None:
             proc.kill()
         except psutil.Error:
             continue
+
+
+def started_for(cluster_id: str) -> list[psutil.Process]:
+    """This user's processes on this host (this PID namespace) that ipyparallel started for
+    ``cluster_id``: every launcher puts ``IPP_CLUSTER_ID`` in their environment. Finds the
+    ones a tree walk misses: a controller's scheduler started just as a failed start-up
+    stopped the controller, orphaned before anyone saw it."""
+    needle = f"IPP_CLUSTER_ID={cluster_id}".encode()
+    me, uid = os.getpid(), os.getuid()
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return []
+    found = []
+    for proc in psutil.process_iter(["uids"]):
+        if proc.pid == me or proc.info["uids"] is None or proc.info["uids"].real != uid:
+            continue
+        try:
+            if os.stat(f"/proc/{proc.pid}/ns/pid").st_ino != ns:
+                continue  # another host's (or container's) process: not ours to touch
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(proc)
+        except OSError:
+            continue
+    return found

@@ -7,13 +7,13 @@ ipyparallel and torch so multi-host layouts are unit-testable without any proces
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from workbench.config import BACKENDS
 from workbench.errors import ClusterError, choices_error
 
-__all__ = ["EngineInfo", "RankAssignment", "assign_ranks"]
+__all__ = ["EngineInfo", "RankAssignment", "assign_ranks", "relocalize"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -28,6 +28,7 @@ class EngineInfo:
     address: str = LOOPBACK  # an address of the host that other hosts can reach
     cuda_devices: int = 0
     cpus: int = 1
+    pid_space: str = ""  # see hosts.pid_space: the pid is meaningful only there
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +49,7 @@ class RankAssignment:
     backend: str
     device: str
     threads: int
+    pid_space: str = ""
 
     def env(self) -> dict[str, str]:
         """The torchrun-style environment variables for this rank."""
@@ -133,7 +135,35 @@ def assign_ranks(
                     backend=chosen,
                     device=device,
                     threads=threads,
+                    pid_space=engine.pid_space,
                 )
             )
             rank += 1
+    return out
+
+
+def relocalize(ranks: list[RankAssignment]) -> list[RankAssignment]:
+    """Recompute the per-host numbering of ranks whose hosts may have changed (a replaced
+    engine), keeping every global rank: ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` by host in
+    rank order, ``GROUP_RANK`` by each host's lowest rank, and one device per local rank."""
+    ordered = sorted(ranks, key=lambda r: r.rank)
+    by_host: dict[str, list[RankAssignment]] = {}
+    for r in ordered:
+        by_host.setdefault(r.host, []).append(r)
+    hosts = list(by_host)
+    out = []
+    for r in ordered:
+        local = by_host[r.host]
+        local_rank = local.index(r)
+        device = f"cuda:{local_rank}" if r.device.startswith("cuda") else r.device
+        out.append(
+            replace(
+                r,
+                local_rank=local_rank,
+                local_world_size=len(local),
+                node_rank=hosts.index(r.host),
+                num_nodes=len(hosts),
+                device=device,
+            )
+        )
     return out

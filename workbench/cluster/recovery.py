@@ -30,7 +30,11 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from workbench.cluster import engine as engine_fns
-from workbench.cluster.processes import FROZEN, GONE, local_state, signal_local
+from workbench.cluster.processes import FROZEN, GONE, local_state
+from workbench.cluster.ranks import relocalize
+from workbench.cluster.rendezvous import check_reachable
+from workbench.cluster.signals import signal_rank
+from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -108,14 +112,8 @@ async def _gather(futures: list[Any], timeout: float) -> list[Any]:
 
 
 async def _interrupt(cluster: Cluster, ranks: list[int]) -> None:
-    for rank in ranks:
-        r = cluster.ranks[rank]
-        try:
-            if cluster.ipp_cluster is None:
-                raise ClusterError("external cluster")
-            await cluster.ipp_cluster.signal_engine(signal.SIGINT, r.engine_id)
-        except Exception:
-            signal_local(r.host, r.pid, signal.SIGINT)
+    client = cluster.client_unchecked()
+    await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGINT) for r in ranks))
 
 
 async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport) -> list[int]:
@@ -139,14 +137,8 @@ async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport)
         await asyncio.sleep(0.02)
     killed = [r for r, f in sorted(stuck.items()) if not f.ready()]
     report.freed = [r for r in sorted(stuck) if r not in killed]
-    for rank in killed:
-        r = cluster.ranks[rank]
-        if not signal_local(r.host, r.pid, signal.SIGKILL) and local_state(r.host, r.pid) is None:
-            raise ClusterError(
-                f"rank {rank} (engine {r.engine_id} on {r.host}, pid {r.pid} there) stays "
-                "stuck and runs on another host, whose processes are not signalled from "
-                "here; stop that engine on its host, then run `%wb restart` again"
-            )
+    # killed on the engine's own host, through its nanny
+    await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGKILL) for r in killed))
     # wait until the controller has noticed (the nanny reports it)
     ids = {cluster.ranks[r].engine_id for r in killed}
     deadline = time.monotonic() + 15
@@ -161,10 +153,9 @@ def cluster_log(message: str) -> None:
     logging.getLogger("workbench.cluster").debug(message)
 
 
-async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) -> None:
-    """Start ``len(dead)`` engines and give them the dead ranks."""
-    if not dead:
-        return
+async def _start_replacements(cluster: Cluster, dead: list[int]) -> None:
+    """Start one engine per dead rank: on the dead engine's own host where the launcher
+    can place engines (ssh), else wherever the launcher puts them."""
     ipp_cluster = cluster.ipp_cluster
     if ipp_cluster is None:
         raise ClusterError(
@@ -172,9 +163,36 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
             "which the workbench did not start and cannot add engines to; start "
             "replacement engines yourself, then cluster.restart_sync()"
         )
+    launcher = cluster.config.launcher
+    if launcher in ("mpi", "slurm"):
+        # one mpiexec / one batch job holds every engine: nothing can be added to it (and
+        # mpiexec ends the whole job when one rank dies; the job keeps its CPUs)
+        raise ClusterError(
+            f"ranks {dead} died, and launcher={launcher!r} started every engine as one job, "
+            "which cannot take a replacement engine; restart the whole job with `%wb restart "
+            "--full` (cluster.restart_sync()) and load the last checkpoint"
+        )
+    if launcher != "ssh":
+        await ipp_cluster.start_engines(len(dead))
+        return
+    per_host: dict[str, int] = {}
+    for rank in dead:
+        host = cluster.launch_hosts.get(cluster.ranks[rank].engine_id)
+        if host is None:
+            raise ClusterError(f"rank {rank}: the ssh host that started its engine is unknown")
+        per_host[host] = per_host.get(host, 0) + 1
+    await asyncio.gather(
+        *(ipp_cluster.start_engines(k, engines={host: k}) for host, k in per_host.items())
+    )
+
+
+async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) -> None:
+    """Start ``len(dead)`` engines and give them the dead ranks (same host first)."""
+    if not dead:
+        return
     client = cluster.client_unchecked()
     before = set(client.ids)
-    await ipp_cluster.start_engines(len(dead))
+    await _start_replacements(cluster, dead)
     cluster._write_pidfile()  # the watchdog covers the new engines from their launch
     deadline = time.monotonic() + cluster.config.start_timeout
     while len(set(client.ids) - before) < len(dead):
@@ -189,12 +207,30 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
         [client[eid].apply_async(engine_fns.engine_info) for eid in new_ids],
         timeout=cluster.config.start_timeout,
     )
-    for rank, eid, info in zip(sorted(dead), new_ids, infos, strict=True):
+    facts = await _gather(
+        [client[eid].apply_async(*cluster.address_call()) for eid in new_ids],
+        timeout=cluster.config.start_timeout,
+    )
+    new = [(eid, {**info, **fact}) for eid, info, fact in zip(new_ids, infos, facts, strict=True)]
+    # each dead rank takes a new engine started by the same launch host when there is one
+    free = list(new)
+    for rank in sorted(dead):
         old = cluster.ranks[rank]
+        want = cluster.launch_hosts.get(old.engine_id)
+        pick = next((x for x in free if x[1].get("launch_host") == want), free[0])
+        free.remove(pick)
+        eid, info = pick
+        cluster.launch_hosts[eid] = info.get("launch_host", "")
         report.replaced[rank] = (old.engine_id, eid)
-        cluster.ranks[rank] = replace(old, engine_id=eid, pid=info["pid"], host=info["host"])
+        cluster.ranks[rank] = replace(
+            old, engine_id=eid, pid=info["pid"], host=info["host"], pid_space=info["pid_space"]
+        )
         if rank == 0 and info["host"] != old.host and old.master_addr != "127.0.0.1":
             cluster.ranks = [replace(r, master_addr=info["address"]) for r in cluster.ranks]
+    if cluster.ipp_cluster is not None:
+        attach_nannies(cluster.ipp_cluster, dict(new))
+    # a replacement on another host changes who is local to whom (LOCAL_RANK, devices)
+    cluster.ranks = relocalize(cluster.ranks)
 
 
 async def recover(cluster: Cluster) -> RecoveryReport:
@@ -215,11 +251,18 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     report.killed = killed
     await _replace(cluster, sorted({*dead, *killed}), report)
 
+    if cluster.ranks[0].num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (and
+        # points gloo at the interface that does) before the store opens
+        await check_reachable(client, cluster.ranks)
     port = await cluster._open_store(cluster.ranks[0])
     cluster.ranks = [replace(r, master_port=int(port)) for r in cluster.ranks]
     futures = [
         client[r.engine_id].apply_async(
-            engine_fns.setup_rank, r.as_dict(), cluster.config.init_timeout, 0, cluster.run_dir
+            engine_fns.setup_rank,
+            r.as_dict(),
+            cluster.config.init_timeout,
+            0,
+            cluster.status_dir_of(r),
         )
         for r in cluster.ranks
     ]

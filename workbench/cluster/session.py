@@ -33,6 +33,10 @@ __all__ = ["RankStatus", "TrainingSession", "validate_layout"]
 # After one rank failed, how long the ranks still running get to finish (a peer freed by the
 # failed rank's teardown fails within milliseconds) before they are reported as waiting.
 PEER_GRACE_S = 3.0
+# A rank that lost its connection to a peer may have lost it to a dead engine: how long the
+# controller gets to report that death (ms on one host; the nanny's word travels further).
+DEATH_NOTICE_S = 10.0
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
 
 
 def _raised(future: Any) -> bool:
@@ -517,6 +521,18 @@ class TrainingSession:
                 failures[target.rank] = _remote_failure(future)
         if not failures:  # an engine died meanwhile: collect() reports it
             return
+        # "connection closed by peer" on a survivor is also what a killed engine looks like:
+        # give the controller time to hear of a death (from the dead engine's nanny, on its
+        # own host, across the network) so that the error names the dead engine
+        lost = any(m in f for f in failures.values() for m in _LOST_PEER)
+        notice = time.monotonic() + (DEATH_NOTICE_S if lost else 0.0)
+        while time.monotonic() < notice:
+            if any(
+                self.cluster._dead_engine(f, t.engine_id)
+                for t, f in zip(targets, futures, strict=True)
+            ):
+                return  # collect() reports EngineDied
+            time.sleep(0.05)
         self.cluster._mark_stuck(targets, futures)
         failed = sorted(failures)
         for rank in waiting:

@@ -16,6 +16,7 @@ from workbench.config import (
 )
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, seconds_option, whole_number
+from workbench.magics.launcher_args import add_launcher_args, launcher_options_from
 from workbench.magics.progress import notebook_progress
 from workbench.magics.registry import command
 
@@ -32,7 +33,9 @@ def _start_args(p: MagicParser) -> None:
     )
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local", help="engine launcher")
-    p.add_argument("--hosts", default="", help="comma-separated hosts for --launcher ssh")
+    p.add_argument(
+        "--hosts", default="", help="comma-separated hosts for --launcher ssh / mpi / slurm"
+    )
     p.add_argument("--profile", default=None, help="connect to a running ipyparallel profile")
     p.add_argument("--cluster-id", default=None, help="connect to a running cluster id")
     p.add_argument(
@@ -47,6 +50,7 @@ def _start_args(p: MagicParser) -> None:
         default=None,
         help="torch threads per engine (default: the host's cores shared by its engines)",
     )
+    add_launcher_args(p)
 
 
 @command("start", "start engines and join them into a process group", _start_args)
@@ -84,11 +88,11 @@ def make_cluster(args: Any) -> Cluster:
         hosts = parse_hosts("--hosts", args.hosts)
         if args.launcher == "ssh" and not hosts:
             raise UsageError("--launcher ssh needs --hosts, e.g. --hosts node-a,node-b")
-        if args.launcher != "ssh" and hosts:
+        if args.launcher == "local" and hosts:
             raise UsageError(
-                f"--hosts {args.hosts!r} is not valid: --launcher {args.launcher} does not "
-                "place engines on named hosts; use --launcher ssh with --hosts, or leave "
-                "--hosts out"
+                f"--hosts {args.hosts!r} is not valid: --launcher local does not "
+                "place engines on named hosts; use --launcher ssh, mpi or slurm with --hosts, "
+                "or leave --hosts out"
             )
         if args.profile is not None or args.cluster_id is not None:
             find_connection_file(args.profile, args.cluster_id, names=("--profile", "--cluster-id"))
@@ -101,6 +105,7 @@ def make_cluster(args: Any) -> Cluster:
             cluster_id=args.cluster_id,
             init_timeout=args.timeout,
             threads_per_engine=args.threads,
+            launcher_options=launcher_options_from(args),
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

@@ -1,0 +1,621 @@
+"""A 2-node cluster on one Linux machine, for the multi-node launcher tests (root only).
+
+Layout (every name and address below belongs to the bed; nothing else is touched):
+
+- login node = this machine's own PID namespace; the kernel-side process (the "notebook")
+  runs here as the bed's plain user, in a private mount namespace whose ``/etc/hosts``
+  names the nodes. A bridge ``wbmnbr0`` holds the login address ``SUBNET.1``.
+- node i = its own network, PID, mount and UTS namespace: hostname ``wbmn<i>``, address
+  ``SUBNET.(10+i)`` on a veth joined to the bridge, its own ``/etc/hosts`` (``cluster``
+  style: the hostname maps to the node's address; ``debian`` style: to 127.0.1.1, as stock
+  Debian/Ubuntu write it), its own ``/tmp`` and sshd, and pids starting at 20000 + 4000*i.
+- user = a plain account created for the bed, with its home under the bed directory
+  (shared by every node, like an NFS home), an ssh key that logs into every node, and the
+  nodes' host key in ``known_hosts`` (no host-key checks are switched off).
+- no node has a default route: no traffic can leave the machine.
+
+Everything started is stopped by pid or by namespace: a node's processes all end with its
+PID-namespace init. ``python -m tests.multinode.bed up|down|status`` drives it by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+__all__ = ["REQUIRED_COMMANDS", "Bed", "BedError", "unavailable_reason"]
+
+STATE_FILE = Path("/run/wbmn-bed.json")
+BRIDGE = "wbmnbr0"
+SUBNET = os.environ.get("WB_BED_SUBNET", "10.231.77")
+USER = "wbmn"
+SLURMCTLD_PORT = 16817
+SLURMD_PORT = 16818
+PID_BASE = 20000
+PID_STEP = 4000
+NODE_INIT = Path(__file__).with_name("node_init.py")
+DRIVER = Path(__file__).with_name("driver.py")
+# The interpreter's own install (a venv's base) and this checkout (with its venv): every
+# bed process must be able to read them, wherever they are (node_init.expose).
+EXPOSE = sorted({os.path.realpath(sys.base_prefix), str(Path(__file__).resolve().parents[2])})
+REQUIRED_COMMANDS = (
+    "ip",
+    "unshare",
+    "nsenter",
+    "setpriv",
+    "useradd",
+    "userdel",
+    "ssh",
+    "ssh-keygen",
+    "/usr/sbin/sshd",
+)
+
+
+class BedError(RuntimeError):
+    """The bed could not be built or torn down."""
+
+
+def _run(*argv: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), check=check, text=True, capture_output=True, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def unavailable_reason() -> str | None:
+    """Why the bed cannot be built here (None when it can)."""
+    if sys.platform != "linux":
+        return "the multi-node bed needs Linux network/PID namespaces"
+    if os.geteuid() != 0:
+        return "the multi-node bed needs root (network namespaces, a bridge, a test user)"
+    missing = [c for c in REQUIRED_COMMANDS if shutil.which(c) is None]
+    if missing:
+        return (
+            f"the multi-node bed needs {', '.join(missing)} "
+            "(apt-get install iproute2 util-linux openssh-server openssh-client)"
+        )
+    probe = _run("unshare", "--net", "--pid", "--mount", "--uts", "--fork", "true", check=False)
+    if probe.returncode != 0:
+        return f"namespaces are not available here: {probe.stderr.strip()}"
+    if STATE_FILE.exists():
+        return f"a bed is already up ({STATE_FILE}); run `python -m tests.multinode.bed down`"
+    taken = _run("ip", "-o", "addr", check=False).stdout
+    if f" {SUBNET}." in taken or BRIDGE in taken:
+        return f"{SUBNET}.0/24 or {BRIDGE} is already in use on this machine (set WB_BED_SUBNET)"
+    return None
+
+
+@dataclass(slots=True)
+class Node:
+    index: int
+    name: str
+    ip: str
+    unshare_pid: int = 0
+
+    def init_pid(self) -> int:
+        """The root-namespace pid of the node's PID 1 (the unshare process's child)."""
+        children = psutil.Process(self.unshare_pid).children()
+        if not children:
+            raise BedError(f"node {self.name} is not running")
+        return children[0].pid
+
+
+@dataclass(slots=True)
+class Bed:
+    nnodes: int = 2
+    hosts_style: str = "cluster"  # or "debian": the hostname maps to 127.0.1.1
+    # outside /tmp, which every node replaces with its own: the bed's files are shared
+    # (made by up(), so a bed that cannot be built leaves no directory)
+    root: Path = Path("/nonexistent")
+    user: str = USER
+    created_user: bool = False
+    nodes: list[Node] = field(default_factory=list)
+    login_ip: str = f"{SUBNET}.1"
+    slurm: bool = False  # munged + slurmctld here, slurmd on every node (partition "wb")
+    daemons: list[int] = field(default_factory=list)  # login-node daemons' pids (slurm)
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def uid(self) -> int:
+        return pwd.getpwnam(self.user).pw_uid
+
+    @property
+    def gid(self) -> int:
+        return pwd.getpwnam(self.user).pw_gid
+
+    @property
+    def login_hosts_file(self) -> Path:
+        return self.root / "login" / "hosts"
+
+    def user_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """A clean login environment for the bed user (nothing of root's leaks in)."""
+        home = str(self.home)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": home,
+            "USER": self.user,
+            "LOGNAME": self.user,
+            "LANG": "C.UTF-8",
+            "IPYTHONDIR": f"{home}/.ipython",
+            "JUPYTER_CONFIG_DIR": f"{home}/.jupyter",
+            "JUPYTER_DATA_DIR": f"{home}/.local/share/jupyter",
+            "JUPYTER_RUNTIME_DIR": f"{home}/.local/share/jupyter/runtime",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if self.slurm:
+            env["SLURM_CONF"] = str(self.slurm_conf)
+        if "WB_CI_RUN_TOKEN" in os.environ:  # CI's clean-up finds what this run started
+            env["WB_CI_RUN_TOKEN"] = os.environ["WB_CI_RUN_TOKEN"]
+        env.update(extra or {})
+        return env
+
+    # ------------------------------------------------------------------ up
+    def up(self) -> Bed:
+        reason = unavailable_reason()
+        if reason is not None:
+            raise BedError(reason)
+        self.root = Path(tempfile.mkdtemp(prefix="wbmn-", dir="/var/tmp"))
+        self.root.chmod(0o755)
+        self._save()  # from here on, `down` can undo whatever part was built
+        try:
+            self._make_user()
+            self._make_network()
+            if self.slurm:
+                self._start_slurm_controller()
+            self._start_nodes()
+            self._wait_for_ssh()
+            if self.slurm:
+                self._wait_for_slurm()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _save(self) -> None:
+        state = {
+            "root": str(self.root),
+            "user": self.user,
+            "created_user": self.created_user,
+            "nodes": [[n.index, n.name, n.ip, n.unshare_pid] for n in self.nodes],
+            "nnodes": self.nnodes,
+            "hosts_style": self.hosts_style,
+            "slurm": self.slurm,
+            "daemons": self.daemons,
+        }
+        STATE_FILE.write_text(json.dumps(state))
+
+    @classmethod
+    def load(cls) -> Bed:
+        state = json.loads(STATE_FILE.read_text())
+        return cls(
+            nnodes=state["nnodes"],
+            hosts_style=state["hosts_style"],
+            root=Path(state["root"]),
+            user=state["user"],
+            created_user=state["created_user"],
+            nodes=[Node(i, name, ip, pid) for i, name, ip, pid in state["nodes"]],
+            slurm=state.get("slurm", False),
+            daemons=state.get("daemons", []),
+        )
+
+    def _make_user(self) -> None:
+        try:
+            pwd.getpwnam(self.user)
+            raise BedError(
+                f"user {self.user!r} already exists; remove it (userdel -r {self.user}) or "
+                "run `python -m tests.multinode.bed down` if a bed was left up"
+            )
+        except KeyError:
+            pass
+        _run(
+            "useradd",
+            "--no-create-home",
+            "--home-dir",
+            str(self.home),
+            "--shell",
+            "/bin/bash",
+            "--user-group",
+            self.user,
+        )
+        self.created_user = True
+        self._save()
+        _run("usermod", "-p", "*", self.user)  # no password, but not locked (sshd refuses locked)
+        ssh = self.home / ".ssh"
+        ssh.mkdir(parents=True, mode=0o700)
+        (self.root / "login").mkdir()
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / "id_ed25519"))
+        shutil.copy(ssh / "id_ed25519.pub", ssh / "authorized_keys")
+        hostkey = self.root / "ssh_host_ed25519_key"
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey))
+        pub = Path(f"{hostkey}.pub").read_text().split()
+        names = [f"wbmn{i},{SUBNET}.{10 + i}" for i in range(1, self.nnodes + 1)]
+        (ssh / "known_hosts").write_text("".join(f"{n} {pub[0]} {pub[1]}\n" for n in names))
+        _run("chown", "-R", f"{self.user}:{self.user}", str(self.home))
+
+    def _hosts_text(self, node: Node | None) -> str:
+        lines = ["127.0.0.1 localhost"]
+        me = node.name if node is not None else os.uname().nodename
+        if self.hosts_style == "debian":
+            lines.append(f"127.0.1.1 {me}")
+        lines.append(f"{self.login_ip} {os.uname().nodename} wbmn0")
+        lines += [f"{n.ip} {n.name}" for n in self.nodes]
+        return "\n".join(lines) + "\n"
+
+    def _make_network(self) -> None:
+        self.nodes = [Node(i, f"wbmn{i}", f"{SUBNET}.{10 + i}") for i in range(1, self.nnodes + 1)]
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        _run("ip", "addr", "add", f"{self.login_ip}/24", "dev", BRIDGE)
+        _run("ip", "link", "set", BRIDGE, "up")
+        for node in self.nodes:
+            _run("ip", "netns", "add", node.name)
+            _run(
+                "ip",
+                "link",
+                "add",
+                f"veth-{node.name}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                node.name,
+            )
+            _run("ip", "link", "set", f"veth-{node.name}", "master", BRIDGE, "up")
+            _run("ip", "-n", node.name, "addr", "add", f"{node.ip}/24", "dev", "eth0")
+            _run("ip", "-n", node.name, "link", "set", "eth0", "up")
+            _run("ip", "-n", node.name, "link", "set", "lo", "up")
+        self.login_hosts_file.write_text(self._hosts_text(None))
+
+    def _start_nodes(self) -> None:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+        for node in self.nodes:
+            d = self.root / node.name
+            d.mkdir()
+            (d / "hosts").write_text(self._hosts_text(node))
+            (d / "sshd_config").write_text(
+                f"ListenAddress {node.ip}\nPort 22\nHostKey {self.root}/ssh_host_ed25519_key\n"
+                f"PidFile {d}/sshd.pid\nAuthorizedKeysFile .ssh/authorized_keys\n"
+                "PubkeyAuthentication yes\nPasswordAuthentication no\n"
+                "KbdInteractiveAuthentication no\nPermitRootLogin no\n"
+                f"AllowUsers {self.user}\nUsePAM no\nUseDNS no\nPrintMotd no\nStrictModes no\n"
+                "MaxStartups 200:30:400\nMaxSessions 200\nSubsystem sftp internal-sftp\n"
+            )
+            cfg = {
+                "name": node.name,
+                "pid_base": PID_BASE + node.index * PID_STEP,
+                "hosts": str(d / "hosts"),
+                "expose": EXPOSE,
+                "stage": str(d / "stage"),
+                "daemons": [
+                    ["/usr/sbin/sshd", "-D", "-f", f"{d}/sshd_config", "-E", f"{d}/sshd.log"]
+                ]
+                + (
+                    [["slurmd", "-D", "-N", node.name, "-f", str(self.slurm_conf)]]
+                    if self.slurm
+                    else []
+                ),
+            }
+            # nsenter --net, not `ip netns exec`: the latter remounts /sys (slurmd needs
+            # the real /sys/fs/cgroup). --kill-child: the node's init dies with unshare.
+            with open(d / "init.log", "wb") as log:
+                proc = subprocess.Popen(
+                    [
+                        "nsenter",
+                        f"--net=/run/netns/{node.name}",
+                        "unshare",
+                        "--pid",
+                        "--mount-proc",
+                        "--fork",
+                        "--kill-child",
+                        "--uts",
+                        "--propagation",
+                        "private",
+                        sys.executable,
+                        "-I",
+                        str(NODE_INIT),
+                        json.dumps(cfg),
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            node.unshare_pid = proc.pid
+            self._save()
+
+    def _wait_for_ssh(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            while True:
+                done = self.run_user(
+                    ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", node.name, "hostname"],
+                    timeout=20,
+                    check=False,
+                )
+                if done.returncode == 0 and done.stdout.strip() == node.name:
+                    break
+                if time.monotonic() > deadline:
+                    log = (self.root / node.name / "init.log").read_text(errors="replace")
+                    raise BedError(
+                        f"node {node.name} did not answer ssh within {timeout}s: "
+                        f"{done.stderr.strip()}\n{log[-2000:]}"
+                    )
+                time.sleep(0.3)
+
+    def set_hosts_style(self, style: str) -> None:
+        """Rewrite every ``/etc/hosts`` of the bed in place (the nodes see it at once)."""
+        if style not in ("cluster", "debian"):
+            raise BedError(f"hosts style {style!r}: use 'cluster' or 'debian'")
+        self.hosts_style = style
+        self.login_hosts_file.write_text(self._hosts_text(None))
+        for node in self.nodes:
+            # same inode: the node's bind mount of this file shows the new text
+            with open(self.root / node.name / "hosts", "r+") as f:
+                f.truncate(0)
+                f.write(self._hosts_text(node))
+        self._save()
+
+    # ------------------------------------------------------------------ slurm
+    @property
+    def slurm_conf(self) -> Path:
+        return self.root / "slurm" / "slurm.conf"
+
+    def _start_slurm_controller(self) -> None:
+        """munged and slurmctld on the login node, in the foreground under our pids."""
+        munge, slurm = self.root / "munge", self.root / "slurm"
+        munge.mkdir(mode=0o700)
+        (slurm / "state").mkdir(parents=True)
+        key = munge / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        for node in self.nodes:
+            (slurm / f"spool-{node.name}").mkdir()
+        nodes = "\n".join(
+            f"NodeName={n.name} NodeAddr={n.ip} CPUs=2 RealMemory=1000 State=UNKNOWN"
+            for n in self.nodes
+        )
+        self.slurm_conf.write_text(
+            f"ClusterName=wbmn\nSlurmctldHost={os.uname().nodename}({self.login_ip})\n"
+            f"SlurmctldPort={SLURMCTLD_PORT}\nSlurmdPort={SLURMD_PORT}\nSlurmUser=root\n"
+            f"AuthType=auth/munge\nAuthInfo=socket={munge}/munge.socket\nCredType=cred/munge\n"
+            f"StateSaveLocation={slurm}/state\nSlurmdSpoolDir={slurm}/spool-%n\n"
+            f"SlurmctldPidFile={slurm}/slurmctld.pid\nSlurmdPidFile={slurm}/slurmd-%n.pid\n"
+            f"SlurmctldLogFile={slurm}/slurmctld.log\nSlurmdLogFile={slurm}/slurmd-%n.log\n"
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+            "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+            "SchedulerType=sched/backfill\nSelectType=select/cons_tres\n"
+            "SelectTypeParameters=CR_CPU\nMpiDefault=none\nReturnToService=2\n"
+            "SlurmctldTimeout=30\nSlurmdTimeout=30\nInactiveLimit=0\nKillWait=2\n"
+            f"MinJobAge=5\nWaittime=0\n{nodes}\n"
+            f"PartitionName=wb Nodes={','.join(n.name for n in self.nodes)} Default=YES "
+            "MaxTime=INFINITE State=UP\n"
+        )
+        self.slurm_conf.chmod(0o644)
+        logs = open(self.root / "slurm" / "daemons.log", "wb")  # noqa: SIM115 (daemons keep it)
+        munged = subprocess.Popen(
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--socket={munge}/munge.socket",
+                f"--key-file={key}",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={munge}/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
+            stdout=logs,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.daemons.append(munged.pid)
+        self._save()
+        deadline = time.monotonic() + 20
+        while not (munge / "munge.socket").exists():
+            if time.monotonic() > deadline or munged.poll() is not None:
+                raise BedError(f"munged did not start: {(munge / 'munged.log').read_text()}")
+            time.sleep(0.1)
+        munge.chmod(0o755)  # clients reach the socket; the key stays 0400 root
+        ctld = subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", str(self.slurm_conf)],
+            stdout=logs,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.daemons.append(ctld.pid)
+        self._save()
+
+    def _wait_for_slurm(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        while True:
+            out = _run("sinfo", "-h", "-N", "-o", "%t", check=False, env=env).stdout.split()
+            if len(out) == len(self.nodes) and set(out) == {"idle"}:
+                return
+            if time.monotonic() > deadline:
+                log = (self.root / "slurm" / "slurmctld.log").read_text(errors="replace")
+                raise BedError(f"slurm nodes not idle within {timeout}s: {out}\n{log[-2000:]}")
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------------ use
+    def login_argv(self, argv: list[str]) -> list[str]:
+        """``argv`` as the bed user on the login node, seeing the bed's ``/etc/hosts``."""
+        cfg = {
+            "hosts": str(self.login_hosts_file),
+            "uid": self.uid,
+            "gid": self.gid,
+            "expose": EXPOSE,
+            "stage": str(self.root / "login" / "stage"),
+        }
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-I",
+            str(NODE_INIT),
+            "login",
+            json.dumps(cfg),
+            *argv,
+        ]
+
+    def run_user(
+        self,
+        argv: list[str],
+        *,
+        timeout: float,
+        check: bool = True,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` as the bed user on the login node (the "notebook" side)."""
+        done = subprocess.run(
+            self.login_argv(argv),
+            env=self.user_env(env),
+            cwd=cwd or str(self.home),
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise BedError(f"{argv} failed ({done.returncode}): {done.stderr[-3000:]}")
+        return done
+
+    def drive(self, cfg: dict[str, object], timeout: float = 600) -> dict[str, Any]:
+        """Run ``driver.py`` (the notebook side) as the user on the login node; its report."""
+        out = self.home / f"result-{time.monotonic_ns()}.json"
+        done = self.run_user(
+            [sys.executable, str(DRIVER), json.dumps(cfg), str(out)],
+            timeout=timeout,
+            check=False,
+            cwd=str(DRIVER.parents[2]),
+        )
+        if not out.exists():
+            raise BedError(f"the driver wrote no report (exit {done.returncode}):\n"
+                           f"{done.stdout[-3000:]}\n{done.stderr[-6000:]}")  # fmt: skip
+        report: dict[str, Any] = json.loads(out.read_text())
+        out.unlink()
+        report["stderr"] = done.stderr[-6000:]
+        return report
+
+    def node_exec(
+        self, node: Node, argv: list[str], **kw: object
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` as root inside every namespace of ``node``."""
+        pid = node.init_pid()
+        return _run("nsenter", "-t", str(pid), "-p", "-m", "-u", "-n", *argv, **kw)
+
+    def node_processes(self, node: Node) -> list[str]:
+        """The bed user's processes on ``node``, as ``pid args`` seen on that node."""
+        out = self.node_exec(node, ["ps", "-u", self.user, "-o", "pid=,args="], check=False)
+        return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+    def user_processes(self, exclude: set[int] = frozenset()) -> list[psutil.Process]:  # type: ignore[assignment]
+        """Every process of the bed user on any node (seen from the root PID namespace)."""
+        uid = self.uid
+        found = []
+        for proc in psutil.process_iter(["uids", "pid"]):
+            uids = proc.info["uids"]
+            if uids is not None and uids.real == uid and proc.pid not in exclude:
+                found.append(proc)
+        return found
+
+    # ------------------------------------------------------------------ down
+    def down(self) -> None:
+        """Stop every node (by its init's pid), remove namespaces, bridge, user and files."""
+        for node in self.nodes:
+            if node.unshare_pid:
+                _stop_node(node)
+            _run("ip", "netns", "del", node.name, check=False)
+        _run("ip", "link", "del", BRIDGE, check=False)
+        for pid in reversed(self.daemons):  # slurmctld, then munged
+            _stop_pid(pid)
+        if self.created_user:
+            try:
+                leftovers = self.user_processes()
+            except KeyError:
+                leftovers = []
+            for proc in leftovers:  # only this bed's own user: processes a test started
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    continue
+            psutil.wait_procs(leftovers, timeout=5)
+            _run("userdel", self.user, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+        STATE_FILE.unlink(missing_ok=True)
+
+
+def _stop_pid(pid: int) -> None:
+    try:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        proc.wait(10)
+    except psutil.TimeoutExpired:
+        proc.kill()
+    except psutil.Error:
+        return
+
+
+def _stop_node(node: Node) -> None:
+    """SIGKILL the node's PID 1: the kernel then ends every process of its PID namespace."""
+    try:
+        unshare = psutil.Process(node.unshare_pid)
+    except psutil.Error:
+        return
+    with contextlib.suppress(BedError, psutil.Error, OSError):
+        os.kill(node.init_pid(), signal.SIGKILL)
+    try:
+        unshare.wait(5)
+    except psutil.TimeoutExpired:
+        unshare.kill()  # --kill-child: its child (the node's init) goes too
+        unshare.wait(5)
+
+
+def main(argv: list[str]) -> int:
+    cmd = argv[0] if argv else ""
+    if cmd == "up":
+        bed = Bed(
+            hosts_style=os.environ.get("HOSTS_STYLE", "cluster"),
+            slurm=os.environ.get("SLURM", "1") == "1",
+        ).up()
+        print(
+            f"bed up in {bed.root}: user {bed.user}, nodes "
+            + ", ".join(f"{n.name}={n.ip}" for n in bed.nodes)
+        )
+        print("run as the user: " + " ".join(bed.login_argv(["bash"])))
+        return 0
+    if cmd == "down":
+        if STATE_FILE.exists():
+            Bed.load().down()
+        return 0
+    if cmd == "status":
+        bed = Bed.load()
+        for node in bed.nodes:
+            print(node.name, node.ip, bed.node_processes(node))
+        return 0
+    print("usage: python -m tests.multinode.bed up|down|status", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,55 @@
+"""Assertions shared by the launcher tests on the bed (one driver report each)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.multinode.bed import Bed
+
+HOSTS = ["wbmn1", "wbmn2"]
+TOL = 1e-5
+
+
+def ok(report: dict[str, Any]) -> dict[str, Any]:
+    assert report.get("error") is None, f"{report['error']}\n{report.get('traceback', '')}"
+    return report
+
+
+def close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= TOL for x, y in zip(a, b, strict=True))
+
+
+def two_by_two(bed: Bed, report: dict[str, Any]) -> None:
+    """4 ranks, 2 per node, torchrun's variables right, rendezvous on rank 0's node."""
+    ranks, env = ok(report)["ranks"], report["env"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    by_host: dict[str, list[int]] = {}
+    for r in ranks:
+        by_host.setdefault(r["host"], []).append(r["local_rank"])
+    assert sorted(by_host) == HOSTS  # two engines on each node
+    assert all(v == [0, 1] for v in by_host.values())
+    assert not any(r["local_pid"] for r in ranks)  # remote pids are known as remote
+    ips = {n.name: n.ip for n in bed.nodes}
+    master = ips[ranks[0]["host"]]  # rank 0's node address, reachable from the other node
+    for r, e in zip(ranks, env, strict=True):
+        assert e["hostname"] == r["host"]
+        assert (e["RANK"], e["WORLD_SIZE"]) == (str(r["rank"]), "4")
+        assert (e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) == (str(r["local_rank"]), "2")
+        assert e["GROUP_RANK"] == str(r["node_rank"])
+        assert e["MASTER_ADDR"] == master
+        assert e["GLOO_SOCKET_IFNAME"] == "eth0"  # the interface that joins the nodes
+    assert report["all_reduce"] == [10.0] * 4
+
+
+def trained_like_single_device(report: dict[str, Any]) -> None:
+    ok(report)
+    assert close(report["ddp"], report["single_device"]), (report["ddp"], report["single_device"])
+    assert report["ddp"][0] != report["ddp"][-1]  # it trained
+
+
+def nothing_left(bed: Bed, report: dict[str, Any]) -> None:
+    assert report["left"] == [], report["left"]  # nothing of this user, 10 s after stop
+    for node in bed.nodes:
+        assert bed.node_processes(node) == []
+        tmp = bed.node_exec(node, ["ls", "/tmp"]).stdout.split()
+        assert not [d for d in tmp if d.startswith("wb-")], tmp

@@ -1,0 +1,210 @@
+"""The notebook side of a multi-node test: run as the bed's user on the login node.
+
+    python tests/multinode/driver.py '{"scenario": "full", "launcher": "ssh", ...}' OUT.json
+
+Does what a user does in a notebook (``wb.Cluster(...)``, a training session, a killed
+engine, recovery, an interrupt, stop) and writes what it saw to OUT.json; the pytest side
+asserts on it. Kept in one process per scenario: a cluster start is the expensive part.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+STEPS = 6
+SPEC = {"model": "mlp-tiny", "strategy": "dp", "batch_size": 8}
+
+
+# ----------------------------------------------------------------- run on the engines
+# (shipped by value: each imports what it uses)
+def _env() -> dict[str, str]:
+    import os
+    import socket
+
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")
+    out = {k: os.environ.get(k, "") for k in keys}
+    out["hostname"] = socket.gethostname()
+    out["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    return out
+
+
+def _all_reduce() -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def _spin() -> None:
+    """Busy in Python code until interrupted (60 s at most)."""
+    import time
+
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def _die_in_forward() -> None:
+    """Arm this engine to SIGKILL itself when the next forward phase starts."""
+    import os
+    import signal
+
+    from workbench.cluster.engine import engine_state
+
+    def forward(index: int) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    engine_state()["run"]._forward = forward
+
+
+# ----------------------------------------------------------------- kernel side
+def _losses(session: Any) -> list[float]:
+    from workbench.trace import Metric
+
+    return [
+        e.value
+        for e in session.events
+        if isinstance(e, Metric) and e.rank == 0 and e.name == "loss"
+    ]
+
+
+def _mine() -> list[str]:
+    """This user's processes on every node (the root PID namespace sees them all)."""
+    me, uid = os.getpid(), os.getuid()
+    out = []
+    for proc in psutil.process_iter(["uids", "status", "cmdline"]):
+        info = proc.info
+        if proc.pid == me or info["uids"] is None or info["uids"].real != uid:
+            continue
+        if info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        out.append(f"{proc.pid} {' '.join(info['cmdline'] or [])[:160]}")
+    return out
+
+
+def _ranks(cluster: Any) -> list[dict[str, Any]]:
+    from workbench.cluster.hosts import local_pid_space
+
+    return [
+        {
+            "rank": r.rank,
+            "engine": r.engine_id,
+            "host": r.host,
+            "local_rank": r.local_rank,
+            "local_world_size": r.local_world_size,
+            "node_rank": r.node_rank,
+            "master_addr": r.master_addr,
+            "local_pid": r.pid_space == local_pid_space(),
+        }
+        for r in cluster.ranks
+    ]
+
+
+def _interrupt(cluster: Any, rank: int, out: dict[str, Any]) -> None:
+    r = cluster.ranks[rank]
+    future = cluster.client[r.engine_id].apply_async(_spin)
+    time.sleep(1.0)
+    started = time.perf_counter()
+    cluster.interrupt([rank])
+    try:
+        future.get(timeout=20)
+        out["interrupt"] = {"ename": None}
+    except Exception as exc:
+        out["interrupt"] = {
+            "ename": getattr(exc, "ename", type(exc).__name__),
+            "seconds": time.perf_counter() - started,
+        }
+
+
+def _training(cluster: Any, out: dict[str, Any], home: Path) -> None:
+    from workbench.cluster.session import TrainingSession
+    from workbench.errors import EngineDied
+    from workbench.parallel import RunSpec, reference_losses_and_params
+
+    spec = RunSpec(**SPEC)
+    out["single_device"] = [float(x) for x in reference_losses_and_params(spec, STEPS)[0]]
+    session = TrainingSession(cluster, spec, timeout=120)
+    session.run(STEPS)
+    out["ddp"] = _losses(session)
+    session.close()
+    if out["scenario"] != "full":
+        return
+    # kill one remote engine mid-step; recover; the loss curve must not notice
+    victim = cluster.world_size - 1
+    before = _ranks(cluster)
+    session = TrainingSession(
+        cluster, spec, timeout=120, checkpoint_dir=home / f"ckpt-{os.getpid()}", checkpoint_every=3
+    )
+    session.run(3)
+    cluster.run(_die_in_forward, ranks=[victim])
+    fault: dict[str, Any] = {"victim": victim, "victim_host": cluster.ranks[victim].host}
+    started = time.perf_counter()
+    try:
+        session.step()
+        fault["error"] = None
+    except EngineDied as exc:
+        fault.update(error=str(exc), ranks=exc.ranks, detect_s=time.perf_counter() - started)
+    started = time.perf_counter()
+    fault["report"] = str(session.recover())
+    fault["recover_s"] = time.perf_counter() - started
+    session.run(STEPS - 3)
+    fault["losses"] = _losses(session)
+    fault["ranks_before"], fault["ranks_after"] = before, _ranks(cluster)
+    fault["env_after"] = cluster.run(_env)
+    session.close()
+    out["fault"] = fault
+
+
+def main(cfg: dict[str, Any], out_path: str) -> None:
+    from workbench.cluster import Cluster
+
+    out: dict[str, Any] = {"scenario": cfg["scenario"]}
+    home = Path(os.environ["HOME"])
+    cluster = Cluster(
+        n=cfg["n"],
+        launcher=cfg["launcher"],
+        hosts=cfg.get("hosts", ()),
+        backend="gloo",
+        launcher_options=cfg.get("options"),
+        start_timeout=cfg.get("start_timeout", 120),
+        init_timeout=60,
+    )
+    started = time.perf_counter()
+    try:
+        cluster.start_sync()
+        out["start_s"] = time.perf_counter() - started
+        out["timings"] = dict(cluster.timings)
+        out["ranks"] = _ranks(cluster)
+        out["env"] = cluster.run(_env)
+        out["all_reduce"] = cluster.run(_all_reduce)
+        if cfg["scenario"] in ("full", "train"):
+            _interrupt(cluster, cluster.world_size - 2, out)
+            _training(cluster, out, home)
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["error_s"] = time.perf_counter() - started
+        out["traceback"] = traceback.format_exc()
+    finally:
+        stopping = time.perf_counter()
+        cluster.stop_sync()
+        out["stop_s"] = time.perf_counter() - stopping
+        # nothing of the cluster may be left anywhere 10 s after stop
+        while (left := _mine()) and time.perf_counter() - stopping < 10:
+            time.sleep(0.25)
+        out["left"] = left
+        out["gone_s"] = time.perf_counter() - stopping
+        Path(out_path).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]), sys.argv[2])

@@ -1,0 +1,114 @@
+"""launcher="ssh" on the 2-node bed, as a user runs it: ``wb.Cluster(n=4, launcher="ssh",
+hosts=["wbmn1", "wbmn2"])`` with no launcher options at all.
+
+One driver run (start, ranks, an all-reduce, an interrupt, DDP against the single-device
+run, a killed remote engine, recovery, stop) feeds most tests: a cluster start is the
+expensive part. Every run also proves that nothing is left on any node after stop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.multinode.bed import Bed
+from tests.multinode.checks import (
+    HOSTS,
+    close,
+    nothing_left,
+    ok,
+    trained_like_single_device,
+    two_by_two,
+)
+
+pytestmark = pytest.mark.engines
+
+
+@pytest.fixture(scope="module")
+def full(bed: Bed) -> dict[str, Any]:
+    return bed.drive({"scenario": "full", "launcher": "ssh", "hosts": HOSTS, "n": 4})
+
+
+def test_ranks_local_ranks_and_master_addr(bed: Bed, full: dict[str, Any]) -> None:
+    two_by_two(bed, full)
+
+
+def test_interrupt_reaches_a_remote_rank(full: dict[str, Any]) -> None:
+    assert ok(full)["interrupt"]["ename"] == "KeyboardInterrupt"
+
+
+def test_ddp_across_nodes_equals_single_device(full: dict[str, Any]) -> None:
+    trained_like_single_device(full)
+
+
+def test_killed_remote_engine_is_replaced_on_its_host(full: dict[str, Any]) -> None:
+    fault = ok(full)["fault"]
+    victim = fault["victim"]
+    assert fault["ranks"] == [victim]
+    assert f"rank {victim} (engine" in fault["error"] and fault["victim_host"] in fault["error"]
+    assert f"rank {victim}: engine" in fault["report"]  # the dead engine was replaced
+    before = {r["rank"]: r for r in fault["ranks_before"]}
+    after = {r["rank"]: r for r in fault["ranks_after"]}
+    for rank, r in after.items():  # every rank, replaced or not, stays on its host
+        assert r["host"] == before[rank]["host"]
+        assert (r["local_rank"], r["node_rank"]) == (
+            before[rank]["local_rank"],
+            before[rank]["node_rank"],
+        )
+        assert not r["local_pid"]
+    assert after[victim]["engine"] != before[victim]["engine"]
+    env = fault["env_after"]
+    assert [e["hostname"] for e in env] == [after[r]["host"] for r in sorted(after)]
+    assert [e["LOCAL_RANK"] for e in env] == [str(after[r]["local_rank"]) for r in sorted(after)]
+    # the curve after recovery equals the uninterrupted run's
+    assert close(fault["losses"], full["ddp"]), (fault["losses"], full["ddp"])
+
+
+def test_stop_leaves_nothing_on_any_node(bed: Bed, full: dict[str, Any]) -> None:
+    nothing_left(bed, full)
+
+
+def test_debian_hosts_file_still_gives_a_reachable_master_addr(bed: Bed) -> None:
+    """Stock Debian maps each hostname to 127.0.1.1: the address must come from the route."""
+    try:
+        bed.set_hosts_style("debian")
+        report = bed.drive({"scenario": "basic", "launcher": "ssh", "hosts": HOSTS, "n": 4})
+    finally:
+        bed.set_hosts_style("cluster")
+    ok(report)
+    ips = {n.ip for n in bed.nodes}
+    assert {e["MASTER_ADDR"] for e in report["env"]} <= ips
+    assert report["all_reduce"] == [10.0] * 4
+    assert report["left"] == []
+
+
+def test_unreachable_master_addr_and_missing_python_fail_at_once(bed: Bed) -> None:
+    """A loopback interface (network_interface='lo') is refused before anything starts, with
+    the address and the fix; so is a wrong remote_python (with ssh's own words)."""
+    lo = bed.drive(
+        {
+            "scenario": "basic",
+            "launcher": "ssh",
+            "hosts": HOSTS,
+            "n": 2,
+            "options": {"network_interface": "lo"},
+        }
+    )
+    assert lo["error"] is not None and "127.0.0.1" in lo["error"]
+    assert "network_interface" in lo["error"] and "loopback" in lo["error"]
+    assert "DistStoreError" not in lo["error"]
+    assert lo["left"] == []
+    bad = bed.drive(
+        {
+            "scenario": "basic",
+            "launcher": "ssh",
+            "hosts": HOSTS,
+            "n": 2,
+            "options": {"remote_python": "/opt/no-such/python"},
+        }
+    )
+    assert bad["error"] is not None and "/opt/no-such/python" in bad["error"]
+    assert "does not exist on wbmn1" in bad["error"]
+    assert "start_timeout" not in bad["error"]  # at once, not after the timeout
+    assert bad["left"] == []
