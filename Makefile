@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 # Private IPython/Jupyter state: tests, demos and CI never touch ~/.ipython or ~/.jupyter.
 STATE := $(CURDIR)/.state
 export IPYTHONDIR := $(STATE)/ipython
@@ -57,7 +58,12 @@ lab: $(STAMP) state
 notebooks: $(STAMP) state
 	$(PY) notebooks/build.py
 
-bench: $(STAMP) state
+# The peers the benchmarks compare against (the `bench` extra), pinned by constraints.txt.
+$(BENCH_STAMP): $(STAMP) pyproject.toml constraints.txt
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,hf,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) state
 	$(PY) -m benchmarks.run_all
 
 gpu-check: $(STAMP) state

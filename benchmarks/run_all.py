@@ -38,6 +38,8 @@ BENCHMARKS: dict[str, str] = {
     "scaling": "benchmarks.scaling_bench",
     "fault_timing": "benchmarks.fault_timing_bench",
     "cold_start": "benchmarks.cold_start_bench",
+    # fresh kernels through nbclient, beside jupyter-distributed / nbdistributed / ipyparallel
+    "peers": "benchmarks.peers_bench",
 }
 
 
@@ -138,6 +140,12 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| {b['name']} | {_cell(r['metric'])} | {_cell(r['workbench'])} | {raw} | "
                 f"{r['unit']} | {ratio} | {_cell(r['target']) or '–'} | {met} | {r['samples']} |"
             )
+    for b in report["benchmarks"]:
+        table = b.get("details", {}).get("markdown") if not b["error"] else None
+        if table:  # a benchmark with its own side-by-side table (e.g. peers)
+            load = b.get("details", {}).get("load_avg_1min_before_after")
+            lines += ["", f"## {b['name']}: {b['title']}", ""]
+            lines += [f"1-minute load average before / after: {load}", "", table]
     lines += ["", "## What each benchmark ran", ""]
     for b in report["benchmarks"]:
         lines.append(f"- **{b['name']}** ({b['title']}, {b['seconds']:.0f} s): {b['ran']}")

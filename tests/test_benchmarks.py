@@ -148,3 +148,46 @@ def vars_of(row: Row) -> dict:
     from dataclasses import asdict
 
     return asdict(row)
+
+
+def test_peers_table_shows_median_and_spread_per_tool() -> None:
+    from benchmarks.peers_bench import render_table
+
+    details = {
+        "sizes": [2],
+        "cold:2": {"workbench": [3.0, 1.0, 2.0], "nbdistributed": [5.0]},
+        "cell:2": {"workbench": [0.010, 0.030, 0.020]},
+        "stop:2": {},
+    }
+    table = render_table(details, ["workbench", "nbdistributed"]).splitlines()
+    assert table[0] == "| | workbench | nbdistributed |"
+    assert (
+        "| cold start to first all-reduce, 2 ranks | 2.00 s (1.00–3.00) | 5.00 s (5.00–5.00) |"
+        in table
+    )
+    assert "| 1-element all-reduce cell, round trip, 2 ranks | 20.0 ms (10.0–30.0) | – |" in table
+    assert "| stop cell, 2 ranks | – | – |" in table
+
+
+def test_markdown_appends_a_benchmarks_own_table() -> None:
+    bench = {
+        "name": "peers",
+        "title": "P",
+        "ran": "r",
+        "rows": [],
+        "notes": [],
+        "error": None,
+        "seconds": 1.0,
+        "details": {"markdown": "| | a |\n|---|---|", "load_avg_1min_before_after": [1.0, 2.0]},
+    }
+    report = {
+        "date": "d",
+        "command": "c",
+        "quick": False,
+        "machine": {"cpus": 2, "platform": "p", "python": "3", "torch": "t", "load_avg_1_5_15": []},
+        "load_after": [],
+        "seconds": 1.0,
+        "benchmarks": [bench],
+    }
+    md = render_markdown(report)
+    assert "## peers: P" in md and "| | a |" in md and "[1.0, 2.0]" in md
