@@ -4,29 +4,57 @@ Imports only torch and the standard library, so it runs in scripts, under torchr
 engines alike.
 """
 
-from workbench.trace.clock import Clock
-from workbench.trace.comm import CommTracer
-from workbench.trace.events import (
-    PHASES,
-    CommEvent,
-    Event,
-    MemorySample,
-    Metric,
-    PhaseSpan,
-    bus_factor,
-    from_record,
-    to_record,
-)
-from workbench.trace.memory import MemoryTracer
-from workbench.trace.perfetto import to_perfetto
-from workbench.trace.recorder import Recorder
-from workbench.trace.storage import (
-    gradient_bytes,
-    optimizer_bytes,
-    parameter_bytes,
-    process_rss,
-    storage_bytes,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Resolved on first use (PEP 562): code that needs only the torch-free parts (events,
+# recorder, clock; e.g. the kernel's hang reports) does not pay for importing torch.
+_LAZY: dict[str, str] = {
+    "Clock": "clock",
+    "CommTracer": "comm",
+    "PHASES": "events",
+    "CommEvent": "events",
+    "Event": "events",
+    "MemorySample": "events",
+    "Metric": "events",
+    "PhaseSpan": "events",
+    "bus_factor": "events",
+    "from_record": "events",
+    "to_record": "events",
+    "MemoryTracer": "memory",
+    "to_perfetto": "perfetto",
+    "Recorder": "recorder",
+    "gradient_bytes": "storage",
+    "optimizer_bytes": "storage",
+    "parameter_bytes": "storage",
+    "process_rss": "storage",
+    "storage_bytes": "storage",
+}
+
+if TYPE_CHECKING:
+    from workbench.trace.clock import Clock
+    from workbench.trace.comm import CommTracer
+    from workbench.trace.events import (
+        PHASES,
+        CommEvent,
+        Event,
+        MemorySample,
+        Metric,
+        PhaseSpan,
+        bus_factor,
+        from_record,
+        to_record,
+    )
+    from workbench.trace.memory import MemoryTracer
+    from workbench.trace.perfetto import to_perfetto
+    from workbench.trace.recorder import Recorder
+    from workbench.trace.storage import (
+        gradient_bytes,
+        optimizer_bytes,
+        parameter_bytes,
+        process_rss,
+        storage_bytes,
+    )
 
 __all__ = [
     "PHASES",
@@ -49,3 +77,12 @@ __all__ = [
     "to_perfetto",
     "to_record",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workbench.trace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"workbench.trace.{module}"), name)
+    globals()[name] = value
+    return value
