@@ -26,7 +26,7 @@ def test_dashboard_magic(ipython_shell, cluster: Cluster) -> None:  # type: igno
         board = ipython_shell.run_line_magic("wb", "dashboard")
         assert isinstance(board, Dashboard) and len(board.rows) == 2
         board.close()
-        with pytest.raises(UsageError, match="positive"):
+        with pytest.raises(UsageError, match="--interval 0.0 is not valid"):
             ipython_shell.run_line_magic("wb", "dashboard --interval 0")
     finally:
         ipython_shell._workbench_magics.cluster = None

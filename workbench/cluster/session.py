@@ -69,6 +69,16 @@ def _error_fields(exc: Exception) -> dict[str, Any]:
 Listener = Callable[[list[Event]], None]
 
 
+def _closed_group(exc: RankError) -> bool:
+    """Whether a rank's failure closed the process group (``fail_together`` raises these
+    two on every rank); a plain error on every rank leaves the group as it was."""
+    return (
+        any("RankFailed" in text or "PeerFailed" in text for text in (exc.failures or {}).values())
+        or "RankFailed" in str(exc)
+        or "PeerFailed" in str(exc)
+    )
+
+
 def validate_layout(spec: RunSpec, world_size: int) -> None:
     """Impossible layouts fail here, on the client, with the message naming the fix,
     instead of as the same error raised on every engine."""
@@ -228,7 +238,7 @@ class TrainingSession:
         try:
             return self.cluster.run(fn, *args, timeout=self.timeout)
         except RankError as exc:
-            self._regroup = True
+            self._regroup = _closed_group(exc)
             self.built = False
             raise self._rank_failure(exc) from None
 
@@ -478,7 +488,7 @@ class TrainingSession:
         except (EngineDied, CollectiveTimeout) as exc:
             raise type(exc)(f"{exc}\n{self._context()}", **_error_fields(exc)) from None
         except RankError as exc:
-            self._regroup = True  # the failing rank closed the group (fail_together)
+            self._regroup = _closed_group(exc)  # the failing rank closed it (fail_together)
             raise self._rank_failure(exc) from None
         errors = [r for r in results if r.get("error")] if isinstance(results[0], dict) else []
         if errors:  # every rank agreed on a failed save / load (also an automatic one after

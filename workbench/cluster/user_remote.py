@@ -50,10 +50,13 @@ def build_user_run(
     that raises on one rank ends the build on every rank at once (``fail_together``)."""
     from workbench.cluster.fail_together import fail_together
 
-    return fail_together(_build_user_run, payload, autosave)
+    # Resolving the factories touches no collective and fails alike on every rank (a name
+    # not defined there): a plain error, the process group stays as it is.
+    run = _user_run(payload)
+    return fail_together(_build_user_run, run, autosave)
 
 
-def _build_user_run(payload: dict[str, Any], autosave: dict[str, Any] | None) -> dict[str, Any]:
+def _build_user_run(run: Any, autosave: dict[str, Any] | None) -> dict[str, Any]:
     import torch.distributed as dist
 
     from workbench.cluster import flight
@@ -62,7 +65,6 @@ def _build_user_run(payload: dict[str, Any], autosave: dict[str, Any] | None) ->
 
     close_run()
     state = engine_state()
-    run = _user_run(payload)
     rank = dist.get_rank() if dist.is_initialized() else 0
     recorder = Recorder(rank, clock=state.get("clock"))
     if run.trace:

@@ -90,8 +90,7 @@ class WorkbenchMagics(Magics):
             return
         cluster = self.require_cluster()
         if cluster.group_closed:  # a failed run closed the process group on every rank
-            cluster.recover_sync()
-            print("workbench: a failed run had closed the process group; re-created it")
+            cluster.recover_sync()  # (that failure was reported when it happened)
         ranks = parse_ranks(args.ranks, cluster.world_size)
         log = getattr(self, "trace_log", None)  # %wb trace on: the cell is one traced span
         if log is not None and log.cells and log.cluster is cluster:
