@@ -216,7 +216,7 @@ print("parameter bytes:", [e.params for e in ev if e.kind == "memory" and e.labe
 # The kernel pulled every rank's events by cursor after the cell; the figures and the
 # Perfetto export are the stepper's:
 
-# %%
+# %% tags=["nbval-ignore-output"]
 %wb trace plot memory
 
 # %%
