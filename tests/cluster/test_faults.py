@@ -4,7 +4,6 @@ starts its own cluster (never the shared session fixture) and always stops it.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,6 @@ from workbench.trace import Metric
 pytestmark = pytest.mark.engines
 
 STEPS = 6
-
-
-@pytest.fixture
-def own_cluster() -> Iterator[Cluster]:
-    cluster = Cluster(n=2, backend="gloo")
-    cluster.start_sync()
-    try:
-        yield cluster
-    finally:
-        cluster.stop_sync()
 
 
 def _die_in_forward() -> None:

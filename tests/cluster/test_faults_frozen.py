@@ -8,7 +8,6 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -29,16 +28,6 @@ t = torch.ones(8)
 dist.all_reduce(t)
 float(t[0])
 """
-
-
-@pytest.fixture
-def own_cluster() -> Iterator[Cluster]:
-    cluster = Cluster(n=2, backend="gloo")
-    cluster.start_sync()
-    try:
-        yield cluster
-    finally:
-        cluster.stop_sync()
 
 
 def test_stopped_engine_is_unresponsive_and_only_it_is_replaced(own_cluster: Cluster) -> None:
