@@ -132,9 +132,20 @@ def test_start_and_stop_through_magics(ipython_shell: Any, capsys: Any) -> None:
     magics.cluster = None
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
-    ipython_shell.run_line_magic("wb", "start -n 2 --backend gloo")
+    ipython_shell.run_line_magic("wb", "start -n 2 --backend gloo --profile-startup")
     try:
-        assert "2 ranks on 1 host(s), backend gloo" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "2 ranks on 1 host(s), backend gloo" in out
+        # --profile-startup: the stages in order, then one row per engine with every milestone
+        assert "start-up profile" in out
+        stages = [
+            s
+            for s in ("controller started", "all engines registered", "process group formed")
+            if s in out
+        ]
+        assert stages == sorted(stages, key=out.index) and len(stages) == 3
+        rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit()]
+        assert len(rows) == 2 and all(len(r) == 6 and "-" not in r for r in rows), out
         started = [p.pid for p in me.children(recursive=True) if p.pid not in before]
         with pytest.raises(UsageError, match="already running"):
             ipython_shell.run_line_magic("wb", "start -n 2")

@@ -9,11 +9,12 @@ loop is already running.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["run_sync"]
+__all__ = ["run_sync", "submit", "wait"]
 
 T = TypeVar("T")
 
@@ -41,6 +42,12 @@ def _get_loop() -> asyncio.AbstractEventLoop:
 
 def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     """Run ``coro`` on the workbench loop thread and return its result."""
+    return wait(submit(coro), timeout)
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on the workbench loop thread now; ``wait`` for it later (the caller
+    can do other work meanwhile, e.g. build a progress display)."""
     loop = _get_loop()
     try:
         running = asyncio.get_running_loop()
@@ -49,7 +56,11 @@ def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     if running is loop:
         coro.close()
         raise RuntimeError("run_sync called from the workbench loop itself; await instead")
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    return asyncio.run_coroutine_threadsafe(coro, loop)
+
+
+def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+    """The result of a ``submit``-ted coroutine; an interrupt (or a timeout) cancels it."""
     try:
         return future.result(timeout)
     except BaseException:

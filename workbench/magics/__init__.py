@@ -11,8 +11,9 @@ __all__ = ["COMMANDS", "WorkbenchMagics", "load_ipython_extension", "unload_ipyt
 _KEY = "_workbench_magics"
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: Any, import_s: float | None = None) -> None:
     magics = WorkbenchMagics(ipython)
+    magics.load_import_s = import_s  # for `%wb start --profile-startup`
     ipython.register_magics(magics)
     setattr(ipython, _KEY, magics)
 

@@ -54,6 +54,7 @@ class WorkbenchMagics(Magics):
         super().__init__(shell)
         self.cluster: Cluster | None = None
         self.trace_log: Any | None = None  # a cluster.traced_log.TraceLog once %wb trace is used
+        self.load_import_s: float | None = None  # what `%load_ext workbench` spent importing
 
     def require_cluster(self) -> Cluster:
         # A "broken" cluster (dead controller) is returned: its calls say what happened.
