@@ -20,16 +20,16 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
-from workbench.cluster import launchers, rendezvous, watchdog
+from workbench.cluster import launchers, rendezvous
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import run_sync
-from workbench.cluster.processes import is_local
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.shutdown import shutdown
 from workbench.cluster.start_sequence import init_process_group, start_engines
 from workbench.cluster.startup import StartupProfile
+from workbench.cluster.tracking import ProcessTracking
 from workbench.config import ClusterConfig
 from workbench.errors import (
     ClusterError,
@@ -42,8 +42,6 @@ log = logging.getLogger("workbench.cluster")
 # (stage, done, total): "engines" while engines register, "rendezvous" while ranks join.
 ProgressCallback = Callable[[str, int, int], None]
 
-# How often a starting cluster records its new processes for the orphan watchdog.
-_TRACK_S = 0.1
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 _current: list[weakref.ref[Cluster]] = []  # the most recently started cluster, if alive
@@ -59,15 +57,7 @@ def _stop_all_at_exit() -> None:
             log.debug("atexit stop failed for %r", cluster, exc_info=True)
 
 
-def _running(proc: psutil.Process) -> bool:
-    """Still this process (pid and start time) and not exited."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-class Cluster(RankDispatch):
+class Cluster(ProcessTracking, RankDispatch):
     """Engines + process group. Use as a context manager or call ``start_sync``/``stop_sync``.
 
     >>> with Cluster(n=2) as cluster:                # doctest: +SKIP
@@ -164,24 +154,6 @@ class Cluster(RankDispatch):
     def state(self, value: str) -> None:
         self._state = value
 
-    def controller_lost(self) -> bool:
-        """True when the controller this cluster started has exited. It is a child of this
-        process, so its pid is checked here; without it nothing routes work to the engines
-        or notices that one died."""
-        proc = self._controller_process()
-        if proc is None:
-            return False
-        try:
-            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return True
-
-    def _controller_process(self) -> psutil.Process | None:
-        if not self._owns_engines or self._ipp is None:
-            return None
-        proc = getattr(getattr(self._ipp, "controller", None), "process", None)
-        return proc if isinstance(proc, psutil.Process) else None
-
     def controller_died(self) -> ClusterError:
         """The error every call raises once the controller is gone."""
         proc = self._controller_process()
@@ -231,51 +203,6 @@ class Cluster(RankDispatch):
     def ipp_cluster(self) -> ipp.Cluster | None:
         """The underlying ipyparallel cluster (None when connected to an external one)."""
         return self._ipp
-
-    def _process_tree(self) -> list[psutil.Process]:
-        """Controller, engines, nannies and every process they spawned (schedulers...),
-        including those seen before whose parent has died since; only running ones."""
-        engine_pids = {r.pid for r in self._local_ranks()}
-        self._nanny_pids = set()
-        for pid in self.pids():
-            try:
-                proc = self._known.get(pid) or psutil.Process(pid)
-                children = proc.children(recursive=True)
-            except psutil.Error:
-                continue
-            self._known[pid] = proc
-            for child in children:
-                self._known.setdefault(child.pid, child)
-            if pid in engine_pids:  # an engine's children are its nanny
-                self._nanny_pids.update(c.pid for c in children)
-        return [p for p in self._known.values() if _running(p)]
-
-    def pids(self) -> list[int]:
-        """Process ids (on this host) of the controller, engines and their nannies started
-        by this cluster."""
-        pids: list[int] = []
-        if self._ipp is None:
-            return pids
-        ctrl = getattr(self._ipp, "controller", None)
-        proc = getattr(ctrl, "process", None)
-        if proc is not None:
-            pids.append(proc.pid)
-        for engine_set in getattr(self._ipp, "engines", {}).values():
-            for launcher in getattr(engine_set, "launchers", {}).values():
-                proc = getattr(launcher, "process", None)
-                if proc is not None:
-                    pids.append(proc.pid)
-        # An engine on another host (or in another PID namespace) has a pid that means
-        # nothing here (its launcher's local process, e.g. ssh, is listed above instead).
-        pids += [r.pid for r in self._local_ranks() if r.pid not in pids]
-        return pids
-
-    def _local_ranks(self) -> list[RankAssignment]:
-        """Ranks whose pid is meaningful here (same machine, same PID namespace). A remote
-        engine is signalled only through its own host, never by its pid here."""
-        here = local_pid_space()
-        # (ranks made by hand, without a pid space, fall back to comparing host names)
-        return [r for r in self.ranks if (r.pid_space == here if r.pid_space else is_local(r.host))]
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> Cluster:
@@ -372,27 +299,6 @@ class Cluster(RankDispatch):
     def stuck_ranks(self) -> list[int]:
         """Ranks left blocked (in a collective) by a timeout, an interrupt or a death."""
         return sorted(self._stuck)
-
-    # ----------------------------------------------------------------- orphan watchdog
-    def _start_watchdog(self) -> None:
-        if not self._owns_engines or self.run_dir is None:
-            return
-        watchdog.write_pidfile(self.run_dir, [])
-        self._watchdog = watchdog.spawn(self.run_dir)
-
-    async def _track_start(self) -> None:
-        """While starting, tell the watchdog about each process within ``_TRACK_S`` of its
-        launch (the controller, its schedulers, engines and their nannies)."""
-        while True:
-            try:
-                self._write_pidfile()
-            except Exception:  # a process exiting mid-walk: the next pass sees the rest
-                log.debug("pid file update failed", exc_info=True)
-            await asyncio.sleep(_TRACK_S)
-
-    def _write_pidfile(self) -> None:
-        if self.run_dir is not None and self._owns_engines:
-            watchdog.write_pidfile(self.run_dir, [p.pid for p in self._process_tree()])
 
     # ----------------------------------------------------------------- internals
     def _report(self, stage: str, done: int, total: int) -> None:
