@@ -107,6 +107,7 @@ class Cluster(ProcessTracking, RankDispatch):
         self.startup = StartupProfile()  # where the last start's time went (startup.py)
         self._ipp: ipp.Cluster | None = None
         self._client: ipp.Client | None = None
+        self._views: dict[int, Any] = {}  # per-engine DirectViews of _client (dispatch.py)
         self._owns_engines = profile is None and cluster_id is None
         # engine id -> its pending facts (engine_info; rendezvous.engine_address), asked
         # for as it registers (start_sequence.py)

@@ -88,6 +88,7 @@ async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
                 raise
     cluster.ranks = []
     cluster._stuck = {}
+    cluster._views = {}
     ssh_dir, cluster._ssh_dir = cluster._ssh_dir, None
     if ssh_dir is not None:
         await launchers.close_ssh(cluster.config.hosts, cluster.launcher_options, ssh_dir)
