@@ -7,7 +7,6 @@ when time runs out, and turns remote failures into ``RankError`` / ``EngineDied`
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import time
@@ -139,16 +138,6 @@ class RankDispatch:
         client = self.client
         futures = [client[r.engine_id].apply_async(fn, *args, **kwargs) for r in targets]
         return self.collect(targets, futures, timeout)
-
-    async def run_async(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        ranks: int | Sequence[int] | None = None,
-        timeout: float | None = None,
-        **kwargs: Any,
-    ) -> list[Any]:
-        return await asyncio.to_thread(self.run, fn, *args, ranks=ranks, timeout=timeout, **kwargs)
 
     def ensure_alive(self, ranks: Sequence[int] | None = None) -> None:
         """Raise ``EngineDied`` (before sending any work) when the engine of one of
