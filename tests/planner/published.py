@@ -223,6 +223,44 @@ for billions, a, h, layers, tp, pp, gpus, batch, tflops, xfail in (
         calibration=billions in (1.7, 1008.0),
     )
 
+# -- Narayanan et al. 2021, Table 2: ZeRO-3 without model parallelism, 174.6B GPT ----------
+# (h 12288, 96 heads, 96 layers, batch 1536; the micro-batch shrinks as GPUs grow, one
+# micro-batch per step). The issue's "0.31 of per-GPU throughput kept" is this table:
+# 44 / 144 TFLOP/s from 384 to 1536 GPUs. Full recompute, counted as in Table 1.
+_ZERO3_175B = _gpt(12288, 96, 96)
+
+
+def _zero3_tflops(gpus: int, micro_batch: int) -> float:
+    training = TrainingSpec(micro_batch=micro_batch, global_batch=1536, recompute="full")
+    t = evaluate(_ZERO3_175B, training, ParallelSpec(dp=gpus, zero=3), _A100).time
+    return t.hardware_flops / (t.world * t.total) / 1e12
+
+
+_case(
+    "narayanan-table2-zero3-scaling-384-1536",
+    "Narayanan et al. 2021, Table 2, ZeRO-3 174.6B: TFLOP/s per GPU at 1536 GPUs (44) "
+    "over 384 GPUs (144)",
+    44 / 144,
+    lambda: _zero3_tflops(1536, 1) / _zero3_tflops(384, 4),
+    0.15,
+    "x kept",
+)
+_Z3_LEVEL = (
+    "the efficiency model is calibrated on Megatron runs; ZeRO-3's own per-GPU compute "
+    "rate (144 TFLOP/s where Megatron's PTD-P reached 153 on the same model) is not "
+    "modelled, so the level is high while the scaling is reproduced"
+)
+for gpus, mb, tflops in ((384, 4, 144), (1536, 1, 44)):
+    _case(
+        f"narayanan-table2-zero3-{gpus}",
+        f"Narayanan et al. 2021, Table 2, ZeRO-3 174.6B, {gpus} GPUs, micro-batch {mb}",
+        tflops,
+        lambda gpus=gpus, mb=mb: _zero3_tflops(gpus, mb),
+        0.15,
+        "TFLOP/s/GPU",
+        _Z3_LEVEL,
+    )
+
 # -- nccl-tests (PERFORMANCE.md): busbw = algbw x factor ---------------------------------
 _LINK = LinkSpec(bandwidth=100e9, latency=0.0)
 _case(
