@@ -21,7 +21,6 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
-from workbench.cluster import engine as engine_fns
 from workbench.cluster import launchers, rendezvous, watchdog
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
@@ -31,6 +30,7 @@ from workbench.cluster.processes import is_local, reap, started_for
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.config import ClusterConfig
+from workbench.engine import process_group
 from workbench.errors import (
     ClusterError,
 )
@@ -476,7 +476,7 @@ class Cluster(RankDispatch):
             # overlaps with the other engines still starting.
             for eid in ids:
                 if eid not in self._info_futures:
-                    self._info_futures[eid] = client[eid].apply_async(engine_fns.engine_info)
+                    self._info_futures[eid] = client[eid].apply_async(process_group.engine_info)
                     self._address_futures[eid] = client[eid].apply_async(*self.address_call())
             count = len(ids)
             if count != seen:
@@ -595,7 +595,7 @@ class Cluster(RankDispatch):
         self._report("rendezvous", 0, len(ranks))
         futures = [
             client[r.engine_id].apply_async(
-                engine_fns.setup_rank,
+                process_group.setup_rank,
                 r.as_dict(),
                 self.config.init_timeout,
                 # Engines on rank 0's host share its clock; others get the measured offset.
@@ -623,7 +623,7 @@ class Cluster(RankDispatch):
         cluster) and keeps it for ``setup_rank``; returns the port it listens on."""
         port = await asyncio.wrap_future(
             self.client_unchecked()[r0.engine_id].apply_async(
-                engine_fns.open_store, r0.master_addr, r0.world_size, self.config.init_timeout
+                process_group.open_store, r0.master_addr, r0.world_size, self.config.init_timeout
             )
         )
         return int(port)
@@ -643,7 +643,7 @@ class Cluster(RankDispatch):
             if self.ranks and self._owns_engines and not lost:
                 try:  # leave the process group cleanly so engines exit without noise
                     ar = client[[r.engine_id for r in self.ranks if r.engine_id in client.ids]]
-                    ar.apply_async(engine_fns.teardown_rank).get(timeout=5)
+                    ar.apply_async(process_group.teardown_rank).get(timeout=5)
                     # Asking engines to exit is faster than SIGTERM from the launcher.
                     client.shutdown(targets=ar.targets, hub=False, block=True)
                 except Exception:

@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from workbench.cluster.flight import status_path
+from workbench.engine.flight import status_path
 
 __all__ = ["describe_rank", "hang_report", "read_status"]
 
