@@ -195,9 +195,13 @@ def user_spec(model: Any, strategy: str, options: dict[str, Any]) -> UserSpec:
 class UserTrainingSession(TrainingSession):
     """A ``TrainingSession`` over the user's own model (``spec`` is a ``UserSpec``)."""
 
-    def __init__(self, cluster: Cluster, spec: UserSpec, *, timeout: float | None = 300.0) -> None:
+    def __init__(
+        self, cluster: Cluster, spec: UserSpec, *, timeout: float | None = 300.0, **checkpoints: Any
+    ) -> None:
+        """``checkpoints``: ``checkpoint_dir``, ``checkpoint_every``, ``keep_last``,
+        ``checkpoint_key``, as for a built-in model's ``TrainingSession``."""
         spec.validate(cluster.world_size)
-        super().__init__(cluster, spec, timeout=timeout)  # type: ignore[arg-type]
+        super().__init__(cluster, spec, timeout=timeout, **checkpoints)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         spec: UserSpec = self._state.spec  # type: ignore[assignment]
@@ -228,7 +232,7 @@ class UserTrainingSession(TrainingSession):
 
     def _build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
         results = self._build_on_engines(
-            user_remote.build_user_run, spec.payload(self.cluster.world_size)
+            user_remote.build_user_run, spec.payload(self.cluster.world_size), self._autosave()
         )
         self._built(results, keep_events=keep_events)
 

@@ -20,6 +20,7 @@ so phases, memory by category, collectives and figures work unchanged:
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -105,10 +106,56 @@ class UserRun:
                 f"precision={self.precision!r} is not valid; choose from {list(PRECISIONS)}"
             )
 
+    def checkpoint_fields(self) -> dict[str, Any]:
+        """What a checkpoint's ``meta.json`` records of this run (JSON; the factories by
+        name: they are code, not data, and never stored)."""
+        layout = self.layout
+        plan = None
+        if layout.tp_plan is not None:
+            plan = {
+                k: v if isinstance(v, str) else type(v).__name__ for k, v in layout.tp_plan.items()
+            }
+        return {
+            "model": _label(self.model),
+            "optimizer": _label(self.optimizer) if self.optimizer is not None else None,
+            "layout": {
+                "dp": layout.dp,
+                "tp": layout.tp,
+                "pp": layout.pp,
+                "zero": layout.zero,
+                "overlap": layout.overlap,
+                "tp_plan": plan,
+                "pp_split": list(layout.pp_split) if layout.pp_split is not None else None,
+            },
+            "strategy": self.strategy,
+            "batch_size": self.batch_size,
+            "grad_accum": self.grad_accum,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "precision": self.precision,
+            "seed": self.seed,
+        }
+
     def check_batch(self, dims: ParallelDims) -> None:
         check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
         if dims.pp > 1 and self.grad_accum != 1:
             raise ConfigError("grad_accum must be 1 with pp > 1: set microbatches instead")
+
+
+def _label(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
+
+
+class _Replay:
+    """The user's data callable as a source a checkpoint can resume: its data position is
+    restored by calling the callable again and skipping the batches already taken, so it
+    must give the same batches each time it is called (as a seeded generator does)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+    def resume(self, start: int) -> Iterator[Any]:
+        return itertools.islice(_checked_batches(iter(self.make())), start, None)
 
 
 def build_user_model(run: UserRun) -> nn.Module:
@@ -148,12 +195,18 @@ def _make_optimizer(run: UserRun, model: nn.Module, dims: ParallelDims) -> torch
 def _data_source(run: UserRun, dims: ParallelDims, dp_rank: int) -> tuple[Any, Any]:
     """(batches iterator, the DataLoader when the data is a sharded Dataset)."""
     data = run.data
+    make: Callable[[], Any] | None = None
     if not isinstance(data, Dataset):
         try:
             wants_rank = len(inspect.signature(data).parameters) >= 2
         except (TypeError, ValueError):
             wants_rank = False
-        data = data(dp_rank, dims.dp) if wants_rank else data()
+        source = data
+
+        def make() -> Any:
+            return source(dp_rank, dims.dp) if wants_rank else source()
+
+        data = make()
     if isinstance(data, Dataset):
         if not hasattr(data, "__len__"):
             raise ConfigError(
@@ -171,7 +224,7 @@ def _data_source(run: UserRun, dims: ParallelDims, dp_rank: int) -> tuple[Any, A
         )
         return batches(loader), loader
     if isinstance(data, Iterable):
-        return _checked_batches(iter(data)), None
+        return _checked_batches(iter(data)), _Replay(make) if make is not None else None
     raise ConfigError(
         f"the data callable returned {type(data).__name__}; it must return a Dataset or an "
         "iterable of (inputs, targets) batches"
@@ -254,6 +307,7 @@ def build_user_train_step(
         comm_tracer=comm,
         strategy="single" if not distributed else f"user:{run.strategy}",
         loader=loader,
+        loss_mean_group=wrapped.loss_mean_group,
     )
     step.spec = run
     return step
@@ -265,15 +319,12 @@ def _tracers(
     from workbench.trace.comm import CommTracer
     from workbench.trace.memory import MemoryTracer
 
-    inner = model
-    if isinstance(model, DistributedDataParallel):
-        inner = model.module
-    elif isinstance(model, PipelineModule):
-        inner = model.stage_module
+    ddp = model.stage_module if isinstance(model, PipelineModule) else model
+    inner = ddp.module if isinstance(ddp, DistributedDataParallel) else ddp
     memory = MemoryTracer(inner, optimizer, recorder, per_module=run.per_module).start()
     comm = CommTracer(recorder).start()
-    if isinstance(model, DistributedDataParallel) and model.require_backward_grad_sync:
-        comm.attach_ddp(model)
+    if isinstance(ddp, DistributedDataParallel) and ddp.require_backward_grad_sync:
+        comm.attach_ddp(ddp)  # a pipeline stage's DDP buckets too
     return memory, comm
 
 
