@@ -38,6 +38,7 @@ VOCAB, SEQ, DIM, HEADS = 32, 8, 16, 2
 class Attention(nn.Module):
     def __init__(self):
         super().__init__()
+        self.n_heads = HEADS  # stated, so the planner can read it (section 6)
         self.q, self.k, self.v = (nn.Linear(DIM, DIM, bias=False) for _ in range(3))
         self.o = nn.Linear(DIM, DIM)
 
