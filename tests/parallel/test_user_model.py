@@ -268,3 +268,32 @@ def test_microbatches_must_divide_each_pipelines_share_of_the_batch() -> None:
 
     with pytest.raises(ConfigError, match=r"microbatches=4 does not divide the per-rank batch 2"):
         check_batch_split(4, 1, 4, Layout(pp=2, dp=2).dims(4))
+
+
+def test_user_spec_and_user_run_share_one_declaration_of_their_options() -> None:
+    from dataclasses import fields
+
+    from workbench.cluster.user_session import UserSpec, user_spec
+    from workbench.parallel.user_model import UserRun
+    from workbench.parallel.user_options import UserOptions
+
+    shared = {f.name for f in fields(UserOptions)}
+    spec_only = {f.name for f in fields(UserSpec)} - shared
+    run_only = {f.name for f in fields(UserRun)} - shared
+    assert shared == {
+        "batch_size", "grad_accum", "microbatches", "schedule",
+        "precision", "seed", "trace", "per_module",
+    }  # fmt: skip
+    # Nothing else is declared twice (strategy is a preset name on the client, a label there).
+    assert spec_only & run_only == {"strategy"}
+    spec = user_spec(
+        um.make_model,
+        "fsdp",
+        {"data": um.make_data, "loss": um.lm_loss, "seed": 3, "microbatches": 4},
+    )
+    run = UserRun(model=um.make_model, data=um.make_data, loss=um.lm_loss, **spec.options())
+    assert run.options() == spec.options() and run.seed == 3 and run.microbatches == 4
+    with pytest.raises(ConfigError, match=r"schedule='zigzag' is not valid; choose from"):
+        user_spec(
+            um.make_model, "dp", {"data": um.make_data, "loss": um.lm_loss, "schedule": "zigzag"}
+        )

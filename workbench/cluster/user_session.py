@@ -19,6 +19,7 @@ from workbench.cluster.session import TrainingSession, _State
 from workbench.cluster.shipping import Shipped, ship
 from workbench.errors import ConfigError
 from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout, layout_for
+from workbench.parallel.user_options import UserOptions
 
 __all__ = ["USER_RUN_KEYS", "UserSpec", "UserTrainingSession", "is_user_run", "user_spec"]
 
@@ -33,13 +34,11 @@ def is_user_run(model: Any, options: Mapping[str, Any]) -> bool:
     return not isinstance(model, str) or any(k in options for k in USER_RUN_KEYS)
 
 
-def _placeholder() -> None:  # stands in for the factories when only options are checked
-    return None
-
-
 @dataclass(kw_only=True, frozen=True)
-class UserSpec:
-    """A user run as the client holds it. ``model`` / ``optimizer`` are display labels."""
+class UserSpec(UserOptions):
+    """A user run as the client holds it: the shipped factories, the layout by preset or
+    by dimension, and the options it shares with the engines' ``UserRun``
+    (``UserOptions``, validated there). ``model`` / ``optimizer`` are display labels."""
 
     factories: dict[str, Shipped | None]
     strategy: str = "dp"
@@ -50,19 +49,9 @@ class UserSpec:
     overlap: bool = True
     tp_plan: Mapping[str, Any] | None = None
     pp_split: tuple[str, ...] | None = None
-    batch_size: int = 8
-    grad_accum: int = 1
-    microbatches: int = 2
-    schedule: str = "gpipe"
-    precision: str = "fp32"
-    seed: int = 0
-    trace: bool = True
-    per_module: bool = False
     local_model: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        from workbench.parallel.user_model import UserRun
-
         if self.strategy not in (*PRESET_LAYOUTS, CUSTOM):
             raise ConfigError(
                 f"strategy={self.strategy!r} is not valid for your own model; choose one of "
@@ -74,7 +63,7 @@ class UserSpec:
                 f"a preset: {sorted(PRESET_LAYOUTS)}"
             )
         self._layout_kwargs(2)  # checks the dimension values themselves
-        UserRun(model=_placeholder, data=_placeholder, loss=_placeholder, **self.options())
+        super().__post_init__()  # the shared options, checked as before: last
 
     # -- what the view and repr show ----------------------------------------------------
     @property
@@ -94,11 +83,6 @@ class UserSpec:
         return shipped.label if shipped is not None else "-"
 
     # -- what the engines get ---------------------------------------------------------------
-    def options(self) -> dict[str, Any]:
-        names = ("batch_size", "grad_accum", "microbatches", "schedule", "precision", "seed")
-        out = {n: getattr(self, n) for n in names}
-        return {**out, "trace": self.trace, "per_module": self.per_module}
-
     def _layout_kwargs(self, world_size: int) -> dict[str, Any]:
         extra = {"tp_plan": self.tp_plan, "pp_split": self.pp_split}
         if self.strategy == CUSTOM:
@@ -132,13 +116,9 @@ class UserSpec:
 
     def validate(self, world_size: int) -> None:
         """Everything that can be checked on the client, before any engine works."""
-        from workbench.parallel.user_model import UserRun
-
         layout = self.layout(world_size)
         dims = layout.dims(world_size)
-        UserRun(
-            model=_placeholder, data=_placeholder, loss=_placeholder, **self.options()
-        ).check_batch(dims)
+        self.check_batch(dims)
         if self.local_model is not None and world_size > 1:
             _check_on_meta(self.local_model, layout, dims, self.seed)
 

@@ -34,12 +34,13 @@ from torch.utils.data import Dataset
 from workbench.errors import ConfigError, ParallelError
 from workbench.parallel.build import _default_device, full_state_dict
 from workbench.parallel.data import batches, make_loader
-from workbench.parallel.dims import ParallelDims, check_batch_split
+from workbench.parallel.dims import ParallelDims
 from workbench.parallel.fsdp import zero_optimizer
-from workbench.parallel.options import PRECISIONS, check_precision, compute_dtype
+from workbench.parallel.options import check_precision, compute_dtype
 from workbench.parallel.parallelize import Layout, check_zero_optimizer, parallelize
-from workbench.parallel.pp import SCHEDULES, PipelineModule
+from workbench.parallel.pp import PipelineModule
 from workbench.parallel.step import TrainStep
+from workbench.parallel.user_options import UserOptions, int_at_least
 from workbench.trace.recorder import Recorder
 
 __all__ = [
@@ -51,14 +52,10 @@ __all__ = [
 ]
 
 
-def _int_at_least(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name}={value!r} is not valid; it must be an integer >= {low}")
-
-
 @dataclass(kw_only=True, frozen=True)
-class UserRun:
-    """One run of the user's model. ``batch_size`` is the global batch (all dp ranks)."""
+class UserRun(UserOptions):
+    """One run of the user's model: the factories (plain callables, unpickled on this
+    rank), the layout, and the options it shares with the client's ``UserSpec``."""
 
     model: Callable[[], nn.Module]
     data: Any
@@ -66,14 +63,6 @@ class UserRun:
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
     layout: Layout = field(default_factory=Layout)
     strategy: str = "custom"  # the preset name the layout came from, for display
-    batch_size: int = 8
-    grad_accum: int = 1
-    microbatches: int = 2
-    schedule: str = "gpipe"
-    precision: str = "fp32"
-    seed: int = 0
-    trace: bool = True
-    per_module: bool = False
 
     def __post_init__(self) -> None:
         for name in ("model", "loss"):
@@ -93,18 +82,7 @@ class UserRun:
             )
         if not isinstance(self.layout, Layout):
             raise ConfigError(f"layout={self.layout!r} is not valid; give a Layout")
-        _int_at_least("batch_size", self.batch_size, 1)
-        _int_at_least("grad_accum", self.grad_accum, 1)
-        _int_at_least("microbatches", self.microbatches, 1)
-        _int_at_least("seed", self.seed, 0)
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(
-                f"schedule={self.schedule!r} is not valid; choose from {sorted(SCHEDULES)}"
-            )
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"precision={self.precision!r} is not valid; choose from {list(PRECISIONS)}"
-            )
+        super().__post_init__()  # the shared options, checked as before: last
 
     def checkpoint_fields(self) -> dict[str, Any]:
         """What a checkpoint's ``meta.json`` records of this run (JSON; the factories by
@@ -135,11 +113,6 @@ class UserRun:
             "precision": self.precision,
             "seed": self.seed,
         }
-
-    def check_batch(self, dims: ParallelDims) -> None:
-        check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
-        if dims.pp > 1 and self.grad_accum != 1:
-            raise ConfigError("grad_accum must be 1 with pp > 1: set microbatches instead")
 
 
 def _label(fn: Any) -> str:
@@ -333,7 +306,7 @@ def user_reference(
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses and final parameters of the plain single-device run on the same global
     batches (no accumulation, no tracing), to compare a parallel run against."""
-    _int_at_least("steps", steps, 0)
+    int_at_least("steps", steps, 0)
     single = replace(run, grad_accum=1, trace=False)
     step = build_user_train_step(single, device=device, world_size=1)
     losses = [step.run_step() for _ in range(steps)]
