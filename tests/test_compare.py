@@ -109,7 +109,7 @@ def test_a_layout_the_planner_cannot_model_is_a_note_not_a_crash() -> None:
     tp=2: compare used to raise after every strategy had run; now that row is a note."""
     import dataclasses
 
-    from workbench.cluster.user_session import user_spec
+    from workbench.session.user_training import user_spec
     from workbench.compare import _checked_validation
     from workbench.demo import StrategyResult
     from workbench.parallel.model_spec import user_model_spec

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cluster import Cluster
-from workbench.cluster.remote_checks import compare_user_with_reference
-from workbench.cluster.user_session import UserSpec, UserTrainingSession, user_spec
 from workbench.demo import StrategyResult, format_table, write_demo_report
+from workbench.engine.equivalence import compare_user_with_reference
 from workbench.errors import ConfigError, WorkbenchError
+from workbench.session.user_training import UserSpec, UserTrainingSession, user_spec
 
 __all__ = ["USER_STRATEGIES", "StrategyComparison", "compare"]
 

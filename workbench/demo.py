@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.cluster import Cluster
-from workbench.cluster.remote_checks import compare_with_reference
-from workbench.cluster.session import TrainingSession
+from workbench.engine.equivalence import compare_with_reference
 from workbench.parallel.models import get_config, planner_model
 from workbench.parallel.spec import RunSpec
 from workbench.planner import (
@@ -31,6 +30,7 @@ from workbench.planner import (
 )
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
 from workbench.report import ReportSection, write_report
+from workbench.session.training import TrainingSession
 from workbench.trace import CommEvent, Event, MemorySample, Metric, PhaseSpan, to_perfetto
 from workbench.vocab import planner_name
 

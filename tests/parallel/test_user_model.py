@@ -273,7 +273,7 @@ def test_microbatches_must_divide_each_pipelines_share_of_the_batch() -> None:
 def test_user_spec_and_user_run_share_one_declaration_of_their_options() -> None:
     from dataclasses import fields
 
-    from workbench.cluster.user_session import UserSpec, user_spec
+    from workbench.session.user_training import UserSpec, user_spec
     from workbench.parallel.user_model import UserRun
     from workbench.parallel.user_options import UserOptions
 

@@ -21,16 +21,16 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
-from workbench.cluster import engine as engine_fns
 from workbench.cluster import launchers, rendezvous, watchdog
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.hosts import local_pid_space
-from workbench.cluster.loop import run_sync
+from workbench.cluster.loop import async_first, sync_twin
 from workbench.cluster.processes import is_local, reap, started_for
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.config import ClusterConfig
+from workbench.engine import process_group
 from workbench.errors import (
     ClusterError,
 )
@@ -300,15 +300,7 @@ class Cluster(RankDispatch):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def start_sync(self) -> Cluster:
-        return run_sync(self.start())
-
-    def stop_sync(self) -> None:
-        run_sync(self.stop())
-
-    def restart_sync(self) -> Cluster:
-        return run_sync(self.restart())
-
+    @async_first
     async def start(self) -> Cluster:
         """Start (or connect to) engines, assign ranks and initialise the process group."""
         if self.state in ("running", "degraded"):
@@ -348,6 +340,7 @@ class Cluster(RankDispatch):
         _current[:] = [weakref.ref(self)]
         return self
 
+    @async_first
     async def stop(self) -> None:
         """Leave the process group; stop controller and engines if this cluster started them
         (every process it started, by pid, also after its controller died)."""
@@ -358,12 +351,14 @@ class Cluster(RankDispatch):
         self.state = "stopped"
         _live.discard(self)
 
+    @async_first
     async def restart(self) -> Cluster:
         """Stop everything and start again with the same settings (fresh ranks and port).
         This is the way back from a dead controller."""
         await self.stop()
         return await self.start()
 
+    @async_first
     async def recover(self) -> Any:
         """Replace dead engines, free or replace stuck ones, keep the rest and their rank
         numbers, and re-create the process group on a fresh port. Returns a
@@ -372,8 +367,11 @@ class Cluster(RankDispatch):
 
         return await recover(self)
 
-    def recover_sync(self) -> Any:
-        return run_sync(self.recover())
+    # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
+    start_sync = sync_twin(start)
+    stop_sync = sync_twin(stop)
+    restart_sync = sync_twin(restart)
+    recover_sync = sync_twin(recover)
 
     @property
     def stuck_ranks(self) -> list[int]:
@@ -476,7 +474,7 @@ class Cluster(RankDispatch):
             # overlaps with the other engines still starting.
             for eid in ids:
                 if eid not in self._info_futures:
-                    self._info_futures[eid] = client[eid].apply_async(engine_fns.engine_info)
+                    self._info_futures[eid] = client[eid].apply_async(process_group.engine_info)
                     self._address_futures[eid] = client[eid].apply_async(*self.address_call())
             count = len(ids)
             if count != seen:
@@ -595,7 +593,7 @@ class Cluster(RankDispatch):
         self._report("rendezvous", 0, len(ranks))
         futures = [
             client[r.engine_id].apply_async(
-                engine_fns.setup_rank,
+                process_group.setup_rank,
                 r.as_dict(),
                 self.config.init_timeout,
                 # Engines on rank 0's host share its clock; others get the measured offset.
@@ -623,7 +621,7 @@ class Cluster(RankDispatch):
         cluster) and keeps it for ``setup_rank``; returns the port it listens on."""
         port = await asyncio.wrap_future(
             self.client_unchecked()[r0.engine_id].apply_async(
-                engine_fns.open_store, r0.master_addr, r0.world_size, self.config.init_timeout
+                process_group.open_store, r0.master_addr, r0.world_size, self.config.init_timeout
             )
         )
         return int(port)
@@ -643,7 +641,7 @@ class Cluster(RankDispatch):
             if self.ranks and self._owns_engines and not lost:
                 try:  # leave the process group cleanly so engines exit without noise
                     ar = client[[r.engine_id for r in self.ranks if r.engine_id in client.ids]]
-                    ar.apply_async(engine_fns.teardown_rank).get(timeout=5)
+                    ar.apply_async(process_group.teardown_rank).get(timeout=5)
                     # Asking engines to exit is faster than SIGTERM from the launcher.
                     client.shutdown(targets=ar.targets, hub=False, block=True)
                 except Exception:

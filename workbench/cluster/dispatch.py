@@ -7,7 +7,6 @@ when time runs out, and turns remote failures into ``RankError`` / ``EngineDied`
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import time
@@ -17,7 +16,7 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench import validate
-from workbench.cluster.hang import describe_rank, hang_report, read_status
+from workbench.cluster.hang import describe_rank, hang_report, lost_engines_error, read_status
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import CellResult, format_remote
@@ -27,7 +26,6 @@ from workbench.errors import (
     CollectiveTimeout,
     ConfigError,
     EngineDied,
-    EngineUnresponsive,
     RankError,
 )
 
@@ -139,16 +137,6 @@ class RankDispatch:
         client = self.client
         futures = [client[r.engine_id].apply_async(fn, *args, **kwargs) for r in targets]
         return self.collect(targets, futures, timeout)
-
-    async def run_async(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        ranks: int | Sequence[int] | None = None,
-        timeout: float | None = None,
-        **kwargs: Any,
-    ) -> list[Any]:
-        return await asyncio.to_thread(self.run, fn, *args, ranks=ranks, timeout=timeout, **kwargs)
 
     def ensure_alive(self, ranks: Sequence[int] | None = None) -> None:
         """Raise ``EngineDied`` (before sending any work) when the engine of one of
@@ -289,39 +277,7 @@ class RankDispatch:
         return results
 
     def _lost_error(self, lost: list[int]) -> EngineDied:
-        """``EngineDied`` for ranks whose engine is gone; ``EngineUnresponsive`` when every
-        one of them still has a process (looked at on this host only) that does not answer."""
-        dead: list[str] = []
-        unresponsive: list[str] = []
-        for rank in lost:
-            r = self.ranks[rank]
-            state = local_state(r.host, r.pid)
-            where = f"rank {rank} (engine {r.engine_id} on {r.host}, pid {r.pid}"
-            seen = f"last seen {describe_rank(read_status(self.run_dir, rank))}"
-            if state is None or state == GONE:  # another host: its pid is not ours to read
-                dead.append(f"{where}; {seen})")
-            elif state in FROZEN:
-                unresponsive.append(
-                    f"{where}; its process is {state}, e.g. by SIGSTOP or a debugger; {seen})"
-                )
-            else:
-                unresponsive.append(
-                    f"{where}; its process is {state} but missed the controller's "
-                    f"heartbeats; {seen})"
-                )
-        parts = []
-        if dead:
-            parts.append(f"engine died: {', '.join(dead)}")
-        if unresponsive:
-            parts.append(f"engine unresponsive: {', '.join(unresponsive)}")
-        which = "dead" if not unresponsive else "unresponsive" if not dead else "lost"
-        message = (
-            f"{'; '.join(parts)}; the process group is broken on every rank. "
-            f"Recover with `%wb restart` (cluster.recover_sync()): it replaces only the {which} "
-            "engine(s) and re-creates the process group."
-        )
-        cls = EngineUnresponsive if not dead else EngineDied
-        return cls(message, ranks=lost)
+        return lost_engines_error(self.ranks, lost, self.run_dir)
 
     def execute(
         self,

@@ -1,7 +1,7 @@
 """The options of a run of the user's own model, in one place.
 
 ``UserOptions`` is the single source of truth for them: the client's ``UserSpec``
-(``cluster/user_session.py``) and the engine's ``UserRun`` (``parallel/user_model.py``)
+(``session/user_training.py``) and the engine's ``UserRun`` (``parallel/user_model.py``)
 both extend it, so each option is declared, defaulted and validated once, and what the
 client ships (``options()``) is exactly what the engine runs with.
 """

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from workbench.cluster import user_remote
 from workbench.cluster.cluster import Cluster
-from workbench.cluster.session import TrainingSession, _State
-from workbench.cluster.shipping import Shipped, ship
+from workbench.engine import user_run
+from workbench.engine.shipping import Shipped, ship
 from workbench.errors import ConfigError
 from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout, layout_for
 from workbench.parallel.user_options import UserOptions
+from workbench.session.training import TrainingSession, _State
 
 __all__ = ["USER_RUN_KEYS", "UserSpec", "UserTrainingSession", "is_user_run", "user_spec"]
 
@@ -212,7 +212,7 @@ class UserTrainingSession(TrainingSession):
 
     def _build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
         results = self._build_on_engines(
-            user_remote.build_user_run, spec.payload(self.cluster.world_size), self._autosave()
+            user_run.build_user_run, spec.payload(self.cluster.world_size), self._autosave()
         )
         self._built(results, keep_events=keep_events)
 
@@ -222,7 +222,7 @@ class UserTrainingSession(TrainingSession):
             ahead = max(steps, 2 * len(self._reference), 8)
             spec: UserSpec = self._state.spec  # type: ignore[assignment]
             self._reference = self.cluster.run(
-                user_remote.run_user_reference,
+                user_run.run_user_reference,
                 spec.payload(self.cluster.world_size),
                 ahead,
                 ranks=[0],
@@ -234,7 +234,7 @@ class UserTrainingSession(TrainingSession):
         """Which samples each rank sees in ``epoch``: disjoint and complete over the
         data-parallel ranks (ranks of one dp group, e.g. TP peers, see the same ones)."""
         self._ensure_built()
-        shards = self.cluster.run(user_remote.user_shard_indices, epoch, timeout=self.timeout)
+        shards = self.cluster.run(user_run.user_shard_indices, epoch, timeout=self.timeout)
         if not shards[0]["sharded"]:
             return {"sharded": False, "reason": "the data is a callable, not a Dataset"}
         by_dp: dict[int, list[int]] = {}
