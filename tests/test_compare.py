@@ -109,10 +109,10 @@ def test_a_layout_the_planner_cannot_model_is_a_note_not_a_crash() -> None:
     tp=2: compare used to raise after every strategy had run; now that row is a note."""
     import dataclasses
 
-    from workbench.session.user_training import user_spec
     from workbench.compare import _checked_validation
     from workbench.demo import StrategyResult
     from workbench.parallel.model_spec import user_model_spec
+    from workbench.session.user_training import user_spec
 
     options = {k: v for k, v in BASE.items() if k != "model"}
     spec = user_spec(um.make_model, "dp", {**options, "tp": 2, "tp_plan": um.TP_PLAN})

@@ -273,9 +273,9 @@ def test_microbatches_must_divide_each_pipelines_share_of_the_batch() -> None:
 def test_user_spec_and_user_run_share_one_declaration_of_their_options() -> None:
     from dataclasses import fields
 
-    from workbench.session.user_training import UserSpec, user_spec
     from workbench.parallel.user_model import UserRun
     from workbench.parallel.user_options import UserOptions
+    from workbench.session.user_training import UserSpec, user_spec
 
     shared = {f.name for f in fields(UserOptions)}
     spec_only = {f.name for f in fields(UserSpec)} - shared
