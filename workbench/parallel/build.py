@@ -222,7 +222,7 @@ def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
     if train_step.strategy == "single":
         return _named_full(model)
     if isinstance(model, PipelineModule):
-        local = _named_full(model.stage_module)
+        local = _named_full(_inner_module(model.stage_module))  # a stage may be in DDP
         parts = gather_objects(local, dst=0)
         if parts is None:
             return None
