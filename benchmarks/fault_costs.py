@@ -1,6 +1,6 @@
 """Costs of the fault machinery, measured side by side on 2 gloo ranks (ratios, not targets).
 
-- out-of-band status thread (``workbench.cluster.flight``): all-reduce latency of a small
+- out-of-band status thread (``workbench.engine.flight``): all-reduce latency of a small
   tensor with the thread off / on (it rewrites the status file whenever the in-flight record
   changed, at most every 50 ms);
 - the engine-level cell tracer (a ``CommTracer`` kept active for ``%%wb`` cells): the same
@@ -44,7 +44,7 @@ def _compute_us() -> float:
 
 
 def _measure(rank: int, world: int) -> dict[str, float]:
-    from workbench.cluster import flight
+    from workbench.engine import flight
 
     results: dict[str, list[float]] = {k: [] for k in ("plain", "monitor", "tracer")}
     compute: dict[str, list[float]] = {"plain": [], "tracer": []}

@@ -41,7 +41,7 @@ def _die_in_forward() -> None:
     import os
     import signal
 
-    from workbench.cluster.engine import engine_state
+    from workbench.engine.state import engine_state
 
     def forward(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -50,7 +50,7 @@ def _die_in_forward() -> None:
 
 
 def _uninterrupted(cluster: Any, spec: Any) -> tuple[float, float]:
-    from workbench.cluster.session import TrainingSession
+    from workbench.session.training import TrainingSession
 
     session = TrainingSession(cluster, spec, timeout=120)
     session.step()  # build + warm-up, not timed
@@ -62,8 +62,8 @@ def _uninterrupted(cluster: Any, spec: Any) -> tuple[float, float]:
 
 
 def _interrupted(cluster: Any, spec: Any) -> dict[str, float]:
-    from workbench.cluster.session import TrainingSession
     from workbench.errors import EngineDied
+    from workbench.session.training import TrainingSession
 
     with tempfile.TemporaryDirectory(prefix="wb-bench-ckpt-") as root:
         session = TrainingSession(

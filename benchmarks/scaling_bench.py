@@ -98,11 +98,12 @@ def predict_speedup(
 def run(quick: bool = False) -> BenchResult:
     import psutil
 
-    from workbench.cluster import Cluster, remote_run
-    from workbench.cluster.session import TrainingSession
+    from workbench.cluster import Cluster
+    from workbench.engine import train_run
     from workbench.parallel import RunSpec, build_model, get_config
     from workbench.parallel.commbench import allreduce_sweep
     from workbench.planner import fit_alpha_beta
+    from workbench.session.training import TrainingSession
 
     batch = BATCH
     steps, repeats = (2, 1) if quick else (8, 3)
@@ -142,11 +143,11 @@ def run(quick: bool = False) -> BenchResult:
             return [(b - a) / steps for a, b in zip(before, cpu_now(procs), strict=True)]
 
         def one_engine() -> float:
-            built = cluster.run(remote_run.build_run, asdict(single), ranks=[0], timeout=300)
+            built = cluster.run(train_run.build_run, asdict(single), ranks=[0], timeout=300)
             cursor = built[0]["cursor"]
-            cursor = cluster.run(remote_run.run_steps, 1, cursor, ranks=[0])[0]["cursor"]
+            cursor = cluster.run(train_run.run_steps, 1, cursor, ranks=[0])[0]["cursor"]
             c0, m0, start = cpu_now(engines[:1]), machine_busy(), time.perf_counter()
-            out = cluster.run(remote_run.run_steps, steps, cursor, ranks=[0], timeout=600)[0]
+            out = cluster.run(train_run.run_steps, steps, cursor, ranks=[0], timeout=600)[0]
             elapsed = time.perf_counter() - start
             others = machine_busy() - m0 - (cpu_now(engines[:1])[0] - c0[0])
             cpu["1 engine"].append(per_step(c0, engines[:1]))
@@ -175,7 +176,7 @@ def run(quick: bool = False) -> BenchResult:
             return elapsed / steps
 
         times = interleaved({"1 engine": one_engine, "2 engines": two_engines}, repeats)
-        cluster.run(remote_run.close_run)
+        cluster.run(train_run.close_run)
     finally:
         cluster.stop_sync()
 

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import Any
+
 import psutil
 
-__all__ = ["alive"]
+from workbench.errors import ClusterError
+
+__all__ = ["alive", "raises_without_hanging"]
+
+BOUND_S = 30.0  # generous: "fast" means no hang, not a speed on a busy machine
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -17,3 +25,24 @@ def alive(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def raises_without_hanging(call: Callable[[], Any], bound_s: float = BOUND_S) -> ClusterError:
+    """Run ``call`` on a thread; it must raise a ``ClusterError`` within ``bound_s``."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(bound_s)
+    assert not thread.is_alive(), f"{call} still waits after {bound_s} s"
+    exc = outcome[0]
+    assert isinstance(exc, ClusterError), exc
+    return exc

@@ -201,6 +201,7 @@ NUMERIC_FLAGS: dict[str, tuple[bool, float, float, bool]] = {
     "--micro-batches": (True, 1, 1e8, False),
     "--trainable": (False, 0, 1, True),
     "--mfu": (False, 0, 1, True),
+    "--memory-traffic": (False, 0, 1000, False),
     "--overlap": (False, 0, 1, False),
     "--reserve-gb": (False, 0, 1e6, False),
     "--gpus": (True, 1, 2**20, False),
@@ -297,3 +298,17 @@ def test_issue16_switches_reach_the_plan(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["parallel"]["cp"] == 2 and data["parallel"]["vocab_parallel"] is False
     assert data["gpus"] == 4
+
+
+def test_cli_default_step_time_is_the_per_operation_model_as_in_python(capsys):
+    from workbench.planner import plan
+
+    argv = ["plan", "--model", "llama2-7b", "--gpu", "a100-80gb", "--dp", "8", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["training"]["mfu"] is None and data["training"]["memory_traffic"] is None
+    assert data["time"]["step_s"] == pytest.approx(plan("llama2-7b", dp=8).time.total)
+    assert main([*argv, "--mfu", "0.5", "--memory-traffic", "2"]) == 0
+    flat = json.loads(capsys.readouterr().out)
+    expected = plan("llama2-7b", dp=8, mfu=0.5, memory_traffic=2.0).time.total
+    assert flat["time"]["step_s"] == pytest.approx(expected)

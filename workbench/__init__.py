@@ -32,7 +32,7 @@ _LAZY: dict[str, str] = {
     "PlannerWidget": "workbench.ui.planner",
     "plan": "workbench.planner",
     "plan_from": "workbench.parallel.plan_from",
-    "traced": "workbench.cluster.traced_engine",
+    "traced": "workbench.engine.traced",
 }
 
 __all__ = [

@@ -172,10 +172,12 @@ print(f"step time: predicted {t.total * 1e3:.1f} ms, measured {measured * 1e3:.1
 #
 # We cannot run hundreds of GPUs here, but the same model — compute at a set efficiency,
 # collectives at α and B — scales to them. The efficiency is the planner's default
-# `TrainingSpec.mfu = 0.5`: the executed FLOPs (matmuls and attention, recompute
-# included) run at 50% of the card's bf16 peak while computing; the MFU a plan reports
+# per-operation model: matmuls and attention (recompute included) run at a share of the
+# card's bf16 peak calibrated on published runs, and the memory-bound operations (norms,
+# activations, residual adds, softmax) move their bytes at the card's memory bandwidth
+# (`TrainingSpec.mfu=0.5` would fix one flat efficiency instead). The MFU a plan reports
 # (model FLOPs over peak for the whole step, as papers define it) comes out lower once
-# recompute and exposed communication are counted. The links are what they achieve, not
+# recompute, memory-bound work and exposed communication are counted. The links are what they achieve, not
 # their nominal peak: the bus bandwidth nccl-tests measure for large all-reduces —
 # NVLink 4 360 GB/s per GPU (450 peak) inside an 8-GPU H100 node, and between nodes
 # InfiniBand NDR 46 GB/s (50 peak), 100 Gb Ethernet 11 GB/s (12.5) or 25 Gb Ethernet

@@ -196,7 +196,7 @@ print("loss points:", len(resumed))
 # loss by loss (the engines hold one run at a time, so the stepper's run is closed first):
 
 # %%
-from workbench.cluster.session import TrainingSession
+from workbench.session.training import TrainingSession
 
 stepper.close()
 uninterrupted = TrainingSession(cluster, stepper.spec)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.engines
 def test_exit_now_flushes_output_and_exits_zero_while_the_main_thread_is_busy() -> None:
     code = (
         "import sys, time\n"
-        "from workbench.cluster.fast_stop import exit_now\n"
+        "from workbench.engine.boot import exit_now\n"
         "print('pid', exit_now(0.05)); sys.stdout.write('unflushed tail')\n"
         "time.sleep(60)\n"  # the exit must not wait for the main thread
     )

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from workbench.cluster import Cluster
-from workbench.cluster.session import TrainingSession
 from workbench.errors import EngineDied
 from workbench.parallel import RunSpec
+from workbench.session.training import TrainingSession
 from workbench.trace import Metric
 
 pytestmark = pytest.mark.engines
@@ -26,7 +26,7 @@ def _die_in_forward() -> None:
     import os
     import signal
 
-    from workbench.cluster.engine import engine_state
+    from workbench.engine.state import engine_state
 
     def forward(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -48,7 +48,7 @@ def _die_while_writing_shards() -> None:
 
 
 def _params() -> dict[str, torch.Tensor] | None:
-    from workbench.cluster.engine import engine_state
+    from workbench.engine.state import engine_state
     from workbench.parallel import full_state_dict
 
     return full_state_dict(engine_state()["run"])

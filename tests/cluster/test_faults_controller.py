@@ -6,41 +6,16 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.processes import alive
+from tests.processes import BOUND_S, alive, raises_without_hanging
 from workbench.cluster import Cluster
-from workbench.errors import ClusterError
 
 pytestmark = pytest.mark.engines
-
-BOUND_S = 30.0  # generous: "fast" means no hang, not a speed on a busy machine
-
-
-def _raises_without_hanging(call: Callable[[], Any]) -> BaseException:
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            call()
-        except BaseException as exc:
-            outcome.append(exc)
-        else:
-            outcome.append(None)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(BOUND_S)
-    assert not thread.is_alive(), f"{call} still waits after {BOUND_S} s"
-    exc = outcome[0]
-    assert isinstance(exc, ClusterError), exc
-    return exc
 
 
 def _rank() -> int:
@@ -86,7 +61,7 @@ def test_dead_controller_fails_fast_and_restart_rebuilds(ipython_shell: Any, cap
             lambda: ipython_shell.run_cell_magic("wb", "", "1"),
             Cluster.current,
         ):
-            message = str(_raises_without_hanging(call))
+            message = str(raises_without_hanging(call))
             assert "controller" in message and "died" in message, message
             assert "%wb restart" in message and "restart_sync()" in message, message
 

@@ -6,37 +6,17 @@ from __future__ import annotations
 import _thread
 import signal
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
+from tests.processes import raises_without_hanging
 from workbench.cluster import Cluster
-from workbench.errors import ClusterError, CollectiveTimeout
+from workbench.errors import CollectiveTimeout
 
 pytestmark = pytest.mark.engines
 
 TIMEOUT = 2.0
-BOUND_S = 30.0  # generous: "at once" means no queueing behind a blocked cell, not a speed
-
-
-def _raises_without_hanging(call: Callable[[], Any]) -> BaseException:
-    outcome: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            call()
-        except BaseException as exc:
-            outcome.append(exc)
-        else:
-            outcome.append(None)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(BOUND_S)
-    assert not thread.is_alive(), f"still waits after {BOUND_S} s"
-    assert isinstance(outcome[0], ClusterError), outcome[0]
-    return outcome[0]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +58,7 @@ def test_rank_that_never_joins_gets_a_hang_report_and_recovery(own_cluster: Clus
 
     # The next cell is refused at once, naming the rank to free and how (it used to queue
     # behind the blocked one for a minute and then fail with ipyparallel's TaskAborted).
-    message = str(_raises_without_hanging(lambda: own_cluster.execute(TOGETHER)))
+    message = str(raises_without_hanging(lambda: own_cluster.execute(TOGETHER)))
     assert "ranks [0] are still blocked" in message and "waiting in all_reduce" in message
     assert "%wb restart" in message and "recover_sync()" in message
     # a cell on the free rank still runs

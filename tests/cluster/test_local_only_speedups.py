@@ -1,5 +1,5 @@
 """The start/stop speed-ups that only a local cluster may use, and that the multi-node
-launchers must not get: engines launched beside the controller (engine_boot, waiting for
+launchers must not get: engines launched beside the controller (engine/boot.py, waiting for
 its connection file themselves), the 100 ms heartbeat, engines ending with ``os._exit``
 and processes ended by local pid at stop."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from workbench.cluster import Cluster, RankAssignment, engine_boot, fast_stop, shutdown
-from workbench.cluster import engine as engine_fns
+from workbench.cluster import Cluster, RankAssignment, fast_stop, shutdown
 from workbench.cluster.start_sequence import controller_args, make_ipp_cluster
+from workbench.engine import boot, process_group
 
 
 def _engine_cmd(cluster: Cluster) -> Any:
@@ -23,7 +23,7 @@ def _engine_cmd(cluster: Cluster) -> Any:
 
 def test_local_cluster_launches_engine_boot_without_waiting_for_the_controller() -> None:
     ipp_cluster, cmd = _engine_cmd(Cluster(n=2))
-    assert cmd is not None and cmd[-1] == engine_boot.__file__
+    assert cmd is not None and cmd[-1] == boot.__file__
     assert ipp_cluster.send_engines_connection_env is False
     assert "--HeartMonitor.period=100" in ipp_cluster.controller_args
     assert ipp_cluster.controller_ip == "127.0.0.1"  # still loopback only
@@ -107,7 +107,7 @@ def test_local_stop_asks_engines_to_exit_at_once_and_ends_the_controller_by_pid(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client, ended = _stop("local", monkeypatch)
-    assert client.calls == [fast_stop.exit_now]
+    assert client.calls == [boot.exit_now]
     assert ended  # the controller's tree (empty here: none was started)
 
 
@@ -116,5 +116,5 @@ def test_multi_node_stop_is_polite_and_signals_no_pid(
     launcher: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, ended = _stop(launcher, monkeypatch)
-    assert client.calls == [engine_fns.teardown_rank, "shutdown"]
+    assert client.calls == [process_group.teardown_rank, "shutdown"]
     assert ended == []

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from workbench.cluster.startup import StartupProfile, timed_engine_info
+from workbench.cluster.startup import StartupProfile
+from workbench.engine.boot import timed_engine_info
 
 
 def test_table_lists_stages_in_time_order_with_increments_and_each_engine() -> None:

@@ -59,7 +59,7 @@ def _die_in_forward() -> None:
     import os
     import signal
 
-    from workbench.cluster.engine import engine_state
+    from workbench.engine.state import engine_state
 
     def forward(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -127,9 +127,9 @@ def _interrupt(cluster: Any, rank: int, out: dict[str, Any]) -> None:
 
 
 def _training(cluster: Any, out: dict[str, Any], home: Path) -> None:
-    from workbench.cluster.session import TrainingSession
     from workbench.errors import EngineDied
     from workbench.parallel import RunSpec, reference_losses_and_params
+    from workbench.session.training import TrainingSession
 
     spec = RunSpec(**SPEC)
     out["single_device"] = [float(x) for x in reference_losses_and_params(spec, STEPS)[0]]

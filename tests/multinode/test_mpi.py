@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from tests.multinode.bed import Bed
-from tests.multinode.checks import HOSTS, nothing_left, ok, trained_like_single_device, two_by_two
+from tests.multinode.checks import HOSTS
+from tests.multinode.contract import LauncherContract
 
 pytestmark = pytest.mark.engines
 
@@ -18,20 +19,8 @@ def run(bed: Bed) -> dict[str, Any]:
     return bed.drive({"scenario": "train", "launcher": "mpi", "hosts": HOSTS, "n": 4})
 
 
-def test_ranks_local_ranks_and_master_addr(bed: Bed, run: dict[str, Any]) -> None:
-    two_by_two(bed, run)
-
-
-def test_interrupt_reaches_a_remote_rank(run: dict[str, Any]) -> None:
-    assert ok(run)["interrupt"]["ename"] == "KeyboardInterrupt"
-
-
-def test_ddp_across_nodes_equals_single_device(run: dict[str, Any]) -> None:
-    trained_like_single_device(run)
-
-
-def test_stop_leaves_nothing_on_any_node(bed: Bed, run: dict[str, Any]) -> None:
-    nothing_left(bed, run)
+class TestMPI(LauncherContract):
+    """The contract every launcher keeps (tests/multinode/contract.py)."""
 
 
 def test_mpiexec_failure_surfaces_at_once_with_its_own_output(bed: Bed) -> None:

@@ -16,34 +16,24 @@ from tests.multinode.bed import Bed
 from tests.multinode.checks import (
     HOSTS,
     close,
-    nothing_left,
     ok,
-    trained_like_single_device,
-    two_by_two,
 )
+from tests.multinode.contract import LauncherContract
 
 pytestmark = pytest.mark.engines
 
 
 @pytest.fixture(scope="module")
-def full(bed: Bed) -> dict[str, Any]:
+def run(bed: Bed) -> dict[str, Any]:
     return bed.drive({"scenario": "full", "launcher": "ssh", "hosts": HOSTS, "n": 4})
 
 
-def test_ranks_local_ranks_and_master_addr(bed: Bed, full: dict[str, Any]) -> None:
-    two_by_two(bed, full)
+class TestSSH(LauncherContract):
+    """The contract every launcher keeps (tests/multinode/contract.py)."""
 
 
-def test_interrupt_reaches_a_remote_rank(full: dict[str, Any]) -> None:
-    assert ok(full)["interrupt"]["ename"] == "KeyboardInterrupt"
-
-
-def test_ddp_across_nodes_equals_single_device(full: dict[str, Any]) -> None:
-    trained_like_single_device(full)
-
-
-def test_killed_remote_engine_is_replaced_on_its_host(full: dict[str, Any]) -> None:
-    fault = ok(full)["fault"]
+def test_killed_remote_engine_is_replaced_on_its_host(run: dict[str, Any]) -> None:
+    fault = ok(run)["fault"]
     victim = fault["victim"]
     assert fault["ranks"] == [victim]
     assert f"rank {victim} (engine" in fault["error"] and fault["victim_host"] in fault["error"]
@@ -62,11 +52,7 @@ def test_killed_remote_engine_is_replaced_on_its_host(full: dict[str, Any]) -> N
     assert [e["hostname"] for e in env] == [after[r]["host"] for r in sorted(after)]
     assert [e["LOCAL_RANK"] for e in env] == [str(after[r]["local_rank"]) for r in sorted(after)]
     # the curve after recovery equals the uninterrupted run's
-    assert close(fault["losses"], full["ddp"]), (fault["losses"], full["ddp"])
-
-
-def test_stop_leaves_nothing_on_any_node(bed: Bed, full: dict[str, Any]) -> None:
-    nothing_left(bed, full)
+    assert close(fault["losses"], run["ddp"]), (fault["losses"], run["ddp"])
 
 
 def test_debian_hosts_file_still_gives_a_reachable_master_addr(bed: Bed) -> None:

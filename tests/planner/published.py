@@ -2,7 +2,10 @@
 
 Every ``published`` value below is typed from the cited source; every ``planner`` value
 is computed by the planner at test time. Step-time rows all use the planner's default
-compute efficiency (TrainingSpec.mfu = 0.5): nothing is fitted per row.
+per-operation efficiency model (workbench/planner/efficiency.py): its constants are
+fitted on the rows marked ``calibration`` (Narayanan et al. Table 1 1.7B and 1008B for
+A100; Llama 3 Table 4 8,192 GPUs for Hopper's matmul efficiency) and nothing is fitted
+per row; every other step-time row is held out.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ class Case:
     tolerance: float  # relative; 0 means exact
     unit: str
     xfail: str | None = None  # why the planner does not reproduce it (strict xfail)
+    # Step-time rows: the planner figure with TrainingSpec overrides (mfu=, memory_traffic=),
+    # which test_efficiency uses to re-derive the per-operation model's constants.
+    with_training: Callable[..., float] | None = None
+    calibration: bool = False  # used to fit the constants (not a validation of them)
 
 
 CASES: list[Case] = []
@@ -161,17 +168,16 @@ def _gpt(h: int, a: int, layers: int) -> ModelSpec:
     return ModelSpec(name=f"gpt-h{h}", layers=layers, hidden=h, heads=a, vocab=51200, seq=2048)
 
 
-_BIG = "one compute efficiency (0.5) for every size; GEMMs of h >= 12288 reach more"
 for name, a, h, layers, tp, pp, gpus, batch, seconds, xfail in (
     ("22B", 64, 6144, 48, 8, 1, 8, 4, 1.10, None),
-    ("175B", 96, 12288, 96, 8, 8, 64, 64, 13.75, _BIG),
-    ("530B", 128, 20480, 105, 8, 35, 280, 280, 37.83, _BIG),
-    ("1T", 160, 25600, 128, 8, 64, 512, 512, 71.49, _BIG),
+    ("175B", 96, 12288, 96, 8, 8, 64, 64, 13.75, None),
+    ("530B", 128, 20480, 105, 8, 35, 280, 280, 37.83, None),
+    ("1T", 160, 25600, 128, 8, 64, 512, 512, 71.49, None),
 ):
 
-    def _step(a=a, h=h, layers=layers, tp=tp, pp=pp, gpus=gpus, batch=batch) -> float:
+    def _step(a=a, h=h, layers=layers, tp=tp, pp=pp, gpus=gpus, batch=batch, **over) -> float:
         layout = ParallelSpec(dp=gpus // (tp * pp), tp=tp, pp=pp, sequence_parallel=True)
-        training = TrainingSpec(micro_batch=1, global_batch=batch, recompute="selective")
+        training = TrainingSpec(micro_batch=1, global_batch=batch, recompute="selective", **over)
         return evaluate(_gpt(h, a, layers), training, layout, _A100).time.total
 
     _case(
@@ -182,6 +188,7 @@ for name, a, h, layers, tp, pp, gpus, batch, seconds, xfail in (
         0.15,
         "s",
         xfail,
+        with_training=_step,
     )
 
 # -- Narayanan et al. 2021, Table 1: achieved TFLOP/s per A100 (full recompute) ------------
@@ -192,15 +199,15 @@ for billions, a, h, layers, tp, pp, gpus, batch, tflops, xfail in (
     (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, None),
     (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, None),
     (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, None),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, _BIG),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, _BIG),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, _BIG),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, _BIG),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, None),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, None),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, None),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, None),
 ):
 
-    def _tflops(a=a, h=h, layers=layers, tp=tp, pp=pp, gpus=gpus, batch=batch) -> float:
+    def _tflops(a=a, h=h, layers=layers, tp=tp, pp=pp, gpus=gpus, batch=batch, **over) -> float:
         layout = ParallelSpec(dp=gpus // (tp * pp), tp=tp, pp=pp)
-        training = TrainingSpec(micro_batch=1, global_batch=batch, recompute="full")
+        training = TrainingSpec(micro_batch=1, global_batch=batch, recompute="full", **over)
         t = evaluate(_gpt(h, a, layers), training, layout, _A100).time
         return t.hardware_flops / (t.world * t.total) / 1e12  # executed, as the paper counts
 
@@ -212,6 +219,47 @@ for billions, a, h, layers, tp, pp, gpus, batch, tflops, xfail in (
         0.15,
         "TFLOP/s/GPU",
         xfail,
+        with_training=_tflops,
+        calibration=billions in (1.7, 1008.0),
+    )
+
+# -- Narayanan et al. 2021, Table 2: ZeRO-3 without model parallelism, 174.6B GPT ----------
+# (h 12288, 96 heads, 96 layers, batch 1536; the micro-batch shrinks as GPUs grow, one
+# micro-batch per step). The issue's "0.31 of per-GPU throughput kept" is this table:
+# 44 / 144 TFLOP/s from 384 to 1536 GPUs. Full recompute, counted as in Table 1.
+_ZERO3_175B = _gpt(12288, 96, 96)
+
+
+def _zero3_tflops(gpus: int, micro_batch: int) -> float:
+    training = TrainingSpec(micro_batch=micro_batch, global_batch=1536, recompute="full")
+    t = evaluate(_ZERO3_175B, training, ParallelSpec(dp=gpus, zero=3), _A100).time
+    return t.hardware_flops / (t.world * t.total) / 1e12
+
+
+_case(
+    "narayanan-table2-zero3-scaling-384-1536",
+    "Narayanan et al. 2021, Table 2, ZeRO-3 174.6B: TFLOP/s per GPU at 1536 GPUs (44) "
+    "over 384 GPUs (144)",
+    44 / 144,
+    lambda: _zero3_tflops(1536, 1) / _zero3_tflops(384, 4),
+    0.15,
+    "x kept",
+)
+_Z3_LEVEL = (
+    "the level is 44-46% high: the efficiency model is calibrated on Megatron's fused "
+    "kernels (TP runs) and gives ZeRO-3's untensor-split micro-batch-4 layers 207 TFLOP/s, "
+    "more than either system reached on this model at 384 GPUs (ZeRO-3 144, PTD-P 153); "
+    "the scaling itself (the ratio row) is reproduced"
+)
+for gpus, mb, tflops in ((384, 4, 144), (1536, 1, 44)):
+    _case(
+        f"narayanan-table2-zero3-{gpus}",
+        f"Narayanan et al. 2021, Table 2, ZeRO-3 174.6B, {gpus} GPUs, micro-batch {mb}",
+        tflops,
+        lambda gpus=gpus, mb=mb: _zero3_tflops(gpus, mb),
+        0.15,
+        "TFLOP/s/GPU",
+        _Z3_LEVEL,
     )
 
 # -- nccl-tests (PERFORMANCE.md): busbw = algbw x factor ---------------------------------
@@ -261,11 +309,17 @@ _case(
     "GB (<= usable)",
 )
 for gpus, dp, mb, mfu in ((8192, 64, 32, 0.43), (16384, 128, 16, 0.41)):
+
+    def _mfu(dp=dp, mb=mb, **over) -> float:
+        return _llama3(dp, mb, schedule="interleaved", virtual_stages=7, **over).time.mfu
+
     _case(
         f"llama3-405b-mfu-{gpus}",
         f"Llama 3 paper, Table 4, {gpus} GPUs, TP8 CP1 PP16 DP{dp}, seq 8192: BF16 MFU",
         mfu,
-        lambda dp=dp, mb=mb: _llama3(dp, mb, schedule="interleaved", virtual_stages=7).time.mfu,
+        _mfu,
         0.15,
         "MFU",
+        with_training=_mfu,
+        calibration=gpus == 8192,
     )

@@ -72,7 +72,7 @@ def test_zero3_hides_each_pass_only_behind_itself():
 
     link = LinkSpec(bandwidth=30e9, latency=0.0)
     hw = hardware_preset("a100-80gb", intra=link, inter=link)
-    p = plan(MODEL, hw, gpus=8, zero=3, recompute="full", micro_batch=4)
+    p = plan(MODEL, hw, gpus=8, zero=3, recompute="full", micro_batch=4, mfu=0.5)
     t = p.time
     # All traffic is less than all compute (hiding it all would expose nothing), but the
     # forward's gathers exceed the forward (1 of 4 passes under full recompute).

@@ -125,8 +125,16 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--mfu",
         type=real(0, 1, low_open=True),
-        default=0.5,
-        help="compute efficiency: share of peak the executed FLOPs reach",
+        default=None,
+        help="one flat compute efficiency for all executed FLOPs (default: the "
+        "per-operation model, matmuls at the GPU's efficiency + memory-bound traffic)",
+    )
+    t.add_argument(
+        "--memory-traffic",
+        type=real(0, 1000),
+        default=None,
+        help="memory-bound bytes moved per activation byte (default 5.57 with the "
+        "per-operation model, 0 with --mfu)",
     )
     t.add_argument("--overlap", type=real(0, 1), default=1.0)
 
@@ -269,6 +277,7 @@ def _training(args: argparse.Namespace) -> TrainingSpec:
         selective_overhead=args.selective_overhead,
         trainable=args.trainable,
         mfu=args.mfu,
+        memory_traffic=args.memory_traffic,
         overlap=args.overlap,
     )
 

@@ -24,7 +24,7 @@ from workbench.cluster import launchers, rendezvous
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.hosts import local_pid_space
-from workbench.cluster.loop import run_sync
+from workbench.cluster.loop import async_first, sync_twin
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.shutdown import shutdown
 from workbench.cluster.start_sequence import init_process_group, start_engines
@@ -218,15 +218,7 @@ class Cluster(ProcessTracking, RankDispatch):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def start_sync(self) -> Cluster:
-        return run_sync(self.start())
-
-    def stop_sync(self) -> None:
-        run_sync(self.stop())
-
-    def restart_sync(self) -> Cluster:
-        return run_sync(self.restart())
-
+    @async_first
     async def start(self) -> Cluster:
         """Start (or connect to) engines, assign ranks and initialise the process group."""
         if self.state in ("running", "degraded"):
@@ -269,6 +261,7 @@ class Cluster(ProcessTracking, RankDispatch):
         _current[:] = [weakref.ref(self)]
         return self
 
+    @async_first
     async def stop(self) -> None:
         """Leave the process group; stop controller and engines if this cluster started them
         (every process it started, by pid, also after its controller died)."""
@@ -279,12 +272,14 @@ class Cluster(ProcessTracking, RankDispatch):
         self.state = "stopped"
         _live.discard(self)
 
+    @async_first
     async def restart(self) -> Cluster:
         """Stop everything and start again with the same settings (fresh ranks and port).
         This is the way back from a dead controller."""
         await self.stop()
         return await self.start()
 
+    @async_first
     async def recover(self) -> Any:
         """Replace dead engines, free or replace stuck ones, keep the rest and their rank
         numbers, and re-create the process group on a fresh port. Returns a
@@ -293,8 +288,11 @@ class Cluster(ProcessTracking, RankDispatch):
 
         return await recover(self)
 
-    def recover_sync(self) -> Any:
-        return run_sync(self.recover())
+    # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
+    start_sync = sync_twin(start)
+    stop_sync = sync_twin(stop)
+    restart_sync = sync_twin(restart)
+    recover_sync = sync_twin(recover)
 
     @property
     def stuck_ranks(self) -> list[int]:

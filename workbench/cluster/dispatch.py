@@ -7,7 +7,6 @@ when time runs out, and turns remote failures into ``RankError`` / ``EngineDied`
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import time
@@ -17,8 +16,8 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench import validate
-from workbench.cluster.hang import describe_rank, hang_report, read_status
-from workbench.cluster.health import lost_error, status_rows
+from workbench.cluster.hang import describe_rank, hang_report, lost_engines_error, read_status
+from workbench.cluster.health import status_rows
 from workbench.cluster.processes import FROZEN, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import CellResult, format_remote
@@ -149,16 +148,6 @@ class RankDispatch:
         targets = self._targets(ranks)
         futures = [self._view(r.engine_id).apply_async(fn, *args, **kwargs) for r in targets]
         return self.collect(targets, futures, timeout)
-
-    async def run_async(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        ranks: int | Sequence[int] | None = None,
-        timeout: float | None = None,
-        **kwargs: Any,
-    ) -> list[Any]:
-        return await asyncio.to_thread(self.run, fn, *args, ranks=ranks, timeout=timeout, **kwargs)
 
     def ensure_alive(self, ranks: Sequence[int] | None = None) -> None:
         """Raise ``EngineDied`` (before sending any work) when the engine of one of
@@ -310,7 +299,7 @@ class RankDispatch:
         return results
 
     def _lost_error(self, lost: list[int]) -> EngineDied:
-        return lost_error(self.ranks, self.run_dir, lost)
+        return lost_engines_error(self.ranks, lost, self.run_dir)
 
     def execute(
         self,

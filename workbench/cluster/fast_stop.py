@@ -6,8 +6,9 @@ and the controller's exit on SIGTERM another 0.5-0.9 s. Neither process holds an
 that outlives the stop (a rank's state dies with it; checkpoints are written by the
 cells that save them), so:
 
-- each engine flushes its output and ends with ``os._exit(0)`` (``exit_now``, sent without
-  waiting for a reply): a clean exit code, so ipyparallel does not dump its log;
+- each engine flushes its output and ends with ``os._exit(0)``
+  (``workbench.engine.boot.exit_now``, sent without waiting for a reply): a clean exit
+  code, so ipyparallel does not dump its log;
 - the controller and its schedulers get SIGTERM and, after a short grace, SIGKILL, by
   pid (``end``); ipyparallel's own stop then finds them gone and only cleans its files.
 """
@@ -18,31 +19,7 @@ import time
 
 import psutil
 
-__all__ = ["ENGINE_EXIT_DELAY_S", "end", "exit_now"]
-
-# Long enough for the request's reply to leave the engine (zmq sends from its own thread).
-ENGINE_EXIT_DELAY_S = 0.02
-
-
-def exit_now(delay: float = ENGINE_EXIT_DELAY_S) -> int:
-    """Runs on an engine: end this process in ``delay`` seconds, skipping finalisation.
-
-    Returns the pid at once; the caller waits for the process, not for a reply."""
-    import os
-    import sys
-    import threading
-
-    def _exit() -> None:
-        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except Exception:  # a closed or broken stream must not keep the process alive
-                continue
-        os._exit(0)
-
-    threading.Timer(delay, _exit).start()
-    return os.getpid()
+__all__ = ["end"]
 
 
 def end(processes: list[psutil.Process], grace: float = 0.5) -> list[psutil.Process]:

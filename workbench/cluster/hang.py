@@ -1,4 +1,5 @@
-"""Client side of the out-of-band channel: the hang report of a timed-out cell or step.
+"""Client side of the out-of-band channel: the hang report of a timed-out cell or step,
+and the message for engines that died or stopped answering.
 
 Reads the per-rank status files the engines' status threads write (see ``flight.py``), so it
 works while the engines are blocked and cannot answer ipyparallel. The files are local to
@@ -11,9 +12,12 @@ import json
 import os
 from typing import Any
 
-from workbench.cluster.flight import status_path
+from workbench.cluster.processes import FROZEN, GONE, local_state
+from workbench.cluster.ranks import RankAssignment
+from workbench.engine.flight import status_path
+from workbench.errors import EngineDied, EngineUnresponsive
 
-__all__ = ["describe_rank", "hang_report", "read_status"]
+__all__ = ["describe_rank", "hang_report", "lost_engines_error", "read_status"]
 
 
 def read_status(run_dir: str | os.PathLike[str] | None, rank: int) -> dict[str, Any] | None:
@@ -113,3 +117,40 @@ def hang_report(
     if waiting:  # a hang, not just a slow cell: who waits where, who never came
         report.update(waiting=waiting, never_entered=never, status=statuses)
     return "\n".join(lines), report
+
+
+def lost_engines_error(
+    ranks: list[RankAssignment], lost: list[int], run_dir: str | None
+) -> EngineDied:
+    """``EngineDied`` for ranks whose engine is gone; ``EngineUnresponsive`` when every
+    one of them still has a process (looked at on this host only) that does not answer."""
+    dead: list[str] = []
+    unresponsive: list[str] = []
+    for rank in lost:
+        r = ranks[rank]
+        state = local_state(r.host, r.pid)
+        where = f"rank {rank} (engine {r.engine_id} on {r.host}, pid {r.pid}"
+        seen = f"last seen {describe_rank(read_status(run_dir, rank))}"
+        if state is None or state == GONE:  # another host: its pid is not ours to read
+            dead.append(f"{where}; {seen})")
+        elif state in FROZEN:
+            unresponsive.append(
+                f"{where}; its process is {state}, e.g. by SIGSTOP or a debugger; {seen})"
+            )
+        else:
+            unresponsive.append(
+                f"{where}; its process is {state} but missed the controller's heartbeats; {seen})"
+            )
+    parts = []
+    if dead:
+        parts.append(f"engine died: {', '.join(dead)}")
+    if unresponsive:
+        parts.append(f"engine unresponsive: {', '.join(unresponsive)}")
+    which = "dead" if not unresponsive else "unresponsive" if not dead else "lost"
+    message = (
+        f"{'; '.join(parts)}; the process group is broken on every rank. "
+        f"Recover with `%wb restart` (cluster.recover_sync()): it replaces only the {which} "
+        "engine(s) and re-creates the process group."
+    )
+    cls = EngineUnresponsive if not dead else EngineDied
+    return cls(message, ranks=lost)

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from workbench.cluster import engine as engine_fns
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import relocalize
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.cluster.start_sequence import open_store
+from workbench.engine import process_group
 from workbench.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -43,7 +43,12 @@ if TYPE_CHECKING:
 
 __all__ = ["FREE_GRACE_S", "RecoveryReport", "recover"]
 
-FREE_GRACE_S = 2.0
+# How long a stuck rank may take to come back once its peers' sockets are closed. Freeing
+# itself is immediate (the collective fails at once); what takes time is the reply's trip
+# through the engine, the controller and the client, which on a loaded machine took more
+# than 2 s. A rank that is still busy after this is killed and replaced, so a short grace
+# makes the outcome depend on the machine's load; the wait ends as soon as every rank is back.
+FREE_GRACE_S = 10.0
 
 
 @dataclass(slots=True)
@@ -128,7 +133,7 @@ async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport)
     if healthy:
         try:
             await _gather(
-                [client[r.engine_id].apply_async(engine_fns.teardown_rank) for r in healthy],
+                [client[r.engine_id].apply_async(process_group.teardown_rank) for r in healthy],
                 timeout=15,
             )
         except Exception as exc:  # then the stuck ranks are killed below
@@ -205,7 +210,7 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
         await asyncio.sleep(0.02)
     new_ids = sorted(set(client.ids) - before)[: len(dead)]
     infos = await _gather(
-        [client[eid].apply_async(engine_fns.engine_info) for eid in new_ids],
+        [client[eid].apply_async(process_group.engine_info) for eid in new_ids],
         timeout=cluster.config.start_timeout,
     )
     facts = await _gather(
@@ -259,7 +264,7 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     cluster.ranks = [replace(r, master_port=int(port)) for r in cluster.ranks]
     futures = [
         client[r.engine_id].apply_async(
-            engine_fns.setup_rank,
+            process_group.setup_rank,
             r.as_dict(),
             cluster.config.init_timeout,
             0,

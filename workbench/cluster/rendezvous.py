@@ -52,7 +52,7 @@ def engine_address(probe: str | None, interface: str | None) -> dict[str, Any]:
 
 def open_probe(address: str) -> int:
     """(On rank 0.) Listen on ``address`` until ``close_probe``; returns the port."""
-    from workbench.cluster.engine import engine_state
+    from workbench.engine.state import engine_state
 
     close_probe()
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -67,7 +67,7 @@ def open_probe(address: str) -> int:
 
 
 def close_probe() -> None:
-    from workbench.cluster.engine import engine_state
+    from workbench.engine.state import engine_state
 
     s = engine_state().pop(_PROBE_KEY, None)
     if s is not None:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from workbench.cluster import engine as engine_fns
 from workbench.cluster import fast_stop, launchers, watchdog
 from workbench.cluster.processes import reap, started_for
+from workbench.engine import boot, process_group
 
 if TYPE_CHECKING:  # the cluster is only a parameter here
     from workbench.cluster.cluster import Cluster
@@ -50,7 +50,7 @@ async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
         if asked and fast:
             try:  # engines end themselves at once: see fast_stop.py
                 ids = [r.engine_id for r in cluster.ranks if r.engine_id in client.ids]
-                client[ids].apply_async(fast_stop.exit_now)
+                client[ids].apply_async(boot.exit_now)
             except Exception:
                 log.debug("asking engines to exit failed", exc_info=True)
             # before client.close(): the requests must have left
@@ -58,7 +58,7 @@ async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
         elif asked:
             try:  # leave the process group cleanly so engines exit without noise
                 ar = client[[r.engine_id for r in cluster.ranks if r.engine_id in client.ids]]
-                ar.apply_async(engine_fns.teardown_rank).get(timeout=5)
+                ar.apply_async(process_group.teardown_rank).get(timeout=5)
                 # Asking engines to exit is faster than SIGTERM from the launcher.
                 client.shutdown(targets=ar.targets, hub=False, block=True)
             except Exception:

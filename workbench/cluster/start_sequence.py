@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import engine as engine_fns
-from workbench.cluster import engine_boot, launchers, rendezvous
+from workbench.cluster import launchers, rendezvous
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
-from workbench.cluster.startup import timed_engine_info
+from workbench.engine import boot, process_group
 from workbench.errors import ClusterError
 
 if TYPE_CHECKING:  # the cluster is only a parameter here
@@ -64,7 +63,7 @@ def local_settings(start_timeout: float) -> dict[str, Any]:
     By default ipyparallel hands the engines the controller's connection info, so it waits
     for the controller before it launches any engine, then launches them 0.1 s apart. Here
     every engine is launched at once and waits for the connection file itself
-    (``wait_for_url_file``, on the same disk), while ``engine_boot`` imports torch: the
+    (``wait_for_url_file``, on the same disk), while ``workbench.engine.boot`` imports torch: the
     controller's start, the engines' start and their torch imports overlap.
     """
     from traitlets.config import Config
@@ -74,7 +73,7 @@ def local_settings(start_timeout: float) -> dict[str, Any]:
     # Run as a file (-P: its directory stays off sys.path), not with -m: that would import
     # the workbench.cluster package first, i.e. ipyparallel's client side, before the thread
     # importing torch could start.
-    cfg.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-P", engine_boot.__file__]
+    cfg.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-P", boot.__file__]
     cfg.LocalEngineSetLauncher.engine_args = [f"--IPEngine.wait_for_url_file={start_timeout}"]
     return {"config": cfg, "send_engines_connection_env": False}
 
@@ -166,7 +165,7 @@ async def wait_for_engines(cluster: Cluster) -> None:
         for eid in ids:
             if eid not in cluster._info_futures:
                 profile.engine_now(eid, "registered")
-                future = client[eid].apply_async(timed_engine_info)
+                future = client[eid].apply_async(boot.timed_engine_info)
                 future.add_done_callback(lambda _f, eid=eid: profile.engine_now(eid, "answered"))
                 cluster._info_futures[eid] = future
                 cluster._address_futures[eid] = client[eid].apply_async(*cluster.address_call())
@@ -284,7 +283,7 @@ async def init_process_group(cluster: Cluster) -> None:
     cluster._report("rendezvous", 0, len(ranks))
     futures = [
         client[r.engine_id].apply_async(
-            engine_fns.setup_rank,
+            process_group.setup_rank,
             r.as_dict(),
             config.init_timeout,
             # Engines on rank 0's host share its clock; others get the measured offset.
@@ -318,7 +317,7 @@ async def open_store(cluster: Cluster, r0: RankAssignment) -> int:
     cluster) and keeps it for ``setup_rank``; returns the port it listens on."""
     port = await asyncio.wrap_future(
         cluster.client_unchecked()[r0.engine_id].apply_async(
-            engine_fns.open_store, r0.master_addr, r0.world_size, cluster.config.init_timeout
+            process_group.open_store, r0.master_addr, r0.world_size, cluster.config.init_timeout
         )
     )
     return int(port)

@@ -1,8 +1,9 @@
 """Where a cluster's start-up time goes: kernel-side stages and per-engine milestones.
 
 ``Cluster.start`` marks its stages on a ``StartupProfile`` (seconds since the start
-request); each engine reports when its process began, how long its ``import torch`` took
-and when it registered, answered and joined the process group. ``%wb start
+request); each engine reports (``workbench.engine.boot.timed_engine_info``) when its
+process began and how long its ``import torch`` took, and the kernel notes when it
+registered, answered and joined the process group. ``%wb start
 --profile-startup`` prints ``profile.table()`` after the start. Marks cost a clock read
 and a dict write, so the profile is always collected (``cluster.startup``).
 """
@@ -16,38 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.cluster.engine_boot import STARTED_ENV
-
-__all__ = ["StartupProfile", "timed_engine_info"]
-
-
-def timed_engine_info() -> dict[str, Any]:
-    """``engine.engine_info()`` plus this engine's own start-up facts (runs on the engine):
-    when its process began (wall clock, seconds since the epoch) and the seconds spent
-    importing torch here (0 when it was already imported)."""
-    import sys
-
-    from workbench.cluster.engine import engine_info
-
-    had_torch = "torch" in sys.modules
-    started = time.perf_counter()
-    import torch  # noqa: F401  (engine_info needs it; timed here on its own)
-
-    torch_s = 0.0 if had_torch else time.perf_counter() - started
-    info = engine_info()
-    created: float | None = None
-    booted = os.environ.get(STARTED_ENV)  # set by engine_boot in this process
-    if booted is not None:
-        created = float(booted)
-    else:
-        try:
-            import psutil
-
-            created = psutil.Process(os.getpid()).create_time()
-        except Exception:  # psutil missing or no /proc: the milestone is left out
-            created = None
-    info["startup"] = {"process_created_wall": created, "torch_import_s": torch_s}
-    return info
+__all__ = ["StartupProfile"]
 
 
 @dataclass

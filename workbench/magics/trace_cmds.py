@@ -25,7 +25,7 @@ PLOTS = ("memory", "comm", "loss")
 
 def trace_log(magics: WorkbenchMagics) -> Any:
     """The notebook's ``TraceLog`` for the running cluster (made on first use)."""
-    from workbench.cluster.traced_log import TraceLog
+    from workbench.session.traced_log import TraceLog
 
     cluster = magics.require_cluster()
     log = getattr(magics, "trace_log", None)

@@ -101,8 +101,13 @@ class MeasuredPlan:
                 "step time",
                 t.total,
                 "s",
-                f"extrapolated: planner estimate (compute efficiency {p.training.mfu:g} "
-                "assumed, links from the hardware preset)",
+                "extrapolated: planner estimate ("
+                + (
+                    f"compute efficiency {p.training.mfu:g}"
+                    if p.training.mfu is not None
+                    else "per-operation efficiency model"
+                )
+                + " assumed, links from the hardware preset)",
             ),
             _row("tokens / s", t.tokens_per_s, "", "extrapolated: planner estimate"),
         ]

@@ -163,7 +163,7 @@ def cpu_profile(
     time of a whole core (measured rate / s1, ``outside_s`` · s1), so a plan with more
     ranks per node than free cores stretches them by its own, smaller share.
     """
-    from workbench.planner.timing import executed_flops_per_token
+    from workbench.planner.timing import compute_efficiency, executed_flops_per_token
 
     for label, value in (("step_s", step_s), ("outside_s", outside_s)):
         if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
@@ -179,9 +179,10 @@ def cpu_profile(
     ).with_(cores=cores, background=background)
     share = base.core_share(1)  # what the measured single rank got
     rate = executed_flops_per_token(model, training, seq) * tokens / (step_s - outside_s)
+    eff = compute_efficiency(training, base)[0]  # the plan will compute at eff x peak
     return base.with_(
-        peak_flops=rate / share / training.mfu,
-        peak_flops_fp32=rate / share / training.mfu,
+        peak_flops=rate / share / eff,
+        peak_flops_fp32=rate / share / eff,
         max_overlap=overlap,
         step_overhead=float(outside_s) * share,
     )

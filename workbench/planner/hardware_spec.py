@@ -58,8 +58,13 @@ class HardwareSpec:
     ``max_overlap`` caps how much communication can hide behind compute (a CPU rank's
     gloo all-reduce runs on the cores that compute: ~0); ``step_overhead`` is per-step time
     that does not shrink with the batch (optimizer, dispatch), from ``cpu_profile``.
-    ``cores`` (CPU ranks only) is how many cores a node's ranks run on, ``background`` how
-    many other busy processes compete for them; ``core_share`` turns both into the share
+    ``memory_bandwidth`` is the device memory's bandwidth in bytes/s (data sheet), the
+    rate of the memory-bound ops in the per-operation step-time model (None: not
+    modelled, as for CPU profiles, whose compute rate is measured); ``gemm_efficiency``
+    the share of peak its large matmuls reach in that model (None: the A100-calibrated
+    ``planner.efficiency.GEMM_EFFICIENCY``). ``cores`` (CPU ranks only) is how many
+    cores a node's ranks run on, ``background`` how many other busy processes compete
+    for them; ``core_share`` turns both into the share
     of a core each rank gets (None: every rank has its own device).
     """
 
@@ -76,6 +81,8 @@ class HardwareSpec:
     step_overhead: float = 0.0  # seconds per step per rank outside forward/backward
     cores: float | None = None  # CPU cores a node's ranks share (None: a device per rank)
     background: float = 0.0  # other busy processes on those cores, in whole-core demands
+    memory_bandwidth: float | None = None  # device memory bytes/s (None: not modelled)
+    gemm_efficiency: float | None = None  # share of peak large matmuls reach (None: default)
 
     def __post_init__(self) -> None:
         check_float("max_overlap", self.max_overlap, low=0.0, high=1.0, low_open=False)
@@ -83,6 +90,10 @@ class HardwareSpec:
         if self.cores is not None:
             check_float("cores", self.cores, low=0.0, high=1e6)
         check_float("background", self.background, low=0.0, high=1e6, low_open=False)
+        if self.memory_bandwidth is not None:
+            check_float("memory_bandwidth", self.memory_bandwidth, low=0.0, high=1e16)
+        if self.gemm_efficiency is not None:
+            check_float("gemm_efficiency", self.gemm_efficiency, low=0.0, high=1.0)
         check_int("memory", self.memory)
         check_int("gpus_per_node", self.gpus_per_node)
         check_int("reserved", self.reserved, minimum=0)

@@ -24,6 +24,7 @@ __all__ = [
     "inflight_microbatches",
     "layer_activation_bytes",
     "memory_breakdown",
+    "model_layer_bytes",
     "model_state_bytes",
     "stage_inflight",
     "state_bytes_per_param",
@@ -172,13 +173,17 @@ def inflight_microbatches(parallel: ParallelSpec, micro_batches: int) -> int:
     return stage_inflight(parallel, micro_batches, 0)
 
 
-def _layer_bytes(
+def model_layer_bytes(
     model: ModelSpec,
     training: TrainingSpec,
     parallel: ParallelSpec,
     hardware: HardwareSpec,
     seq: int,
+    *,
+    recompute: str | None = None,
 ) -> float:
+    """``layer_activation_bytes`` for this model and layout (``recompute`` overrides the
+    training's: the step-time model uses the no-recompute count as memory traffic)."""
     d = training.dtype_bytes
     return layer_activation_bytes(
         s=seq,
@@ -187,7 +192,7 @@ def _layer_bytes(
         a=model.heads,
         tp=parallel.tp,
         sequence_parallel=parallel.sequence_parallel,
-        recompute=training.recompute,
+        recompute=training.recompute if recompute is None else recompute,
         dtype_bytes=d,
         mask_bytes=1 if hardware.kind == "gpu" else d,  # CPU dropout keeps its mask in the dtype
         dropout=training.dropout,
@@ -238,7 +243,7 @@ def stage_activation_bytes(
     micro_batches: int,
 ) -> list[tuple[float, float]]:
     """(transformer layers, embedding + head) activation bytes of every pipeline stage."""
-    per_layer = _layer_bytes(model, training, parallel, hardware, seq)
+    per_layer = model_layer_bytes(model, training, parallel, hardware, seq)
     first, last = _edge_bytes(model, training, parallel, hardware, seq)
     stages = parallel.stage_layers(model.layers)
     p = len(stages)

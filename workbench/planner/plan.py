@@ -178,16 +178,7 @@ def evaluate(
     seq = training.seq or model.seq
     if seq is None:
         raise ConfigError("no sequence length: give training seq=<tokens> or model seq=<tokens>")
-    for factor in activation_scale:
-        if (
-            isinstance(factor, bool)
-            or not isinstance(factor, int | float)
-            or not (0 <= factor < 1e6)
-        ):
-            raise ConfigError(
-                f"activation_scale={activation_scale!r} is not valid; give two finite "
-                "factors >= 0 (layers, embedding + head)"
-            )
+    _check_scale(activation_scale)
     m, global_batch = resolve_batch(training, parallel)
     memory = memory_breakdown(
         model,
@@ -199,6 +190,43 @@ def evaluate(
         activation_scale=activation_scale,
     )
     time = step_time(model, training, parallel, hardware, seq=seq, micro_batches=m)
+    notes = _notes(model, training, parallel, hardware, memory, m)
+    return Plan(
+        model=model,
+        training=training,
+        parallel=parallel,
+        hardware=hardware,
+        seq=seq,
+        micro_batches=m,
+        global_batch=global_batch,
+        memory=memory,
+        time=time,
+        notes=notes,
+    )
+
+
+def _check_scale(activation_scale: tuple[float, float]) -> None:
+    for factor in activation_scale:
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not (0 <= factor < 1e6)
+        ):
+            raise ConfigError(
+                f"activation_scale={activation_scale!r} is not valid; give two finite "
+                "factors >= 0 (layers, embedding + head)"
+            )
+
+
+def _notes(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    memory: MemoryBreakdown,
+    m: int,
+) -> tuple[str, ...]:
+    """What a reader of the plan should know: assumptions and likely fixes."""
     notes: list[str] = []
     if model.shape_assumed:
         notes.append(
@@ -220,18 +248,7 @@ def evaluate(
             "activations dominate: recompute='selective' (or FlashAttention) drops the "
             "attention-score term, recompute='full' keeps only each layer's input"
         )
-    return Plan(
-        model=model,
-        training=training,
-        parallel=parallel,
-        hardware=hardware,
-        seq=seq,
-        micro_batches=m,
-        global_batch=global_batch,
-        memory=memory,
-        time=time,
-        notes=tuple(notes),
-    )
+    return tuple(notes)
 
 
 _TRAINING_KEYS = frozenset(f.name for f in fields(TrainingSpec))

@@ -95,16 +95,28 @@ LINKS: dict[str, LinkSpec] = {
                        source="RoCE/TCP over 100 GbE: ~90% of line rate"),
 }  # fmt: skip
 
-# name -> (memory, bf16 peak, fp32 peak, GPUs per node, intra link, inter link)
-_GPU_TABLE: dict[str, tuple[int, float, float, int, str, str]] = {
-    "rtx4090": (24564 * _MIB, 165.2e12, 82.6e12, 4, "pcie4", "25gbe"),
-    "a100-40gb": (40960 * _MIB, 312e12, 19.5e12, 8, "nvlink3", "ib-hdr"),
-    "a100-80gb": (81920 * _MIB, 312e12, 19.5e12, 8, "nvlink3", "ib-hdr"),
-    "h100-80gb": (81559 * _MIB, 989e12, 67e12, 8, "nvlink4", "ib-ndr"),
-    "h200-141gb": (143771 * _MIB, 989e12, 67e12, 8, "nvlink4", "ib-ndr"),
+# name -> (memory, bf16 peak, fp32 peak, GPUs per node, intra link, inter link, memory
+# bandwidth in bytes/s: the data sheets' GDDR6X / HBM figure, SXM parts)
+_GPU_TABLE: dict[str, tuple[int, float, float, int, str, str, float]] = {
+    "rtx4090": (24564 * _MIB, 165.2e12, 82.6e12, 4, "pcie4", "25gbe", 1008e9),
+    "a100-40gb": (40960 * _MIB, 312e12, 19.5e12, 8, "nvlink3", "ib-hdr", 1555e9),
+    "a100-80gb": (81920 * _MIB, 312e12, 19.5e12, 8, "nvlink3", "ib-hdr", 2039e9),
+    "h100-80gb": (81559 * _MIB, 989e12, 67e12, 8, "nvlink4", "ib-ndr", 3350e9),
+    "h200-141gb": (143771 * _MIB, 989e12, 67e12, 8, "nvlink4", "ib-ndr", 4800e9),
 }
 
 GPUS: tuple[str, ...] = tuple(_GPU_TABLE)
+
+# The share of bf16 peak large matmuls reach in the per-operation step-time model, where
+# it differs from the A100-calibrated default (planner.efficiency.GEMM_EFFICIENCY).
+# Hopper's: fitted on the Llama 3 paper's Table 4 8,192-GPU row (BF16 MFU 43%) with the
+# A100-fitted traffic factor, by the same procedure (tests/planner/test_efficiency.py);
+# the 16,384-GPU row is held out. H200 has the H100's compute die.
+HOPPER_GEMM_EFFICIENCY = 0.537
+_GEMM_EFFICIENCY: dict[str, float] = {
+    "h100-80gb": HOPPER_GEMM_EFFICIENCY,
+    "h200-141gb": HOPPER_GEMM_EFFICIENCY,
+}
 
 
 def model_preset(name: str, **changes: Any) -> ModelSpec:
@@ -137,7 +149,7 @@ def hardware_preset(
     row = _GPU_TABLE.get(name)
     if row is None:
         raise choices_error("gpu", name, GPUS)
-    memory, bf16, fp32, per_node, intra_name, inter_name = row
+    memory, bf16, fp32, per_node, intra_name, inter_name, bandwidth = row
     return HardwareSpec(
         name=name,
         memory=memory,
@@ -147,6 +159,8 @@ def hardware_preset(
         intra=_link(intra if intra is not None else intra_name),
         inter=_link(inter if inter is not None else inter_name),
         reserved=reserved,
+        memory_bandwidth=bandwidth,
+        gemm_efficiency=_GEMM_EFFICIENCY.get(name),
     )
 
 

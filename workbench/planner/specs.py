@@ -51,8 +51,12 @@ GRAD_SYNC = ("per_microbatch", "per_step")
 class TrainingSpec:
     """One training step: batch, sequence, precision, optimizer, recompute and efficiency.
 
-    ``mfu`` is the compute efficiency: the fraction of peak FLOP/s the executed work
-    (matmuls and attention, recompute included) reaches while computing; the plan reports
+    ``mfu`` is the compute efficiency: the fraction of peak FLOP/s the executed matmul
+    and attention FLOPs (recompute included) reach. None (the default) is the
+    per-operation model of ``planner.efficiency``: matmuls at ``GEMM_EFFICIENCY`` of peak
+    plus the memory-bound ops' traffic (``memory_traffic`` x activation bytes, default
+    ``TRAFFIC_FACTOR``) at the hardware's memory bandwidth. A number alone is one flat
+    efficiency for all the work (``memory_traffic`` then defaults to 0); the plan reports
     the achieved MFU (papers' definition) and HFU separately. ``overlap`` is the fraction of
     the eligible compute (backward; the matching pass under ZeRO-3) behind which data
     parallel traffic can hide. ``trainable`` < 1 models LoRA-style fine-tuning: only that
@@ -69,7 +73,8 @@ class TrainingSpec:
     dropout: bool = True
     fp32_grads: bool = False  # keep an fp32 gradient copy (Megatron main_grad, DeepSpeed 2+18)
     trainable: float = 1.0
-    mfu: float = 0.5
+    mfu: float | None = None  # None: the per-operation model (planner.efficiency)
+    memory_traffic: float | None = None  # memory-bound bytes per activation byte
     overlap: float = 1.0
     bucket_bytes: int = 25 * 2**20  # DDP bucket; two in flight when dp > 1
     flash_attention: bool = False  # no s x s scores stored (an fp32 logsumexp instead)
@@ -91,7 +96,10 @@ class TrainingSpec:
         if self.recompute not in RECOMPUTE:
             raise choices_error("recompute", self.recompute, RECOMPUTE)
         check_float("trainable", self.trainable, low=0.0, high=1.0)
-        check_float("mfu", self.mfu, low=0.0, high=1.0)
+        if self.mfu is not None:
+            check_float("mfu", self.mfu, low=0.0, high=1.0)
+        if self.memory_traffic is not None:
+            check_float("memory_traffic", self.memory_traffic, low=0.0, high=1e3, low_open=False)
         check_float("overlap", self.overlap, low=0.0, high=1.0, low_open=False)
         if self.fp32_grads and self.precision == "fp32":
             raise ConfigError("fp32_grads=True only applies to precision='bf16-mixed'")

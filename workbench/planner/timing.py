@@ -6,8 +6,10 @@ not) plus 12·L·s·h for attention (QKᵀ and AV; forward 4·L·s·h). That is 
 papers use. HFU counts what is executed: a second forward under full recompute, the
 attention core again under selective recompute.
 
-compute   = per micro-batch, the busiest pipeline stage's executed FLOPs at
-            ``mfu`` × peak, times the micro-batches; the pipeline adds
+compute   = per micro-batch, the busiest pipeline stage's executed FLOPs at the matmul
+            efficiency × peak plus its memory-bound traffic at the memory bandwidth
+            (``planner.efficiency``; a flat ``mfu`` when one is given), times the
+            micro-batches; the pipeline adds
 bubble    = (p−1)/v of one busiest-stage micro-batch per micro-batch slot.
 dp/ZeRO   = over the dp·cp ranks that share parameters: ZeRO-0 all-reduce, ZeRO-1
             reduce-scatter + all-gather, once per step and hidden behind the last
@@ -39,6 +41,8 @@ from workbench.planner.comm import (
     p2p_time,
     spans_nodes,
 )
+from workbench.planner.efficiency import GEMM_EFFICIENCY, TRAFFIC_FACTOR
+from workbench.planner.memory import model_layer_bytes
 from workbench.planner.params import (
     count_params,
     largest_unit,
@@ -49,6 +53,7 @@ from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, Train
 
 __all__ = [
     "StepTime",
+    "compute_efficiency",
     "executed_flops_per_token",
     "model_flops_per_token",
     "step_time",
@@ -192,6 +197,38 @@ def _layer_head_flops(model: ModelSpec, training: TrainingSpec, seq: int) -> tup
     return layer, 2.0 * head_mm * matmul
 
 
+def compute_efficiency(training: TrainingSpec, hardware: HardwareSpec) -> tuple[float, float]:
+    """(matmul efficiency, memory traffic per activation byte) a plan computes with: the
+    per-operation model's constants (the hardware's own matmul efficiency when it has
+    one) unless ``training.mfu`` fixes a flat efficiency (then
+    no traffic term unless ``memory_traffic`` is given); no traffic term on hardware
+    without a memory bandwidth (CPU profiles, whose rate is measured)."""
+    if training.mfu is None:
+        eff = hardware.gemm_efficiency or GEMM_EFFICIENCY
+        traffic = TRAFFIC_FACTOR if training.memory_traffic is None else training.memory_traffic
+    else:
+        eff, traffic = training.mfu, training.memory_traffic or 0.0
+    return eff, (traffic if hardware.memory_bandwidth else 0.0)
+
+
+def _traffic_per_layer(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    seq: int,
+    factor: float,
+) -> float:
+    """Seconds one rank's memory-bound ops take per layer per micro-batch: ``factor`` x
+    the layer's activation bytes without recompute (forward again under full recompute)
+    at the memory bandwidth."""
+    if factor == 0.0 or not hardware.memory_bandwidth:
+        return 0.0
+    act = model_layer_bytes(model, training, parallel, hardware, seq, recompute="none")
+    passes = 2.0 if training.recompute == "full" else 1.0
+    return factor * act * passes / hardware.memory_bandwidth
+
+
 def step_time(
     model: ModelSpec,
     training: TrainingSpec,
@@ -206,7 +243,9 @@ def step_time(
     tokens = training.micro_batch * m * dp * seq
     peak = hardware.flops(training.precision)
     share = hardware.core_share(min(world, hardware.gpus_per_node))
-    work = _compute(model, training, parallel, seq, m, rate=training.mfu * peak * share)
+    eff, factor = compute_efficiency(training, hardware)
+    traffic = _traffic_per_layer(model, training, parallel, hardware, seq, factor)
+    work = _compute(model, training, parallel, seq, m, rate=eff * peak * share, traffic=traffic)
     overlap = min(training.overlap, hardware.max_overlap)
     dp_comm, dp_exposed = _dp_time(model, training, parallel, hardware, work, m, overlap)
     layers = max(work.layout)
@@ -251,16 +290,18 @@ def _compute(
     m: int,
     *,
     rate: float,
+    traffic: float = 0.0,
 ) -> _Compute:
-    """Compute at ``rate`` FLOP/s per rank: the busiest stage, one micro-batch (b·s tokens
-    over its tp·cp ranks), m of them per step, and the pipeline bubble."""
+    """Compute at ``rate`` FLOP/s per rank plus ``traffic`` seconds of memory-bound work
+    per layer: the busiest stage, one micro-batch (b·s tokens over its tp·cp ranks), m of
+    them per step, and the pipeline bubble."""
     pp = parallel.pp
     layer_f, head_f = _layer_head_flops(model, training, seq)
     layout = parallel.stage_layers(model.layers)
     stage = [n * layer_f + (head_f if i == pp - 1 else 0.0) for i, n in enumerate(layout)]
     busiest = max(range(pp), key=lambda i: stage[i])
     scale = training.micro_batch * seq / (parallel.tp * parallel.cp * rate)
-    per_micro = stage[busiest] * scale
+    per_micro = stage[busiest] * scale + layout[busiest] * traffic
     if training.recompute == "selective" and not training.flash_attention:
         # Recomputing softmax and dropout is memory-bound: Korthikanti et al. measured it
         # as a share of each layer's time, not as FLOPs.

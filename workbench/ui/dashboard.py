@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from workbench import validate
 from workbench.cluster import Cluster
-from workbench.cluster.probe import engine_memory
+from workbench.engine.probe import engine_memory
 from workbench.errors import WorkbenchError
 from workbench.plots.engines import engine_memory_figure
 from workbench.plots.style import format_bytes

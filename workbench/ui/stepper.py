@@ -14,11 +14,11 @@ import plotly.graph_objects as go
 
 from workbench import validate
 from workbench.cluster import Cluster
-from workbench.cluster.session import RankStatus, TrainingSession, validate_layout
-from workbench.cluster.user_session import UserTrainingSession, is_user_run, user_spec
 from workbench.errors import ConfigError
 from workbench.parallel.spec import RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
+from workbench.session.training import RankStatus, TrainingSession, validate_layout
+from workbench.session.user_training import UserTrainingSession, is_user_run, user_spec
 from workbench.trace import Event
 
 __all__ = ["Stepper"]
@@ -91,26 +91,27 @@ class Stepper:
             )
         _check_arguments(timeout, capacity, reference, checkpoint_dir, checkpoint_every, keep_last)
         # Your own model: ``model=make_model, data=..., loss=..., optimizer=...`` (see
-        # workbench.cluster.user_session); a preset name otherwise.
+        # workbench.session.user_training); a preset name otherwise.
         user = user_spec(model, strategy, options) if is_user_run(model, options) else None
         spec = RunSpec(model=model, strategy=strategy, **options) if user is None else None
         self.cluster = cluster if cluster is not None else Cluster.current()
+        checkpoints: dict[str, Any] = {
+            "checkpoint_dir": checkpoint_dir,
+            "checkpoint_every": checkpoint_every,
+            "keep_last": keep_last,
+        }
         if spec is not None:
             validate_layout(spec, self.cluster.world_size)  # fail here, before any work
             self.session: TrainingSession = TrainingSession(
-                self.cluster,
-                spec,
-                timeout=timeout,
-                checkpoint_dir=checkpoint_dir,
-                checkpoint_every=checkpoint_every,
-                keep_last=keep_last,
+                self.cluster, spec, timeout=timeout, **checkpoints
             )
         else:
-            if checkpoint_dir is not None or checkpoint_every is not None:
-                raise ConfigError(
-                    "checkpoint_dir / checkpoint_every: not supported for your own model yet"
-                )
-            self.session = UserTrainingSession(self.cluster, user, timeout=timeout)  # type: ignore[arg-type]
+            self.session = UserTrainingSession(
+                self.cluster,
+                user,  # type: ignore[arg-type]
+                timeout=timeout,
+                **checkpoints,
+            )
         self.capacity = capacity
         self.reference = reference
         self._view: Any | None = None

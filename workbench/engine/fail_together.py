@@ -68,8 +68,8 @@ def _drop_group(dist: Any, store: Any) -> None:
     replaces it."""
     import gc
 
-    from workbench.cluster.engine import engine_state
-    from workbench.cluster.remote_run import close_run
+    from workbench.engine.state import engine_state
+    from workbench.engine.train_run import close_run
 
     engine_state()["failed_store"] = store
     try:

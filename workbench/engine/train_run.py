@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from workbench.cluster.engine import engine_state
-from workbench.cluster.fail_together import fail_together
+from workbench.engine.fail_together import fail_together
+from workbench.engine.state import engine_state
 from workbench.errors import CheckpointError, ClusterError
 
 __all__ = [
@@ -66,7 +66,7 @@ def build_run(
 def _build_run(spec_fields: dict[str, Any], autosave: dict[str, Any] | None) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from workbench.cluster import flight
+    from workbench.engine import flight
     from workbench.parallel import RunSpec, build_train_step
     from workbench.trace import Recorder
 
@@ -199,7 +199,7 @@ def pull_events(cursor: int) -> dict[str, Any]:
 
 
 def close_run() -> None:
-    from workbench.cluster import flight
+    from workbench.engine import flight
 
     train_step = engine_state().pop(_RUN, None)
     if train_step is not None:

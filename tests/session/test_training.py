@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from workbench.cluster import Cluster
-from workbench.cluster.engine import engine_state
-from workbench.cluster.session import TrainingSession
+from workbench.engine.state import engine_state
 from workbench.errors import CheckpointError, ClusterError, ConfigError, RankError
 from workbench.parallel import RunSpec
+from workbench.session.training import TrainingSession
 from workbench.trace import CommEvent, MemorySample, Metric, PhaseSpan
 
 

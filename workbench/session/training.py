@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from workbench.cluster import remote_run
 from workbench.cluster.cluster import Cluster
+from workbench.engine import train_run
 from workbench.errors import (
     CheckpointError,
     ClusterError,
@@ -218,16 +218,19 @@ class TrainingSession:
         self._build_remote(spec)
 
     def _build_remote(self, spec: RunSpec, *, keep_events: bool = True) -> None:
-        autosave = None
-        if self.checkpoint_every is not None and self.checkpoint_dir is not None:
-            autosave = {
-                "root": self.checkpoint_dir,
-                "every": self.checkpoint_every,
-                "keep_last": self.keep_last,
-                "key": self._key(),
-            }
-        results = self._build_on_engines(remote_run.build_run, asdict(spec), autosave)
+        results = self._build_on_engines(train_run.build_run, asdict(spec), self._autosave())
         self._built(results, keep_events=keep_events)
+
+    def _autosave(self) -> dict[str, Any] | None:
+        """What the engines need to checkpoint every ``checkpoint_every`` steps, or None."""
+        if self.checkpoint_every is None or self.checkpoint_dir is None:
+            return None
+        return {
+            "root": self.checkpoint_dir,
+            "every": self.checkpoint_every,
+            "keep_last": self.keep_last,
+            "key": self._key(),
+        }
 
     def _build_on_engines(self, fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
         """Run a build on every rank; a rank-local failure closes the group on every rank
@@ -285,12 +288,12 @@ class TrainingSession:
     def phase(self, count: int = 1) -> list[Event]:
         """Advance every rank by ``count`` phases; returns the new events."""
         self._ensure_built()
-        return self._call(remote_run.run_phases, count)
+        return self._call(train_run.run_phases, count)
 
     def step(self, count: int = 1) -> list[Event]:
         """Finish the current step (and ``count - 1`` more) on every rank; new events."""
         self._ensure_built()
-        return self._call(remote_run.run_steps, count)
+        return self._call(train_run.run_steps, count)
 
     def run(
         self,
@@ -351,7 +354,7 @@ class TrainingSession:
         self._ensure_built()
         root = self._root(path)
         results = self._call_each(
-            remote_run.save_run,
+            train_run.save_run,
             root,
             keep_last if keep_last is not None else self.keep_last,
             self._key(),
@@ -364,16 +367,14 @@ class TrainingSession:
         metadata."""
         self._ensure_built()
         root = self._root(path)
-        results = self._call_each(remote_run.load_run, root, step, self._key(), rebuild_events=True)
+        results = self._call_each(train_run.load_run, root, step, self._key(), rebuild_events=True)
         return dict(results[0]["meta"])
 
     def checkpoints(self, path: str | Path | None = None) -> list[dict[str, Any]]:
         """Complete checkpoints under the root, oldest first (read on rank 0's host)."""
         root = self._root(path)
         try:
-            metas = self.cluster.run(remote_run.list_run_checkpoints, root, ranks=[0], timeout=60)[
-                0
-            ]
+            metas = self.cluster.run(train_run.list_run_checkpoints, root, ranks=[0], timeout=60)[0]
         except EngineDied:  # rank 0 is gone: read the directory from here
             from workbench.parallel.checkpoint import list_checkpoints
 
@@ -421,7 +422,7 @@ class TrainingSession:
 
     def close(self) -> None:
         if self.built and self.cluster.state == "running" and not self.cluster.stuck_ranks:
-            self.cluster.run(remote_run.close_run, timeout=60)
+            self.cluster.run(train_run.close_run, timeout=60)
         self.built = False
 
     def reference_losses(self, steps: int | None = None) -> list[float]:
@@ -431,7 +432,7 @@ class TrainingSession:
             # Compute ahead so a long Run N does not recompute the reference every refresh.
             ahead = max(steps, 2 * len(self._reference), 8)
             self._reference = self.cluster.run(
-                remote_run.run_reference,
+                train_run.run_reference,
                 asdict(self.spec),
                 ahead,
                 ranks=[0],
@@ -498,7 +499,7 @@ class TrainingSession:
         if rebuild_events:
             step = int(results[0]["step"])
             self._drop_events_from(step)
-        if fn is not remote_run.run_steps and fn is not remote_run.run_phases:
+        if fn is not train_run.run_steps and fn is not train_run.run_phases:
             self._absorb(results)
         return results
 

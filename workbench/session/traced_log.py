@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workbench.cluster import traced_engine
 from workbench.cluster.cluster import Cluster
+from workbench.engine import traced
 from workbench.trace import Event, from_record, to_perfetto
 
 __all__ = ["TraceLog"]
@@ -35,7 +35,7 @@ class TraceLog:
         new: list[Event] = []
         for rank in ranks:
             result = self.cluster.run(
-                traced_engine.pull_trace,
+                traced.pull_trace,
                 self._cursors.get(rank, 0),
                 ranks=[rank],
                 timeout=self.timeout,
@@ -46,10 +46,10 @@ class TraceLog:
         return new
 
     def begin_cell(self, label: str = "cell") -> None:
-        self.cluster.run(traced_engine.begin_cell, label, timeout=self.timeout)
+        self.cluster.run(traced.begin_cell, label, timeout=self.timeout)
 
     def end_cell(self) -> list[Event]:
-        self.cluster.run(traced_engine.end_cell, timeout=self.timeout)
+        self.cluster.run(traced.end_cell, timeout=self.timeout)
         return self.pull()
 
     def export(self, path: str | Path) -> Path:

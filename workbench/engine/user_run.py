@@ -2,7 +2,7 @@
 
 ``build_user_run`` resolves the shipped factories (``shipping.resolve``), wraps each so a
 failure names the factory, rank and host, and installs the ``TrainStep`` where the
-stepper's other engine functions (``remote_run.run_phases`` / ``run_steps`` /
+stepper's other engine functions (``train_run.run_phases`` / ``run_steps`` /
 ``pull_events``) find it: from there on a user run is driven exactly like a built-in one.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.cluster.engine import engine_state, user_namespace
-from workbench.cluster.remote_run import _AUTOSAVE, _RUN, _summary, close_run
-from workbench.cluster.shipping import Shipped, guard, resolve
+from workbench.engine.shipping import Shipped, guard, resolve
+from workbench.engine.state import engine_state, user_namespace
+from workbench.engine.train_run import _AUTOSAVE, _RUN, _summary, close_run
 
 __all__ = ["build_user_run", "run_user_reference", "user_shard_indices"]
 
@@ -48,7 +48,7 @@ def build_user_run(
 ) -> dict[str, Any]:
     """(Re)build this rank's run of the user's model; closes any previous run. A factory
     that raises on one rank ends the build on every rank at once (``fail_together``)."""
-    from workbench.cluster.fail_together import fail_together
+    from workbench.engine.fail_together import fail_together
 
     # Resolving the factories touches no collective and fails alike on every rank (a name
     # not defined there): a plain error, the process group stays as it is.
@@ -59,7 +59,7 @@ def build_user_run(
 def _build_user_run(run: Any, autosave: dict[str, Any] | None) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from workbench.cluster import flight
+    from workbench.engine import flight
     from workbench.parallel.user_model import build_user_train_step
     from workbench.trace import Recorder
 

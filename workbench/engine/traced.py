@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.cluster.engine import engine_state
+from workbench.engine.state import engine_state
 from workbench.trace.recorder import Recorder
 from workbench.trace.traced import Traced
 
@@ -36,13 +36,13 @@ def trace_recorder() -> Recorder:
 
 
 def _pause() -> None:
-    from workbench.cluster import flight
+    from workbench.engine import flight
 
     flight.pause_cell_tracer()
 
 
 def _resume() -> None:
-    from workbench.cluster import flight
+    from workbench.engine import flight
 
     if engine_state().get("run") is None:  # a traced stepper run records its own
         flight.resume_cell_tracer()

@@ -1,9 +1,8 @@
-"""Functions that run *on the engines*.
+"""On the engines: this rank's facts, the rendezvous store, joining and leaving the group.
 
 The client ships these by reference (module name + function name), so engines import
-``workbench.cluster.engine`` from the installed package instead of unpickling code that was
-defined in a notebook cell. Each engine keeps its workbench state in its user namespace under
-``STATE_KEY`` (one engine process = one rank, so this is per-rank state, not a global).
+``workbench.engine.process_group`` from the installed package instead of unpickling code
+that was defined in a notebook cell.
 """
 
 from __future__ import annotations
@@ -14,34 +13,17 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from workbench.engine.state import engine_state, user_namespace
+
 __all__ = [
-    "STATE_KEY",
     "engine_info",
-    "engine_state",
     "open_store",
     "setup_rank",
     "teardown_rank",
-    "user_namespace",
 ]
 
-STATE_KEY = "_wb_state"
 LOOPBACK = "127.0.0.1"
 _PENDING_STORE = "pending_store"  # rank 0's store, between open_store and setup_rank
-
-
-def user_namespace() -> dict[str, Any]:
-    """The engine's interactive namespace (where ``%%wb`` cells run)."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:  # plain process (tests, torchrun): fall back to this module's dict
-        return globals().setdefault("_fallback_ns", {})  # type: ignore[no-any-return]
-    return shell.user_ns  # type: ignore[no-any-return]
-
-
-def engine_state() -> dict[str, Any]:
-    """Per-rank workbench state kept in the engine's namespace."""
-    return user_namespace().setdefault(STATE_KEY, {})  # type: ignore[no-any-return]
 
 
 def _host_address(host: str) -> str:
@@ -186,7 +168,7 @@ def setup_rank(
     state.clear()
     state.update(assignment=dict(assignment), clock=Clock(offset_ns=clock_offset_ns))
     if run_dir is not None:
-        from workbench.cluster import flight
+        from workbench.engine import flight
 
         flight.start_monitor(run_dir, int(assignment["rank"]))
     user_namespace().update(
@@ -208,7 +190,7 @@ def teardown_rank() -> None:
 
     import torch.distributed as dist
 
-    from workbench.cluster.remote_run import close_run
+    from workbench.engine.train_run import close_run
 
     # A fresh engine (the first setup_rank) has nothing to drop: skip the full collection,
     # which costs 0.1-0.3 s with torch loaded.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.cluster.engine import engine_state
+from workbench.engine.state import engine_state
 
 __all__ = ["compare_user_with_reference", "compare_with_reference"]
 
