@@ -27,7 +27,10 @@ cores     = CPU ranks time-share a node's cores: with r = min(world, ranks per n
             ranks and ``background`` other busy processes on c cores, each rank runs
             share = min(1, c / (r + background)) of the time, so compute (and the bubble)
             and the overhead stretch by 1/share; the collectives keep their calibrated
-            cost (the fit was measured with the ranks sharing the cores).
+            cost (the fit was measured with the ranks sharing the cores), except the
+            data-parallel one on CPU ranks with ``comm_cpu``: gloo's work there competes
+            with compute for the same cores, so comm_cpu x its time is added to the step
+            (never hidden) and stretched by 1/share too.
 """
 
 from __future__ import annotations
@@ -248,6 +251,8 @@ def step_time(
     work = _compute(model, training, parallel, seq, m, rate=eff * peak * share, traffic=traffic)
     overlap = min(training.overlap, hardware.max_overlap)
     dp_comm, dp_exposed = _dp_time(model, training, parallel, hardware, work, m, overlap)
+    if hardware.comm_cpu is not None:  # CPU ranks: the collective's work takes the cores
+        dp_exposed = hardware.comm_cpu * dp_comm / share
     layers = max(work.layout)
     return StepTime(
         compute=work.compute,
