@@ -218,16 +218,19 @@ class TrainingSession:
         self._build_remote(spec)
 
     def _build_remote(self, spec: RunSpec, *, keep_events: bool = True) -> None:
-        autosave = None
-        if self.checkpoint_every is not None and self.checkpoint_dir is not None:
-            autosave = {
-                "root": self.checkpoint_dir,
-                "every": self.checkpoint_every,
-                "keep_last": self.keep_last,
-                "key": self._key(),
-            }
-        results = self._build_on_engines(train_run.build_run, asdict(spec), autosave)
+        results = self._build_on_engines(train_run.build_run, asdict(spec), self._autosave())
         self._built(results, keep_events=keep_events)
+
+    def _autosave(self) -> dict[str, Any] | None:
+        """What the engines need to checkpoint every ``checkpoint_every`` steps, or None."""
+        if self.checkpoint_every is None or self.checkpoint_dir is None:
+            return None
+        return {
+            "root": self.checkpoint_dir,
+            "every": self.checkpoint_every,
+            "keep_last": self.keep_last,
+            "key": self._key(),
+        }
 
     def _build_on_engines(self, fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
         """Run a build on every rank; a rank-local failure closes the group on every rank
