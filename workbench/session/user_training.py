@@ -19,7 +19,8 @@ from workbench.engine.shipping import Shipped, ship
 from workbench.errors import ConfigError
 from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout, layout_for
 from workbench.parallel.user_options import UserOptions
-from workbench.session.training import TrainingSession, _State
+from workbench.session.run_state import RunState
+from workbench.session.training import TrainingSession
 
 __all__ = ["USER_RUN_KEYS", "UserSpec", "UserTrainingSession", "is_user_run", "user_spec"]
 
@@ -206,13 +207,13 @@ class UserTrainingSession(TrainingSession):
                 changes = {**dict.fromkeys(_DIMS), **changes, "strategy": CUSTOM}
             spec = replace(spec, **changes)
         spec.validate(self.cluster.world_size)
-        self._state = _State(spec=spec)  # type: ignore[arg-type]
+        self._state = RunState(spec=spec)  # type: ignore[arg-type]
         self._reference = []
-        self._build_remote(spec)  # type: ignore[arg-type]
+        self.build_remote(spec)  # type: ignore[arg-type]
 
-    def _build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
+    def build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
         results = self._build_on_engines(
-            user_run.build_user_run, spec.payload(self.cluster.world_size), self._autosave()
+            user_run.build_user_run, spec.payload(self.cluster.world_size), self.autosave_settings()
         )
         self._built(results, keep_events=keep_events)
 

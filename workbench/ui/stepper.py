@@ -17,7 +17,8 @@ from workbench.cluster import Cluster
 from workbench.errors import ConfigError
 from workbench.parallel.spec import RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
-from workbench.session.training import RankStatus, TrainingSession, validate_layout
+from workbench.session.run_state import RankStatus
+from workbench.session.training import TrainingSession, validate_layout
 from workbench.session.user_training import UserTrainingSession, is_user_run, user_spec
 from workbench.trace import Event
 
