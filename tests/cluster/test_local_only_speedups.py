@@ -29,7 +29,11 @@ def test_local_cluster_launches_engine_boot_without_waiting_for_the_controller()
     assert ipp_cluster.controller_ip == "127.0.0.1"  # still loopback only
 
 
-@pytest.mark.parametrize("launcher", ["ssh", "mpi", "slurm"])
+@pytest.mark.parametrize(
+    # the mpi settings ask mpiexec which MPI it is (a subprocess): not for the unit tier
+    "launcher",
+    ["ssh", pytest.param("mpi", marks=pytest.mark.engines), "slurm"],
+)
 def test_multi_node_launchers_keep_ipyparallels_start_and_a_500ms_heartbeat(
     launcher: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,7 +115,11 @@ def test_local_stop_asks_engines_to_exit_at_once_and_ends_the_controller_by_pid(
     assert ended  # the controller's tree (empty here: none was started)
 
 
-@pytest.mark.parametrize("launcher", ["ssh", "mpi", "slurm"])
+@pytest.mark.parametrize(
+    # the mpi settings ask mpiexec which MPI it is (a subprocess): not for the unit tier
+    "launcher",
+    ["ssh", pytest.param("mpi", marks=pytest.mark.engines), "slurm"],
+)
 def test_multi_node_stop_is_polite_and_signals_no_pid(
     launcher: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
