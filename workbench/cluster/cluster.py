@@ -44,7 +44,9 @@ ProgressCallback = Callable[[str, int, int], None]
 
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
-_current: list[weakref.ref[Cluster]] = []  # the most recently started cluster, if alive
+# Clusters in the order they started. The last one not stopped is "the current cluster"
+# that %wb, the stepper and the dashboard all use; stopping it makes the one before current.
+_current: list[weakref.ref[Cluster]] = []
 
 
 @atexit.register
@@ -130,12 +132,23 @@ class Cluster(ProcessTracking, RankDispatch):
         self._known: dict[int, psutil.Process] = {}
 
     @classmethod
+    def latest(cls) -> Cluster | None:
+        """The most recently started cluster that was not stopped (running, degraded, or
+        broken by a dead controller), or None. The one place that says which cluster is
+        current: ``Cluster.current()``, ``%wb`` and ``%%wb`` all read it."""
+        for ref in reversed(_current):
+            cluster = ref()
+            if cluster is not None and cluster.state in ("running", "degraded", "broken"):
+                return cluster
+        return None
+
+    @classmethod
     def current(cls) -> Cluster:
         """The most recently started cluster that is still running (e.g. by ``%wb start``)."""
-        cluster = _current[0]() if _current else None
+        cluster = cls.latest()
         if cluster is not None and cluster.state == "broken":
             raise cluster.controller_died()
-        if cluster is None or cluster.state not in ("running", "degraded"):
+        if cluster is None:
             raise ClusterError(
                 "no running cluster; start one with `%wb start -n 2` or "
                 "`workbench.Cluster(n=2).start_sync()`"
@@ -258,7 +271,7 @@ class Cluster(ProcessTracking, RankDispatch):
         }
         self.state = "running"
         _live.add(self)
-        _current[:] = [weakref.ref(self)]
+        _current[:] = [r for r in _current if r() not in (None, self)] + [weakref.ref(self)]
         return self
 
     @async_first

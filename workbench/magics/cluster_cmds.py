@@ -63,12 +63,13 @@ def _start_args(p: MagicParser) -> None:
 
 @command("start", "start engines and join them into a process group", _start_args)
 def start(magics: WorkbenchMagics, args: Any) -> None:
-    if magics.cluster is not None and magics.cluster.state in ("running", "degraded"):
+    mine = magics.running_started_here()
+    if mine is not None and mine.state in ("running", "degraded"):
         raise UsageError(
-            f"a cluster is already running ({magics.cluster!r}); `%wb stop` or `%wb restart` first"
+            f"a cluster is already running ({mine!r}); `%wb stop` or `%wb restart` first"
         )
-    if magics.cluster is not None and magics.cluster.state == "broken":
-        magics.cluster.stop_sync()  # its engines and schedulers outlived the controller
+    if mine is not None and mine.state == "broken":
+        mine.stop_sync()  # its engines and schedulers outlived the controller
     cluster = make_cluster(args)
     if magics.load_import_s is not None:
         cluster.startup.notes["%load_ext workbench: imports"] = magics.load_import_s
@@ -87,7 +88,7 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
         if close is not None:
             close()
         cluster.progress = None
-    magics.cluster = cluster
+    magics.started.append(cluster)  # and it is now the current cluster (Cluster.latest)
     r0 = cluster.ranks[0]
     hosts = len({r.host for r in cluster.ranks})
     print(
@@ -133,11 +134,11 @@ def make_cluster(args: Any) -> Cluster:
 
 @command("stop", "stop the engines and the controller", lambda p: None)
 def stop(magics: WorkbenchMagics, args: Any) -> None:
-    if magics.cluster is None:
+    cluster = magics.cluster
+    if cluster is None:
         print("workbench: no cluster to stop")
         return
-    magics.cluster.stop_sync()
-    magics.cluster = None
+    cluster.stop_sync()  # the cluster started before it, if one still runs, is current again
     print("workbench: cluster stopped")
 
 
