@@ -8,13 +8,19 @@ and tens of thousands of configurations evaluate per second.
     >>> p.fits, p.memory.model_state / 8  # doctest: +SKIP
 """
 
-from workbench.planner.calibrate import LinkFit, cpu_profile, fit_alpha_beta, hardware_from_fit
+from workbench.planner.calibrate import LinkFit, fit_alpha_beta, hardware_from_fit
 from workbench.planner.comm import (
     all_gather_time,
     all_reduce_time,
     group_link,
     p2p_time,
     reduce_scatter_time,
+)
+from workbench.planner.cpu_calibration import cpu_profile
+from workbench.planner.flops import (
+    executed_flops_per_token,
+    model_flops_per_token,
+    training_flops,
 )
 from workbench.planner.memory import (
     MemoryBreakdown,
@@ -53,13 +59,7 @@ from workbench.planner.specs import (
     TrainingSpec,
 )
 from workbench.planner.sweep import ScalingPoint, layouts, scaling, sweep
-from workbench.planner.timing import (
-    StepTime,
-    executed_flops_per_token,
-    model_flops_per_token,
-    step_time,
-    training_flops,
-)
+from workbench.planner.timing import StepTime, step_time
 from workbench.planner.validate import Comparison, ValidationReport, validate
 
 __all__ = [

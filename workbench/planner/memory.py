@@ -154,15 +154,20 @@ def layer_activation_bytes(
     # last of each is the second matmul's input).
     mlp = (((2 if fused_swiglu else 3) if gated_mlp else 1) * d + lin) * s * b * f
     sharded = d * s * b * (h + kv) + d * s * b * kv + lin * sbh + mlp
-    # Attention scores (as² per sample): softmax output, and with dropout its mask and
-    # the dropped-out probabilities. FlashAttention keeps a logsumexp per head and query.
     if flash_attention:
-        scores = _STAT_BYTES * a * s * b
-    elif recompute == "selective":
-        scores = 0.0
-    else:
-        scores = (2 * d + m if dropout else d) * a * s * s_kv * b
+        scores = _STAT_BYTES * a * s * b  # a logsumexp per head and query
+    else:  # as² per sample
+        scores = _score_bytes(d, m, recompute, dropout) * a * s * s_kv * b
     return replicated / sp + (sharded + scores) / tp
+
+
+def _score_bytes(dtype_bytes: int, mask_bytes: int, recompute: str, dropout: bool) -> int:
+    """Bytes per s x s attention-score element a layer keeps without FlashAttention: the
+    softmax output, with dropout its mask and the dropped-out probabilities; none under
+    selective recompute, which recomputes them."""
+    if recompute == "selective":
+        return 0
+    return 2 * dtype_bytes + mask_bytes if dropout else dtype_bytes
 
 
 def stage_inflight(parallel: ParallelSpec, micro_batches: int, stage: int) -> int:
