@@ -13,64 +13,49 @@ A checkpoint is a directory ``<root>/step-00000003`` holding
 
 Saving is atomic: every rank writes into ``<root>/.tmp-step-00000003``; only after all
 ranks finished does rank 0 write ``meta.json`` and the manifest and rename the directory
-into place. A save that fails or dies halfway leaves the previous checkpoint untouched
-(and at most a ``.tmp-*`` directory that loads ignore and the next save removes).
+into place (``checkpoint_write``). A save that fails or dies halfway leaves the previous
+checkpoint untouched (and at most a ``.tmp-*`` directory that loads ignore and the next
+save removes).
 
 Loading is all-or-nothing: the manifest's signature and every sum are checked (the files
-split among the ranks), ``meta.json`` and the RNG files parsed and checked, and DCP reads
+split among the ranks), ``meta.json`` and the RNG files parsed and checked
+(``checkpoint_verify``), and DCP reads
 into copies of the state dicts; the run (weights, optimizer, RNG, step, data position)
 is replaced only once every rank got that far. DCP reads through ``checkpoint_reader``:
 no arbitrary unpickling, even of verified files.
 
 All three functions are collective for distributed strategies: call them on every rank.
-A failure on one rank is exchanged at the next step (``agreement``), so every rank raises
-the same ``CheckpointError`` naming the failing rank(s) and none waits in a collective.
+A failure on one rank is exchanged at the next step (``checkpoint_steps``), so every rank
+raises the same ``CheckpointError`` naming the failing rank(s) and none waits in a
+collective.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from workbench.errors import CheckpointError
-from workbench.parallel.agreement import Failures, capture, exchange
-from workbench.parallel.checkpoint_layout import (
-    PREFIX,
-    checkpoint_name,
-    choose_checkpoint,
-    list_checkpoints,
-)
+from workbench.parallel.checkpoint_layout import checkpoint_name, list_checkpoints, rng_name
 from workbench.parallel.checkpoint_meta import (
     FORMAT,
-    RngState,
     check_same_model,
     make_meta,
     param_shapes,
-    parse_meta,
-    parse_rng,
     rng_state,
     set_rng_state,
 )
 from workbench.parallel.checkpoint_reader import VerifiedReader, WeightsOnlyPlanner
-from workbench.parallel.checkpoint_trust import (
-    checkpoint_key,
-    read_manifest,
-    read_verified,
-    verify_files,
-    write_manifest,
-)
+from workbench.parallel.checkpoint_steps import Steps, tagged, world_of
+from workbench.parallel.checkpoint_trust import checkpoint_key, write_manifest
+from workbench.parallel.checkpoint_verify import Verified, verify
+from workbench.parallel.checkpoint_write import commit, prepare, prune, temp_dir, write_json
 from workbench.parallel.step import TrainStep
 
 __all__ = [
@@ -81,8 +66,6 @@ __all__ = [
     "save_checkpoint",
 ]
 
-_TMP = ".tmp-"
-_TRASH = ".old-"
 # zero1 (ZeroRedundancyOptimizer), megatron (hand-sharded plain tensors that DCP would take
 # for replicated copies) and pp (per-stage modules) are not expressed as DTensor shards, so
 # DCP cannot save or reshard them correctly; they are refused rather than saved wrongly.
@@ -91,70 +74,6 @@ SUPPORTED_STRATEGIES: tuple[str, ...] = ("single", "dp", "zero2", "fsdp", "tp", 
 # of, for the same reasons: no pipeline stages, no ZeroRedundancyOptimizer.
 USER_PREFIX = "user:"
 USER_SUPPORTED = "DDP (zero=0), FSDP (zero=2 or 3) and TP, alone or as dp x tp"
-
-
-def _distributed(train_step: TrainStep) -> bool:
-    return train_step.strategy != "single" and dist.is_initialized()
-
-
-def _rank(train_step: TrainStep) -> int:
-    return dist.get_rank() if _distributed(train_step) else 0
-
-
-def _world(train_step: TrainStep) -> int:
-    return dist.get_world_size() if _distributed(train_step) else 1
-
-
-class _Steps:
-    """The rank-local parts of one collective save / load. ``local()`` records a failure
-    instead of raising; ``agree()`` then has every rank raise the same error (or none)."""
-
-    def __init__(self, train_step: TrainStep, what: str) -> None:
-        self.train_step = train_step
-        self.rank = _rank(train_step)
-        self.what = what
-        self.failures: Failures = {}
-
-    def local(self) -> Any:
-        return capture(self.failures, self.rank)
-
-    def agree(self, consequence: str = "") -> None:
-        if _distributed(self.train_step):
-            failures = exchange(self.failures, device=self.train_step.device)
-        else:
-            failures = dict(self.failures)
-        self.failures = {}
-        if not failures:
-            return
-        ranks = sorted(r for r in failures if r >= 0)
-        distinct = sorted(set(failures.values()))
-        if not _distributed(self.train_step):
-            detail = distinct[0]
-            head = f"{self.what} failed"
-        else:
-            label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-            head = f"{self.what} failed on {label}"
-            if len(distinct) == 1:
-                detail = distinct[0]
-            else:
-                detail = "; ".join(f"rank {r}: {m}" for r, m in sorted(failures.items()))
-        raise CheckpointError(f"{head}: {detail}{consequence}", ranks=ranks)
-
-
-@contextmanager
-def _tagged(train_step: TrainStep) -> Iterator[None]:
-    """Tag the events of DCP's own collectives with the ``checkpoint`` phase; DCP warns
-    that it assumes one process when there is no process group: expected for ``single``,
-    so not shown."""
-    recorder = train_step.recorder
-    previous, recorder.phase = recorder.phase, "checkpoint"
-    try:
-        with warnings.catch_warnings():
-            if not _distributed(train_step):
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            yield
-    finally:
-        recorder.phase = previous
 
 
 def _user_refusal(train_step: TrainStep) -> str | None:
@@ -186,8 +105,21 @@ def _check_strategy(train_step: TrainStep) -> None:
         )
 
 
-def _rng_name(rank: int) -> str:
-    return f"rng/rank-{rank:05d}"
+def _check_save(train_step: TrainStep, keep_last: int | None) -> None:
+    """What a save refuses before any rank writes: the strategy, ``keep_last``, and a
+    step in progress (its state is between two steps' and no load could resume it)."""
+    _check_strategy(train_step)
+    if keep_last is not None and (
+        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+    ):
+        raise CheckpointError(
+            f"keep_last={keep_last!r} is not valid; it must be an integer >= 1 or None"
+        )
+    if not train_step.at_step_boundary:
+        raise CheckpointError(
+            f"cannot checkpoint in the middle of step {train_step.step} (next phase "
+            f"{train_step.phase!r}); finish the step first (step(), not phase())"
+        )
 
 
 # -- save --------------------------------------------------------------------------------
@@ -203,32 +135,18 @@ def save_checkpoint(
     ``keep_last=N`` then deletes all but the newest N checkpoints. ``key`` signs the
     manifest (default: ``checkpoint_key()``, the per-user key file).
     """
-    _check_strategy(train_step)
-    if keep_last is not None and (
-        isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
-    ):
-        raise CheckpointError(
-            f"keep_last={keep_last!r} is not valid; it must be an integer >= 1 or None"
-        )
-    if not train_step.at_step_boundary:
-        raise CheckpointError(
-            f"cannot checkpoint in the middle of step {train_step.step} (next phase "
-            f"{train_step.phase!r}); finish the step first (step(), not phase())"
-        )
+    _check_save(train_step, keep_last)
     root = Path(root)
     final = root / checkpoint_name(train_step.step)
-    tmp = root / f"{_TMP}{checkpoint_name(train_step.step)}"
-    steps = _Steps(train_step, f"saving step {train_step.step} to {str(root)!r}")
-    rank, world = steps.rank, _world(train_step)
+    tmp = temp_dir(final)
+    steps = Steps(train_step, f"saving step {train_step.step} to {str(root)!r}")
+    rank, world = steps.rank, world_of(train_step)
     kept = " (the previous checkpoints are unchanged)"
-    with _tagged(train_step):
+    with tagged(train_step):
         with steps.local():
             if rank == 0:  # only rank 0 signs; a bad key fails before anything is written
                 key = checkpoint_key() if key is None else key
-                root.mkdir(parents=True, exist_ok=True)
-                for stale in root.glob(f"{_TMP}*"):  # left by a save that died halfway
-                    shutil.rmtree(stale, ignore_errors=True)
-                (tmp / "rng").mkdir(parents=True)
+                prepare(root, tmp)
         steps.agree(kept)
         shapes: dict[str, list[int]] = {}
         try:
@@ -239,18 +157,17 @@ def save_checkpoint(
             with steps.local():
                 dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
                 tensors, py = rng_state()
-                torch.save(tensors, tmp / f"{_rng_name(rank)}.pt")
-                _write_json(tmp / f"{_rng_name(rank)}.json", py)
+                torch.save(tensors, tmp / f"{rng_name(rank)}.pt")
+                write_json(tmp / f"{rng_name(rank)}.json", py)
             steps.agree(kept)  # every rank's files are written before the commit
             with steps.local():
                 if rank == 0:
-                    _write_json(tmp / "meta.json", make_meta(train_step, world, shapes))
+                    write_json(tmp / "meta.json", make_meta(train_step, world, shapes))
                     # last: it signs every other file
                     write_manifest(tmp, checkpoint_key() if key is None else key)
-                    _commit(tmp, final)
+                    commit(tmp, final)
                     if keep_last is not None:
-                        for old in list_checkpoints(root)[:-keep_last]:
-                            shutil.rmtree(old["path"], ignore_errors=True)
+                        prune(root, keep_last)
             steps.agree(kept)
         except CheckpointError:
             if rank == 0:  # nothing half-written is left behind
@@ -259,80 +176,7 @@ def save_checkpoint(
     return final
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _commit(tmp: Path, final: Path) -> None:
-    """Rename ``tmp`` to ``final``; a checkpoint of the same step (after a rollback) is
-    moved aside first and deleted only once the new one is in place."""
-    old = None
-    if final.exists():
-        old = final.with_name(f"{_TRASH}{final.name}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 # -- load --------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class _Verified:
-    """Everything a load needs from the checkpoint, read and checked before any change."""
-
-    path: Path
-    digests: dict[str, str]
-    meta: dict[str, Any]
-    rng: RngState | None
-
-
-def _verify(train_step: TrainStep, root: Path, step: int | None, key: bytes | None) -> _Verified:
-    """Rank-local: the checkpoint is signed, this rank's share of the files is intact,
-    ``meta.json`` and this rank's RNG files are valid and match the run."""
-    rank, world = _rank(train_step), _world(train_step)
-    path = choose_checkpoint(root, step)
-    where = repr(str(path))
-    digests = read_manifest(path, checkpoint_key() if key is None else key)
-    # The shards are checked once in all, split among the ranks (agree() then tells every
-    # rank); the small files each rank parses itself are read once and checked here.
-    names = sorted(digests)
-    verify_files(path, digests, [n for n in names[rank::world] if not n.startswith("rng/")])
-    verify_files(path, digests, [".metadata"])
-    meta = parse_meta(read_verified(path, digests, "meta.json"), where)
-    if meta["step"] != int(path.name[len(PREFIX) :]):
-        raise CheckpointError(
-            f"meta.json of the checkpoint at {where} says step {meta['step']}, its directory "
-            f"name says {path.name}; it was moved or edited"
-        )
-    spec = train_step.spec
-    # A preset is named; the user's own model is told apart by its parameters (on load).
-    named = spec is not None and isinstance(spec.model, str)
-    if named and meta.get("model") not in (None, spec.model):
-        raise CheckpointError(
-            f"the checkpoint at {where} is of model {meta['model']!r}, this run is "
-            f"{spec.model!r}; load it into a run of the same model"
-        )
-    if train_step.loader is None:
-        raise CheckpointError(
-            "this TrainStep was made without its loader (loader=None), so its data "
-            "position cannot be restored; build it with build_train_step or pass loader="
-        )
-    rng = None
-    if rank < meta["world_size"]:  # a rank new to a bigger world keeps its own RNG
-        name = _rng_name(rank)
-        rng = parse_rng(
-            read_verified(path, digests, f"{name}.pt"),
-            read_verified(path, digests, f"{name}.json"),
-            name,
-            where,
-        )
-    return _Verified(path=path, digests=digests, meta=meta, rng=rng)
-
-
 def _copy(value: Any) -> Any:
     """A detached copy of a state dict (DTensors stay DTensors): DCP reads into it, so
     the live tensors that ``get_state_dict`` returns views of stay untouched."""
@@ -361,19 +205,19 @@ def load_checkpoint(
     rank raises ``CheckpointError`` and the run is as it was.
     """
     _check_strategy(train_step)
-    steps = _Steps(train_step, f"loading a checkpoint from {str(root)!r}")
+    steps = Steps(train_step, f"loading a checkpoint from {str(root)!r}")
     unchanged = " (the run is unchanged)"
     optimizer = train_step.optimizer
     # get_state_dict initialises an optimizer that has no state yet (a step with lr 0);
     # a failed load must not leave that behind either.
     fresh_optimizer = not optimizer.state
-    verified: _Verified | None = None
-    with _tagged(train_step):
+    verified: Verified | None = None
+    with tagged(train_step):
         try:
             with steps.local():
-                verified = _verify(train_step, Path(root), step, key)
+                verified = verify(train_step, Path(root), step, key)
             steps.agree(unchanged)
-            if verified is None:  # agree() raised for whatever stopped _verify
+            if verified is None:  # agree() raised for whatever stopped verify
                 raise CheckpointError(f"{steps.what} failed")
             steps.what = f"loading the checkpoint at {str(verified.path)!r}"
             with steps.local():
@@ -398,19 +242,24 @@ def load_checkpoint(
             raise
         # Every rank has read and checked everything: only now is the run replaced.
         with steps.local():
-            set_state_dict(
-                train_step.model,
-                optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optim"],
-            )
-            if verified.rng is not None:
-                set_rng_state(*verified.rng)
-            meta = verified.meta
-            train_step.restore_position(
-                step=meta["step"],
-                data_position=meta["data_position"],
-                last_loss=meta.get("last_loss"),
-            )
+            _replace_run(train_step, state, verified)
         steps.agree(" while replacing the run's state; reset() or load again")
     return {**verified.meta, "path": str(verified.path)}
+
+
+def _replace_run(train_step: TrainStep, state: dict[str, Any], verified: Verified) -> None:
+    """The run takes the loaded weights, optimizer state, RNG, step and data position."""
+    set_state_dict(
+        train_step.model,
+        train_step.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+    )
+    if verified.rng is not None:
+        set_rng_state(*verified.rng)
+    meta = verified.meta
+    train_step.restore_position(
+        step=meta["step"],
+        data_position=meta["data_position"],
+        last_loss=meta.get("last_loss"),
+    )

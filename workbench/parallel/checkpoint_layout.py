@@ -20,6 +20,7 @@ __all__ = [
     "choose_checkpoint",
     "committed_checkpoints",
     "list_checkpoints",
+    "rng_name",
 ]
 
 PREFIX = "step-"
@@ -27,6 +28,11 @@ PREFIX = "step-"
 
 def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
+
+
+def rng_name(rank: int) -> str:
+    """A rank's RNG files inside a checkpoint, without the suffix (``.pt`` / ``.json``)."""
+    return f"rng/rank-{rank:05d}"
 
 
 def committed_checkpoints(root: Path) -> dict[int, Path]:

@@ -228,19 +228,8 @@ def build_user_train_step(
 
     ``world_size=1`` builds the single-device reference even inside a process group.
     """
-    world = (
-        world_size
-        if world_size is not None
-        else (dist.get_world_size() if dist.is_initialized() else 1)
-    )
+    world, dev = _placement(world_size, device)
     distributed = world > 1
-    dev = (
-        torch.device(device)
-        if device is not None
-        else (_default_device() if distributed else torch.device("cpu"))
-    )
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
     check_precision(run.precision, dev)
     layout = run.layout if distributed else Layout(dp=1)
     dims = layout.dims(world)
@@ -284,6 +273,27 @@ def build_user_train_step(
     )
     step.spec = run
     return step
+
+
+def _placement(
+    world_size: int | None, device: torch.device | str | None
+) -> tuple[int, torch.device]:
+    """The world this run spans (the process group's unless given) and this rank's device:
+    the one given, else the rank's default when distributed, else the CPU (the
+    single-device reference runs where a plain script would)."""
+    world = (
+        world_size
+        if world_size is not None
+        else (dist.get_world_size() if dist.is_initialized() else 1)
+    )
+    dev = (
+        torch.device(device)
+        if device is not None
+        else (_default_device() if world > 1 else torch.device("cpu"))
+    )
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return world, dev
 
 
 def _tracers(
