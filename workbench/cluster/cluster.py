@@ -28,6 +28,7 @@ from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import async_first, sync_twin
 from workbench.cluster.processes import is_local, reap, started_for
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
+from workbench.cluster.remote_ends import remote_ends
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.config import ClusterConfig
 from workbench.engine import process_group
@@ -397,7 +398,9 @@ class Cluster(RankDispatch):
 
     def _write_pidfile(self) -> None:
         if self.run_dir is not None and self._owns_engines:
-            watchdog.write_pidfile(self.run_dir, [p.pid for p in self._process_tree()])
+            pids = [p.pid for p in self._process_tree()]
+            # and how to end the engines on other hosts, through their host (remote_ends.py)
+            watchdog.write_pidfile(self.run_dir, pids, remote_ends(self._ipp, self._ssh_dir))
 
     # ----------------------------------------------------------------- internals
     def _report(self, stage: str, done: int, total: int) -> None:
