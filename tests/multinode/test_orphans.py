@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 
+import psutil
 import pytest
 
 from tests.multinode.bed import Bed
@@ -23,24 +24,17 @@ MARGIN_S = 20.0  # a loaded machine (2 cores shared by several test runs) is slo
 
 def _left(bed: Bed) -> list[str]:
     """Whatever of the bed user still runs anywhere, and ``wb-*`` in any node's /tmp."""
-    left = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in _alive(bed)]
+    left = []
+    for proc in bed.user_processes():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+        except psutil.Error:  # exited meanwhile
+            continue
     for node in bed.nodes:
         tmp = bed.node_exec(node, ["ls", "/tmp"]).stdout.split()
         left += [f"{node.name}:/tmp/{d}" for d in tmp if d.startswith("wb-")]
     return left
-
-
-def _alive(bed: Bed) -> list[object]:
-    import psutil
-
-    out = []
-    for proc in bed.user_processes():
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                out.append(proc)
-        except psutil.Error:
-            continue
-    return out
 
 
 @pytest.mark.parametrize("launcher", ["ssh", "slurm"])
