@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tests.multinode.bed import Bed
@@ -73,8 +74,15 @@ def replaced_only_the_dead_engine(run: dict[str, Any]) -> None:
         )
         assert not r["local_pid"]
     assert after[victim]["engine"] != before[victim]["engine"]
-    # only the dead engine was replaced
-    assert [r for r in after if after[r]["engine"] != before[r]["engine"]] == [victim]
+    # Only the dead engine is replaced, and any other rank the report names as stuck. (On
+    # gloo a survivor can stay blocked until the group's timeout: a peer that failed out of
+    # the collective still has bucket all-reduces pending on its worker threads, which keep
+    # its sockets open through destroy/shutdown/abort; recovery then replaces it after
+    # FREE_GRACE_S, and says so. Measured on the bed: rank 1 freed itself only after 60 s.)
+    replaced = [r for r in after if after[r]["engine"] != before[r]["engine"]]
+    stuck = re.search(r"ranks \[([0-9, ]*)\] were stuck", fault["report"])
+    named = {int(x) for x in stuck.group(1).split(",")} if stuck else set()
+    assert set(replaced) == {victim} | named, (replaced, fault["report"])
     env = fault["env_after"]
     assert [e["hostname"] for e in env] == [after[r]["host"] for r in sorted(after)]
     assert [e["LOCAL_RANK"] for e in env] == [str(after[r]["local_rank"]) for r in sorted(after)]

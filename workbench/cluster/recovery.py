@@ -5,9 +5,8 @@
    blocked in a collective with them fails at once and is freed in step 1 instead of being
    replaced too. Engines on other hosts are never signalled from here.
 1. Stuck ranks (left busy by a timeout, an interrupt or a peer's death) are interrupted
-   (frees Python code) and the process group is torn down on the healthy ranks, and on
-   each stuck rank as soon as it is free: when that destroys their group objects, the
-   sockets close and a collective blocked on them fails at once.
+   (frees Python code) and the process group is torn down on the healthy ranks: when that
+   destroys their group objects, the sockets close and a blocked collective fails at once.
    (A group still referenced on a healthy rank, e.g. by a training run's device mesh, may
    keep its sockets open.) A rank still busy after ``FREE_GRACE_S`` has its engine killed
    and replaced like a dead one.
@@ -130,12 +129,6 @@ async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport)
         return []
     healthy = [r for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
     await _interrupt(cluster, sorted(stuck))  # frees ranks busy in Python code
-    # Every survivor tears its group down; a stuck rank runs it (queued behind its blocked
-    # cell) the moment it fails out, closing its sockets in turn, so a rank blocked waiting
-    # on *it* (not on the dead one: gloo's ring) fails out at once too, instead of waiting
-    # for the group's timeout and being replaced.
-    for rank in sorted(stuck):
-        client[cluster.ranks[rank].engine_id].apply_async(process_group.teardown_rank)
     if healthy:
         try:
             await _gather(
