@@ -13,7 +13,11 @@ all-reduce sweep only, never from the 2-engine run it predicts:
 - core sharing: the host's cores and the other busy processes measured during the
   1-engine run (machine-wide CPU time minus the engine's, divided by the share of a core
   the engine got), so that 2 engines on 2 shared cores are predicted to get the share a
-  fair scheduler gives them, min(1, cores / (2 + background)).
+  fair scheduler gives them, min(1, cores / (2 + background));
+- the DDP all-reduce's CPU cost: one DDP configuration at a smaller global batch
+  (``CALIBRATION_BATCH``, not the one predicted): what its step took beyond the profile's
+  compute and fixed time is gloo's work on the shared cores, charged per second of the
+  fitted all-reduce time (``HardwareSpec.comm_cpu``), never hidden.
 
     .venv/bin/python -m benchmarks.scaling_bench [--quick]
 """
@@ -38,6 +42,7 @@ SPEEDUP = Target(">=", 1.7)
 PREDICTION = Target("<=", 0.15, "<= 0.15 (|predicted/measured - 1|)")
 MODEL = "gpt-small"
 BATCH = 16
+CALIBRATION_BATCH = 8  # global batch of the DDP run the all-reduce's CPU cost comes from
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,7 @@ class OneEngine:
     outside_s: float  # step_s minus the forward and backward phase spans
     cores: float  # the host's cores
     background: float  # other busy processes, in whole-core demands (see module doc)
+    ddp_step_s: float | None = None  # a 2-engine DDP step at CALIBRATION_BATCH
 
 
 def predict_speedup(
@@ -76,13 +82,15 @@ def predict_speedup(
             processes_per_node=2,
             cores=cores,
             background=background,
+            ddp_step_s=one.ddp_step_s,
+            ddp_micro_batch=None if one.ddp_step_s is None else CALIBRATION_BATCH // 2,
         )
         t1 = step_time(model, train, ParallelSpec(dp=1), hw, seq=seq, micro_batches=1)
         t2 = step_time(model, half, ParallelSpec(dp=2), hw, seq=seq, micro_batches=1)
-        return t1.total / t2.total, t2, hw.core_share(2)
+        return t1.total / t2.total, t2, hw.core_share(2), hw.comm_cpu
 
-    shared, t2, share2 = predict(one.cores, one.background)
-    dedicated, _, _ = predict(None, 0.0)
+    shared, t2, share2, comm_cpu = predict(one.cores, one.background)
+    dedicated, _, _, _ = predict(None, 0.0)
     detail = {
         "t2_planner_s": t2.total,
         "t2_compute_s": t2.compute,
@@ -90,6 +98,7 @@ def predict_speedup(
         "t2_dp_comm_s": t2.dp_comm,
         "t2_dp_exposed_s": t2.dp_exposed,
         "share_2_planner": share2,
+        "comm_cpu": comm_cpu if comm_cpu is not None else float("nan"),
         "speedup_dedicated_cores": dedicated,
     }
     return shared, detail
@@ -109,6 +118,9 @@ def run(quick: bool = False) -> BenchResult:
     steps, repeats = (2, 1) if quick else (8, 3)
     single = RunSpec(model=MODEL, strategy="single", batch_size=batch, trace=False)
     dp = RunSpec(model=MODEL, strategy="dp", batch_size=batch, trace=False, overlap=True)
+    dp_cal = RunSpec(
+        model=MODEL, strategy="dp", batch_size=CALIBRATION_BATCH, trace=False, overlap=True
+    )
     seq = get_config(MODEL).seq_len
     n_params = sum(p.numel() for p in build_model(get_config(MODEL)).parameters())
     cluster = Cluster(n=2, backend="gloo")
@@ -164,18 +176,26 @@ def run(quick: bool = False) -> BenchResult:
             outside.append(max(0.0, (elapsed - fwd_bwd) / steps))
             return elapsed / steps
 
-        def two_engines() -> float:
-            session = TrainingSession(cluster, dp, timeout=600)
+        def ddp(spec: RunSpec, label: str | None) -> float:
+            session = TrainingSession(cluster, spec, timeout=600)
             session.build()
             session.step(1)
             c0, start = cpu_now(engines), time.perf_counter()
             session.step(steps)
             elapsed = time.perf_counter() - start
-            cpu["2 engines"].append(per_step(c0, engines))
+            if label is not None:
+                cpu[label].append(per_step(c0, engines))
             session.close()
             return elapsed / steps
 
-        times = interleaved({"1 engine": one_engine, "2 engines": two_engines}, repeats)
+        times = interleaved(
+            {
+                "1 engine": one_engine,
+                "2 engines": lambda: ddp(dp, "2 engines"),
+                "2 engines, calibration batch": lambda: ddp(dp_cal, None),
+            },
+            repeats,
+        )
         cluster.run(train_run.close_run)
     finally:
         cluster.stop_sync()
@@ -187,6 +207,7 @@ def run(quick: bool = False) -> BenchResult:
         outside_s=min(median(outside), 0.9 * t1),  # medians of different timings
         cores=float(os.cpu_count() or 1),
         background=median(background),
+        ddp_step_s=median(times["2 engines, calibration batch"]),
     )
     predicted, detail = predict_speedup(batch, seq, one, fit)
     error = abs(predicted / measured - 1)
@@ -199,8 +220,9 @@ def run(quick: bool = False) -> BenchResult:
         f"interleaved timings each; planner link from an all-reduce sweep on the same engines "
         f"(alpha {fit.latency * 1e6:.0f} us, B {fit.bandwidth / 1e9:.2f} GB/s), compute "
         "calibrated to the 1-engine step (forward + backward from its phase spans, the rest "
-        "a fixed per-step time) and the cores shared with the other busy processes "
-        "measured during it",
+        "a fixed per-step time), the cores shared with the other busy processes "
+        f"measured during it, and the all-reduce's CPU cost from a 2-engine DDP run at "
+        f"global batch {CALIBRATION_BATCH} (not the predicted one)",
         details={
             "step_s": times,
             "fit": fit.as_dict(),
@@ -251,7 +273,10 @@ def run(quick: bool = False) -> BenchResult:
             samples=repeats,
             note=f"planner: 2-engine step {detail['t2_planner_s'] * 1e3:.0f} ms = compute "
             f"{detail['t2_compute_s'] * 1e3:.0f} ms + fixed {detail['t2_overhead_s'] * 1e3:.0f} "
-            f"ms + exposed all-reduce {detail['t2_dp_exposed_s'] * 1e3:.1f} ms; calibrated on "
+            f"ms + all-reduce {detail['t2_dp_exposed_s'] * 1e3:.1f} ms (gloo's CPU work: "
+            f"{detail['comm_cpu']:.2f} x the fitted {detail['t2_dp_comm_s'] * 1e3:.1f} ms, "
+            f"from the batch-{CALIBRATION_BATCH} DDP step {one.ddp_step_s * 1e3:.0f} ms, at "
+            f"the share); calibrated on "
             f"the 1-engine step {one.step_s * 1e3:.0f} ms (fixed {one.outside_s * 1e3:.0f} ms), "
             f"{one.cores:g} cores, {one.background:.2f} other busy processes -> each of 2 "
             f"engines gets {detail['share_2_planner']:.0%} of a core (measured: "

@@ -312,3 +312,19 @@ def test_cli_default_step_time_is_the_per_operation_model_as_in_python(capsys):
     flat = json.loads(capsys.readouterr().out)
     expected = plan("llama2-7b", dp=8, mfu=0.5, memory_traffic=2.0).time.total
     assert flat["time"]["step_s"] == pytest.approx(expected)
+
+
+def test_fp8_and_offload_switches_reach_the_plan(capsys):
+    rc = main(
+        ["plan", "--model", "llama2-7b", "--gpu", "h100-80gb", "--gpus", "8", "--zero", "2",
+         "--fp8", "--offload-optimizer", "--offload-activations", "--json"]
+    )  # fmt: skip
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    t = data["training"]
+    assert t["fp8"] and t["offload_optimizer"] and t["offload_activations"]
+    assert data["memory"]["grads"] == data["memory"]["optimizer"] == 0
+    assert data["memory"]["host"] > 0 and data["time"]["offload_s"] > 0
+    rc = main(["plan", "--model", "llama2-7b", "--gpu", "a100-80gb", "--fp8"])
+    assert rc == 2
+    assert "has no FP8 peak" in capsys.readouterr().err

@@ -102,3 +102,24 @@ def test_demo_cli_runs_a_user_factory(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 0, out
     assert "zero1" in out and "max |Δparam|" in out
     assert (tmp_path / "report.html").exists() and (tmp_path / "trace_zero1.json").exists()
+
+
+def test_a_layout_the_planner_cannot_model_is_a_note_not_a_crash() -> None:
+    """The planner read no head count from a hand-written model (1 assumed) and refuses
+    tp=2: compare used to raise after every strategy had run; now that row is a note."""
+    import dataclasses
+
+    from workbench.compare import _checked_validation
+    from workbench.demo import StrategyResult
+    from workbench.parallel.model_spec import user_model_spec
+    from workbench.session.user_training import user_spec
+
+    options = {k: v for k, v in BASE.items() if k != "model"}
+    spec = user_spec(um.make_model, "dp", {**options, "tp": 2, "tp_plan": um.TP_PLAN})
+    model = dataclasses.replace(user_model_spec(um.make_model), heads=1, kv_heads=1)
+    notes: list[str] = []
+    result = StrategyResult(strategy="tp=2", events=[])
+    assert _checked_validation(result, spec, (model, um.SEQ, "sgd"), 2, notes) is None
+    assert notes == [
+        "no planner rows for tp=2: tp=2 does not divide heads=1 (kv_heads=1); valid tp: [1]"
+    ]

@@ -68,9 +68,12 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext workbench``: register the ``%wb`` line and cell magics."""
+    import time
+
+    started = time.perf_counter()
     from workbench.magics import load_ipython_extension as _load
 
-    _load(ipython)
+    _load(ipython, import_s=time.perf_counter() - started)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

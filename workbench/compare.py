@@ -26,7 +26,7 @@ from typing import Any
 from workbench.cluster import Cluster
 from workbench.demo import StrategyResult, format_table, write_demo_report
 from workbench.engine.equivalence import compare_user_with_reference
-from workbench.errors import ConfigError
+from workbench.errors import ConfigError, WorkbenchError
 from workbench.session.user_training import UserSpec, UserTrainingSession, user_spec
 
 __all__ = ["USER_STRATEGIES", "StrategyComparison", "compare"]
@@ -180,6 +180,23 @@ def _validation(
     return validate(result.events, plan, rank=0).as_dict()
 
 
+def _checked_validation(
+    result: StrategyResult,
+    spec: UserSpec,
+    planned: tuple[Any, int, str],
+    world: int,
+    notes: list[str],
+) -> dict[str, Any] | None:
+    """The planner rows of one strategy; a layout the planner cannot model (e.g. tp on a
+    model whose head count it could not read) is a note, not the end of the comparison
+    whose runs already finished."""
+    try:
+        return _validation(result, spec, planned, world)
+    except WorkbenchError as exc:
+        notes.append(f"no planner rows for {result.strategy}: {exc}")
+        return None
+
+
 def compare(
     *,
     model: Any,
@@ -249,7 +266,7 @@ def _run_all(
             result = StrategyResult(strategy=label, events=session.events)
             result.check = next(r for r in cluster.run(compare_user_with_reference) if r)
             if planned is not None:
-                result.validation = _validation(result, spec, planned, world)
+                result.validation = _checked_validation(result, spec, planned, world, outcome.notes)
         finally:
             session.close()
         result.seconds = time.perf_counter() - started

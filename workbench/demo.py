@@ -183,21 +183,7 @@ def write_demo_report(
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     table = [r.summary(steps) for r in results]
-    planner_rows = []
-    for r in results:
-        for row in (r.validation or {}).get("rows", []):
-            if row["unit"] != "bytes":
-                continue
-            planner_rows.append(
-                {
-                    "strategy": r.strategy,
-                    "category": row["category"],
-                    "predicted (KiB)": round(row["predicted"] / 1024, 2),
-                    "measured (KiB)": round(row["measured"] / 1024, 2),
-                    "error": f"{row['error']:.1%}",
-                    "verdict": "ok" if row["ok"] else "mismatch",
-                }
-            )
+    planner_rows = _planner_rows(results)
     sections = [
         ReportSection(
             title="Every strategy, side by side",
@@ -217,22 +203,44 @@ def write_demo_report(
             table=planner_rows,
         ),
     ]
-    for r in results:
-        ranks = sorted({e.rank for e in r.events}) or [0, 1]
-        trace_path = out_dir / f"trace_{_file_name(r.strategy)}.json"
-        to_perfetto(r.events, trace_path)
-        sections.append(
-            ReportSection(
-                title=f"{r.strategy}",
-                text=f"Perfetto trace: {trace_path.name} (open it in ui.perfetto.dev).",
-                figures=[
-                    memory_figure(r.events, ranks=ranks),
-                    comm_timeline_figure(r.events, ranks=ranks),
-                    loss_figure(r.events),
-                ],
-            )
-        )
+    sections += [_strategy_section(r, out_dir) for r in results]
     return write_report(out_dir / "report.html", sections, title=title)
+
+
+def _planner_rows(results: list[StrategyResult]) -> list[dict[str, Any]]:
+    """One row per strategy and memory category: the planner's bytes next to the measured."""
+    rows = []
+    for r in results:
+        for row in (r.validation or {}).get("rows", []):
+            if row["unit"] != "bytes":
+                continue
+            rows.append(
+                {
+                    "strategy": r.strategy,
+                    "category": row["category"],
+                    "predicted (KiB)": round(row["predicted"] / 1024, 2),
+                    "measured (KiB)": round(row["measured"] / 1024, 2),
+                    "error": f"{row['error']:.1%}",
+                    "verdict": "ok" if row["ok"] else "mismatch",
+                }
+            )
+    return rows
+
+
+def _strategy_section(r: StrategyResult, out_dir: Path) -> ReportSection:
+    """One strategy's figures, with its Perfetto trace written beside the report."""
+    ranks = sorted({e.rank for e in r.events}) or [0, 1]
+    trace_path = out_dir / f"trace_{_file_name(r.strategy)}.json"
+    to_perfetto(r.events, trace_path)
+    return ReportSection(
+        title=f"{r.strategy}",
+        text=f"Perfetto trace: {trace_path.name} (open it in ui.perfetto.dev).",
+        figures=[
+            memory_figure(r.events, ranks=ranks),
+            comm_timeline_figure(r.events, ranks=ranks),
+            loss_figure(r.events),
+        ],
+    )
 
 
 def _file_name(strategy: str) -> str:

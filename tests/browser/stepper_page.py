@@ -9,6 +9,7 @@ __all__ = [
     "CELLS",
     "STARTED",
     "STOPPED",
+    "USER_CELLS",
     "figures",
     "status_rows",
     "wait_figures",
@@ -25,6 +26,35 @@ CELLS = [
     'stepper = wb.Stepper(model="mlp-tiny", strategy="dp", batch_size=8)\n'
     "stepper",
     "%wb stop",
+]
+# The same, with a model, data, loss and optimizer defined in the notebook (shipped to the
+# engines by value) instead of a preset name.
+USER_CELLS = [
+    CELLS[0],
+    CELLS[1],
+    "import torch\n"
+    "from torch import nn\n"
+    "from torch.utils.data import TensorDataset\n"
+    "import workbench as wb\n"
+    "\n"
+    "class Net(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))\n"
+    "        self.out = nn.Linear(8, 4)\n"
+    "\n"
+    "    def forward(self, x):\n"
+    "        for block in self.blocks:\n"
+    "            x = torch.tanh(block(x))\n"
+    "        return self.out(x)\n"
+    "\n"
+    "g = torch.Generator().manual_seed(0)\n"
+    "data = TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, 4, generator=g))\n"
+    "stepper = wb.Stepper(model=Net, data=data, loss=nn.functional.mse_loss,\n"
+    "                     optimizer=lambda p: torch.optim.SGD(p, lr=0.1),\n"
+    '                     strategy="fsdp", batch_size=8)\n'
+    "stepper",
+    CELLS[3],
 ]
 STARTED = "workbench: 2 ranks"
 STOPPED = "workbench: cluster stopped"
@@ -69,11 +99,11 @@ STATUS_ROWS = """() => {
 }"""
 
 
-def write_notebook(path: Path) -> Path:
+def write_notebook(path: Path, cells: list[str] | None = None) -> Path:
     import nbformat
 
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (cells or CELLS)]
     nb.metadata["kernelspec"] = {
         "name": "python3",
         "display_name": "Python 3",

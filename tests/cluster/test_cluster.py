@@ -7,6 +7,7 @@ import os
 import pytest
 
 from workbench.cluster import Cluster
+from workbench.cluster.processes import local_state
 from workbench.errors import ClusterError, CollectiveTimeout, ConfigError, RankError
 
 
@@ -114,3 +115,24 @@ def test_bad_settings_name_choices() -> None:
         Cluster(n=2, launcher="k8s")
     with pytest.raises(ConfigError, match="n=0"):
         Cluster(n=0)
+
+
+def test_a_quick_cell_reads_each_engines_process_state_once(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped (frozen) engine is found from its process state; that psutil read is off
+    the path of a cell that gets its replies: once per rank before sending, not per poll."""
+    from workbench.cluster import dispatch
+
+    reads: list[int] = []
+
+    def counted(host: str, pid: int) -> str | None:
+        reads.append(pid)
+        return local_state(host, pid)
+
+    monkeypatch.setattr(dispatch, "local_state", counted)
+    # (the health cadence must not fall inside this cell however loaded the machine is)
+    monkeypatch.setattr(dispatch, "_HEALTH_S", 600.0)
+    results = cluster.execute("x = 1")
+    assert [r.ename for r in results] == [None, None]
+    assert sorted(reads) == sorted(r.pid for r in cluster.ranks)

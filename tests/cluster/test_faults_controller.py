@@ -41,7 +41,7 @@ def test_dead_controller_fails_fast_and_restart_rebuilds(ipython_shell: Any, cap
     restarted: dict[int, str] = {}
     try:
         cluster.start_sync()
-        magics.cluster = cluster
+        assert magics.cluster is cluster  # the current cluster, for %wb too
         old = {p: c for p, c in _children().items() if p not in before}
         controller = cluster.pids()[0]
         # the controller and its scheduler processes: the ones a stop used to leave behind
@@ -77,6 +77,5 @@ def test_dead_controller_fails_fast_and_restart_rebuilds(ipython_shell: Any, cap
         assert alive(list(old)) == [], {p: old[p] for p in alive(list(old))}
         restarted = {p: c for p, c in _children().items() if p not in before and p not in old}
     finally:
-        magics.cluster = None
         cluster.stop_sync()
     assert alive(list(restarted)) == []

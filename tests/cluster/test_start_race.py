@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from workbench.cluster import Cluster
+from workbench.cluster.start_sequence import engine_infos, wait_for_engines
 
 
 class _Engine:
@@ -48,8 +49,8 @@ def test_engine_registering_between_reads_is_counted_with_its_facts(
     cluster._client = client  # type: ignore[assignment]
 
     async def start() -> tuple[list[int], list[dict[str, Any]]]:
-        await cluster._wait_for_engines()
-        return await cluster._engine_infos()
+        await wait_for_engines(cluster)
+        return await engine_infos(cluster)
 
     ids, infos = asyncio.run(start())
     assert ids == [0, 1]

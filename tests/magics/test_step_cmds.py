@@ -61,8 +61,7 @@ def test_step_after_stop_names_the_magic_to_run(ipython_shell: Any, capsys: Any)
     """After ``%wb stop`` the stepper's engines are gone: ``%wb step`` and ``%wb checkpoint``
     say so in magic terms (not ``start_sync()``), before touching the cluster."""
     magics = ipython_shell._workbench_magics
-    saved_cluster, saved_steppers = magics.cluster, list(stepper_module._current)
-    magics.cluster = None
+    saved_steppers = list(stepper_module._current)
     try:
         ipython_shell.run_line_magic("wb", "start -n 2 --backend gloo")
         # Held here: the magics see the current stepper only while someone holds it.
@@ -77,7 +76,6 @@ def test_step_after_stop_names_the_magic_to_run(ipython_shell: Any, capsys: Any)
             assert "`%wb start -n 2`" in text and "start_sync" not in text
         assert stepper.cluster.state == "stopped"
     finally:
-        if magics.cluster is not None:
-            magics.cluster.stop_sync()
-        magics.cluster = saved_cluster
+        for started in magics.started:
+            started.stop_sync()
         stepper_module._current[:] = saved_steppers

@@ -41,8 +41,9 @@ def test_trace_on_and_traced_loop(
     ipython_shell: Any, cluster: Cluster, capsys: Any, tmp_path: Path
 ) -> None:
     magics = ipython_shell._workbench_magics
-    saved = magics.cluster, magics.trace_log
-    magics.cluster, magics.trace_log = cluster, None
+    saved = magics.trace_log
+    magics.trace_log = None
+    assert magics.cluster is cluster  # started from Python, current for the magics too
     try:
         ipython_shell.run_line_magic("wb", "trace on")
         ipython_shell.run_cell_magic("wb", "", CELL)
@@ -70,4 +71,4 @@ def test_trace_on_and_traced_loop(
         names = {e.get("name") for e in json.loads(target.read_text())["traceEvents"]}
         assert {"forward", "backward", "traced"} <= names
     finally:
-        magics.cluster, magics.trace_log = saved
+        magics.trace_log = saved

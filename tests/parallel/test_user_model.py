@@ -31,6 +31,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 def _compare(rank: int, world: int, layouts: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every layout x optimizer for STEPS steps; rank 0 returns the differences from the
     single-device run, how far that run moved, and every rank's data shard."""
+    from torch.distributed.tensor import DTensor
+
     from workbench.parallel.build import full_state_dict
     from workbench.parallel.collectives import gather_objects
     from workbench.parallel.user_model import (
@@ -69,6 +71,9 @@ def _compare(rank: int, world: int, layouts: dict[str, dict[str, Any]]) -> dict[
                 "param": max(float((params[n] - ref_params[n]).abs().max()) for n in params),
                 "moved": max(float((ref_params[n] - start[n]).abs().max()) for n in start),
                 "shards": shards,
+                # What the layout made: sharded parameters (FSDP / TP) and which optimizer.
+                "dtensor": any(isinstance(p, DTensor) for p in step.model.parameters()),
+                "optimizer": type(step.optimizer).__name__,
             }
     return out
 
@@ -221,3 +226,74 @@ def test_hf_plan_reader_prefixes_the_base_model() -> None:
             self.model = Base()
 
     assert hf_tp_plan(Causal()) == {"model.layers.*.q": "colwise"}
+
+
+@pytest.mark.slow
+@pytest.mark.engines
+def test_user_model_pipeline_composed_with_dp_and_tp_on_four_ranks() -> None:
+    """pp x dp (DDP, ZeRO-1, FSDP) and pp x tp on a 2x2 mesh match the single-device run."""
+    split = {"pp": 2, "pp_split": ["blocks.1"], "microbatches": 2}
+    layouts = {
+        "pp2xddp2": {"dp": 2, "zero": 0, **split},
+        "pp2xzero1": {"dp": 2, "zero": 1, **split},
+        "pp2xfsdp2": {"dp": 2, "zero": 3, **split},
+        "pp2xtp2": {"dp": 1, "tp": 2, "tp_plan": um.TP_PLAN, **split},
+    }
+    layouts = {n: {k: v for k, v in kw.items() if k != "microbatches"} for n, kw in layouts.items()}
+    results = run_ranks(_compare, layouts, world_size=4, timeout=600)[0]
+    _check(results, 2 * len(layouts))
+    made = {n: (r["dtensor"], r["optimizer"]) for n, r in results.items() if "/sgd" in n}
+    assert made == {
+        "pp2xddp2/sgd": (False, "SGD"),
+        "pp2xzero1/sgd": (False, "ZeroRedundancyOptimizer"),
+        "pp2xfsdp2/sgd": (True, "SGD"),
+        "pp2xtp2/sgd": (True, "SGD"),
+    }
+    shards = results["pp2xddp2/sgd"]["shards"]
+    # Mesh (pp, dp): ranks 0,1 are stage 0 of dp ranks 0,1; ranks 2,3 stage 1 of the same.
+    assert shards[0]["indices"] == shards[2]["indices"]
+    assert not set(shards[0]["indices"]) & set(shards[1]["indices"])
+
+
+def test_pipeline_composes_with_dp_and_tp_on_the_mesh() -> None:
+    assert Layout(pp=2, dp=2).dims(4).sizes == {"pp": 2, "dp": 2, "tp": 1}
+    assert Layout(pp=2, tp=2).dims(4).sizes == {"pp": 2, "dp": 1, "tp": 2}
+    assert Layout(pp=2, dp=2, zero=3).describe(4) == "dp=2 FSDP2 (ZeRO-3) x pp=2"
+    with pytest.raises(ParallelError, match=r"zero=0 is not valid there"):
+        Layout(pp=2, dp=2, tp=2).dims(8)  # dp x tp still needs FSDP, with or without pp
+
+
+def test_microbatches_must_divide_each_pipelines_share_of_the_batch() -> None:
+    from workbench.parallel.dims import check_batch_split
+
+    with pytest.raises(ConfigError, match=r"microbatches=4 does not divide the per-rank batch 2"):
+        check_batch_split(4, 1, 4, Layout(pp=2, dp=2).dims(4))
+
+
+def test_user_spec_and_user_run_share_one_declaration_of_their_options() -> None:
+    from dataclasses import fields
+
+    from workbench.parallel.user_model import UserRun
+    from workbench.parallel.user_options import UserOptions
+    from workbench.session.user_training import UserSpec, user_spec
+
+    shared = {f.name for f in fields(UserOptions)}
+    spec_only = {f.name for f in fields(UserSpec)} - shared
+    run_only = {f.name for f in fields(UserRun)} - shared
+    assert shared == {
+        "batch_size", "grad_accum", "microbatches", "schedule",
+        "precision", "seed", "trace", "per_module",
+    }  # fmt: skip
+    # Nothing else is declared twice (strategy is a preset name on the client, a label there).
+    assert spec_only & run_only == {"strategy"}
+    spec = user_spec(
+        um.make_model,
+        "fsdp",
+        {"data": um.make_data, "loss": um.lm_loss, "seed": 3, "microbatches": 4},
+    )
+    run = UserRun(model=um.make_model, data=um.make_data, loss=um.lm_loss, **spec.options())
+    assert run.options() == spec.options() and run.seed == 3 and run.microbatches == 4
+    with pytest.raises(ConfigError, match=r"schedule='zigzag' is not valid; choose from"):
+        user_spec(
+            um.make_model, "dp", {"data": um.make_data, "loss": um.lm_loss, "schedule": "zigzag"}
+        )

@@ -139,6 +139,59 @@ _case(
     "GB",
 )
 
+# -- DeepSpeed offload estimators (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py, --
+# commit 38327e07): estimate_zero2_model_states_mem_needs(cpu_offload=True) gives
+# gpu = 2Ψ, cpu = Ψ·max(4·N, 16)·additional_buffer_factor (here 4 GPUs, factor 1: 16Ψ);
+# estimate_zero3_model_states_mem_needs(cpu_offload=True, cpu_offload_params=False,
+# zero_init=True) gives gpu = 4·largest layer + 2Ψ/N, cpu = 16Ψ/nodes·factor.
+_ADAM_OFFLOAD = TrainingSpec(precision="bf16-mixed", optimizer="adamw", offload_optimizer=True)
+
+
+def _offload(zero: int, gpus: int, part: str) -> float:
+    p = evaluate(_L7, _ADAM_OFFLOAD, ParallelSpec(dp=gpus, zero=zero), hardware_preset("a100-80gb"))
+    if part == "host":  # host memory of the node: every GPU's rank's offloaded shard
+        return p.memory.host * gpus / GB
+    extra = p.memory.temporary if zero == 3 else 0
+    return (p.memory.model_state + extra) / GB
+
+
+for zero, gpus, part, published, formula in (
+    (2, 4, "gpu", 2 * _N7, "2Ψ"),
+    (2, 4, "host", 16 * _N7, "Ψ·max(4N, 16), N = 4, buffer factor 1"),
+    (3, 8, "gpu", 4 * largest_unit(_L7) + 2 * _N7 / 8, "4·largest layer + 2Ψ/N, N = 8"),
+    (3, 8, "host", 16 * _N7, "16Ψ per node, zero_init, buffer factor 1"),
+):
+    fn = "estimate_zero2" if zero == 2 else "estimate_zero3"
+    _case(
+        f"deepspeed-zero{zero}-offload-{part}-llama2-7b",
+        f"DeepSpeed {fn}_model_states_mem_needs, cpu_offload=True, {part}: {formula} (Llama 2 7B)",
+        published / GB,
+        lambda zero=zero, gpus=gpus, part=part: _offload(zero, gpus, part),
+        1e-9,
+        "GB",
+    )
+
+# ZeRO-Offload (Ren et al. 2021), abstract: "It can train models with over 13 billion
+# parameters on a single GPU, a 10x increase in size compared to popular framework such
+# as PyTorch". Their GPU is a 32 GB V100; the model here is Llama 2 13B's shape (the
+# paper's own 13B shape is not used), full recompute, micro-batch 1, sequence 1024.
+_V100 = hardware_preset("a100-40gb").with_(name="v100-32gb", memory=32 * 2**30)
+
+
+def _v100_13b(offload: bool) -> float:
+    p = plan("llama2-13b", _V100, gpus=1, seq=1024, recompute="full", offload_optimizer=offload)
+    return p.memory.total / GB
+
+
+_case(
+    "zero-offload-13b-one-gpu",
+    "ZeRO-Offload paper (Ren et al. 2021), abstract: over 13B parameters on one GPU (32 GB V100)",
+    _V100.usable / GB,
+    lambda: _v100_13b(True),
+    0.0,
+    "GB (<= usable)",
+)
+
 # -- Korthikanti et al. 2022, Table 2 (activations per layer), GPT-3 175B shape ----------
 _S, _B, _H, _A, _T = 2048, 1, 12288, 96, 8
 _SBH = _S * _B * _H

@@ -157,3 +157,41 @@ def test_what_cannot_run_fails_before_any_engine_works(cluster: Cluster) -> None
     with pytest.raises(ConfigError, match=r"unknown option\(s\) \['overlapp'\]"):
         _stepper(cluster, overlapp=True)
     assert UserCodeError.__mro__[1].__name__ == "WorkbenchError"
+
+
+def _losses(stepper: Stepper) -> list[float]:
+    return [
+        e.value
+        for e in stepper.events
+        if getattr(e, "name", "") == "loss" and e.rank == 0  # type: ignore[attr-defined]
+    ]
+
+
+def test_user_model_checkpoint_save_load_in_a_fresh_session(
+    cluster: Cluster, tmp_path: object
+) -> None:
+    """Saved after 2 steps, loaded into a fresh stepper (the same model under another
+    layout), the run continues as the uninterrupted one; checkpoint_every autosaves."""
+    whole = _stepper(cluster, strategy="fsdp")
+    try:
+        whole.run(4)
+        expected = _losses(whole)
+    finally:
+        whole.close()
+    first = _stepper(cluster, strategy="fsdp", checkpoint_dir=tmp_path, checkpoint_every=2)
+    try:
+        first.run(3)  # autosaves at step 2
+        assert [c["step"] for c in first.checkpoints()] == [2]
+        assert first.checkpoints()[0]["strategy"] == "user:fsdp"
+    finally:
+        first.close()
+    second = _stepper(cluster, strategy="dp", checkpoint_dir=tmp_path)
+    try:
+        meta = second.load()
+        assert meta["step"] == 2 and [s.step for s in second.status] == [2, 2]
+        second.run(2)
+        resumed = _losses(second)
+        assert len(resumed) == 2
+        assert max(abs(a - b) for a, b in zip(resumed, expected[2:], strict=True)) <= 1e-6
+    finally:
+        second.close()

@@ -21,12 +21,10 @@ def test_dashboard_magic(ipython_shell, cluster: Cluster) -> None:  # type: igno
     import pytest
     from IPython.core.error import UsageError
 
-    ipython_shell._workbench_magics.cluster = cluster
-    try:
-        board = ipython_shell.run_line_magic("wb", "dashboard")
-        assert isinstance(board, Dashboard) and len(board.rows) == 2
-        board.close()
-        with pytest.raises(UsageError, match="--interval 0.0 is not valid"):
-            ipython_shell.run_line_magic("wb", "dashboard --interval 0")
-    finally:
-        ipython_shell._workbench_magics.cluster = None
+    # a cluster started from Python is the magics' current cluster too (Cluster.latest)
+    assert ipython_shell._workbench_magics.cluster is cluster
+    board = ipython_shell.run_line_magic("wb", "dashboard")
+    assert isinstance(board, Dashboard) and len(board.rows) == 2
+    board.close()
+    with pytest.raises(UsageError, match="--interval 0.0 is not valid"):
+        ipython_shell.run_line_magic("wb", "dashboard --interval 0")

@@ -72,3 +72,16 @@ def test_flash_attention_and_fused_swiglu_controls_shrink_activations():
     assert "HFU" in w.verdict.value
     w.grads.value = "fp32"
     assert w.plan.memory.grads == 2 * w.plan.memory.weights  # 4 bytes vs 2, both sharded
+
+
+def test_fp8_and_offload_controls_reach_the_plan():
+    from workbench.ui.planner import PlannerWidget
+
+    w = PlannerWidget(model="llama2-7b", gpu="h100-80gb", gpus=8, zero=2)
+    assert w.plan.memory.host == 0
+    w.offload_opt.value = True
+    assert w.plan.memory.optimizer == 0 and w.plan.memory.host > 0
+    w.fp8.value = True
+    w.offload_act.value = True
+    t = w.state.training()
+    assert t.fp8 and t.offload_optimizer and t.offload_activations

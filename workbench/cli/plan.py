@@ -123,6 +123,19 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--no-dropout", action="store_true")
     t.add_argument(
+        "--fp8", action="store_true", help="FP8 matmuls (FP8 weight copy, 1-byte linear inputs)"
+    )
+    t.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="ZeRO-Offload: fp32 grads, master weights and optimizer state in host memory",
+    )
+    t.add_argument(
+        "--offload-activations",
+        action="store_true",
+        help="saved activations in host memory (two layers stay on the GPU)",
+    )
+    t.add_argument(
         "--mfu",
         type=real(0, 1, low_open=True),
         default=None,
@@ -275,6 +288,9 @@ def _training(args: argparse.Namespace) -> TrainingSpec:
         flash_attention=args.flash_attention,
         fused_swiglu=args.fused_swiglu,
         selective_overhead=args.selective_overhead,
+        fp8=args.fp8,
+        offload_optimizer=args.offload_optimizer,
+        offload_activations=args.offload_activations,
         trainable=args.trainable,
         mfu=args.mfu,
         memory_traffic=args.memory_traffic,

@@ -14,13 +14,14 @@ works the same inside a Jupyter kernel, whose own loop is already running.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import threading
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-__all__ = ["async_first", "run_sync", "sync_twin"]
+__all__ = ["async_first", "run_sync", "submit", "sync_twin", "wait"]
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -50,6 +51,12 @@ def _get_loop() -> asyncio.AbstractEventLoop:
 
 def run_sync(coro: Coroutine[Any, Any, T] | _Call[T], timeout: float | None = None) -> T:
     """Run ``coro`` on the workbench loop thread and return its result."""
+    return wait(submit(coro), timeout)
+
+
+def submit(coro: Coroutine[Any, Any, T] | _Call[T]) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on the workbench loop thread now; ``wait`` for it later (the caller
+    can do other work meanwhile, e.g. build a progress display)."""
     if isinstance(coro, _Call):
         coro = coro.coroutine()
     loop = _get_loop()
@@ -60,7 +67,11 @@ def run_sync(coro: Coroutine[Any, Any, T] | _Call[T], timeout: float | None = No
     if running is loop:
         coro.close()
         raise RuntimeError("run_sync called from the workbench loop itself; await instead")
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
+    return asyncio.run_coroutine_threadsafe(coro, loop)
+
+
+def wait(future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+    """The result of a ``submit``-ted coroutine; an interrupt (or a timeout) cancels it."""
     try:
         return future.result(timeout)
     except BaseException:

@@ -34,6 +34,7 @@ from workbench.cluster.ranks import relocalize
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.ssh_launcher import attach_nannies
+from workbench.cluster.start_sequence import open_store
 from workbench.engine import process_group
 from workbench.errors import ClusterError
 
@@ -262,7 +263,7 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     if cluster.ranks[0].num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (and
         # points gloo at the interface that does) before the store opens
         await check_reachable(client, cluster.ranks)
-    port = await cluster._open_store(cluster.ranks[0])
+    port = await open_store(cluster, cluster.ranks[0])
     cluster.ranks = [replace(r, master_port=int(port)) for r in cluster.ranks]
     futures = [
         client[r.engine_id].apply_async(

@@ -11,14 +11,17 @@ __all__ = ["COMMANDS", "WorkbenchMagics", "load_ipython_extension", "unload_ipyt
 _KEY = "_workbench_magics"
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: Any, import_s: float | None = None) -> None:
     magics = WorkbenchMagics(ipython)
+    magics.load_import_s = import_s  # for `%wb start --profile-startup`
     ipython.register_magics(magics)
     setattr(ipython, _KEY, magics)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     magics: WorkbenchMagics | None = getattr(ipython, _KEY, None)
-    if magics is not None and magics.cluster is not None:
-        magics.cluster.stop_sync()
-        magics.cluster = None
+    if magics is not None:  # what %wb start started ends with the extension
+        for cluster in magics.started:
+            if cluster.state != "stopped":
+                cluster.stop_sync()
+        magics.started = []

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
 from workbench.cluster.connection import find_connection_file
+from workbench.cluster.loop import submit, wait
 from workbench.config import (
     BACKENDS,
     LAUNCHERS,
@@ -50,32 +53,50 @@ def _start_args(p: MagicParser) -> None:
         default=None,
         help="torch threads per engine (default: the host's cores shared by its engines)",
     )
+    p.add_argument(
+        "--profile-startup",
+        action="store_true",
+        help="after the start, print where its time went (kernel stages, each engine)",
+    )
     add_launcher_args(p)
 
 
 @command("start", "start engines and join them into a process group", _start_args)
 def start(magics: WorkbenchMagics, args: Any) -> None:
-    if magics.cluster is not None and magics.cluster.state in ("running", "degraded"):
+    mine = magics.running_started_here()
+    if mine is not None and mine.state in ("running", "degraded"):
         raise UsageError(
-            f"a cluster is already running ({magics.cluster!r}); `%wb stop` or `%wb restart` first"
+            f"a cluster is already running ({mine!r}); `%wb stop` or `%wb restart` first"
         )
-    if magics.cluster is not None and magics.cluster.state == "broken":
-        magics.cluster.stop_sync()  # its engines and schedulers outlived the controller
+    if mine is not None and mine.state == "broken":
+        mine.stop_sync()  # its engines and schedulers outlived the controller
     cluster = make_cluster(args)
-    callback, close = notebook_progress(args.n)
-    cluster.progress = callback
+    if magics.load_import_s is not None:
+        cluster.startup.notes["%load_ext workbench: imports"] = magics.load_import_s
+    # The start begins at once on the workbench loop; the bar (its ipywidgets import is
+    # 0.3-0.5 s) is built meanwhile and shows the stages from the next one on.
+    pending = submit(cluster.start())
+    close: Callable[[], None] | None = None
     try:
-        cluster.start_sync()
+        made = time.perf_counter()
+        callback, close = notebook_progress(args.n)
+        cluster.startup.notes["progress bar (beside the start)"] = time.perf_counter() - made
+        cluster.progress = callback
+        wait(pending)
     finally:
-        close()
+        pending.cancel()  # an interrupt while the bar was built: the start stops too
+        if close is not None:
+            close()
         cluster.progress = None
-    magics.cluster = cluster
+    magics.started.append(cluster)  # and it is now the current cluster (Cluster.latest)
     r0 = cluster.ranks[0]
     hosts = len({r.host for r in cluster.ranks})
     print(
         f"workbench: {cluster.world_size} ranks on {hosts} host(s), "
         f"backend {r0.backend}, device {'cuda' if r0.device.startswith('cuda') else 'cpu'}"
     )
+    if args.profile_startup:
+        print(cluster.startup.table())
 
 
 def make_cluster(args: Any) -> Cluster:
@@ -113,11 +134,11 @@ def make_cluster(args: Any) -> Cluster:
 
 @command("stop", "stop the engines and the controller", lambda p: None)
 def stop(magics: WorkbenchMagics, args: Any) -> None:
-    if magics.cluster is None:
+    cluster = magics.cluster
+    if cluster is None:
         print("workbench: no cluster to stop")
         return
-    magics.cluster.stop_sync()
-    magics.cluster = None
+    cluster.stop_sync()  # the cluster started before it, if one still runs, is current again
     print("workbench: cluster stopped")
 
 

@@ -52,8 +52,21 @@ class WorkbenchMagics(Magics):
 
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        self.cluster: Cluster | None = None
+        # What `%wb start` started, held so that it lives as long as the kernel: which
+        # cluster is *current* is Cluster.latest()'s answer, the same for every caller.
+        self.started: list[Cluster] = []
         self.trace_log: Any | None = None  # a cluster.traced_log.TraceLog once %wb trace is used
+        self.load_import_s: float | None = None  # what `%load_ext workbench` spent importing
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The current cluster (``Cluster.latest()``): started here or from Python."""
+        return Cluster.latest()
+
+    def running_started_here(self) -> Cluster | None:
+        """A cluster `%wb start` started that still runs (or whose controller died)."""
+        self.started = [c for c in self.started if c.state != "stopped"]
+        return self.started[-1] if self.started else None
 
     def require_cluster(self) -> Cluster:
         # A "broken" cluster (dead controller) is returned: its calls say what happened.

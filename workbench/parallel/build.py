@@ -64,18 +64,7 @@ def build_train_step(
 ) -> TrainStep:
     """A ``TrainStep`` for ``spec`` on this rank (call on every rank of the process group)."""
     distributed = spec.strategy != "single"
-    if distributed and not dist.is_initialized():
-        raise ParallelError(
-            f"strategy={spec.strategy!r} needs an initialised process group "
-            "(torch.distributed.init_process_group, torchrun or %wb start); "
-            "use strategy='single' without one"
-        )
-    dev = torch.device(device) if device is not None else _default_device()
-    if not distributed and device is None:
-        dev = torch.device("cpu")
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    check_precision(spec.precision, dev)
+    dev = _resolve_device(spec, distributed, device)
     world = dist.get_world_size() if distributed else 1
     dims = spec.dims(world)
     dims.device_type = dev.type
@@ -120,6 +109,26 @@ def build_train_step(
     )
     step.spec = spec
     return step
+
+
+def _resolve_device(
+    spec: RunSpec, distributed: bool, device: torch.device | str | None
+) -> torch.device:
+    """The device this rank trains on (a process group is required for a distributed
+    strategy; a single-device run stays on the CPU unless told otherwise)."""
+    if distributed and not dist.is_initialized():
+        raise ParallelError(
+            f"strategy={spec.strategy!r} needs an initialised process group "
+            "(torch.distributed.init_process_group, torchrun or %wb start); "
+            "use strategy='single' without one"
+        )
+    dev = torch.device(device) if device is not None else _default_device()
+    if not distributed and device is None:
+        dev = torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    check_precision(spec.precision, dev)
+    return dev
 
 
 def _apply_strategy(
@@ -213,7 +222,7 @@ def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
     if train_step.strategy == "single":
         return _named_full(model)
     if isinstance(model, PipelineModule):
-        local = _named_full(model.stage_module)
+        local = _named_full(_inner_module(model.stage_module))  # a stage may be in DDP
         parts = gather_objects(local, dst=0)
         if parts is None:
             return None

@@ -55,7 +55,9 @@ from workbench.parallel.checkpoint_layout import (
 from workbench.parallel.checkpoint_meta import (
     FORMAT,
     RngState,
+    check_same_model,
     make_meta,
+    param_shapes,
     parse_meta,
     parse_rng,
     rng_state,
@@ -85,6 +87,10 @@ _TRASH = ".old-"
 # for replicated copies) and pp (per-stage modules) are not expressed as DTensor shards, so
 # DCP cannot save or reshard them correctly; they are refused rather than saved wrongly.
 SUPPORTED_STRATEGIES: tuple[str, ...] = ("single", "dp", "zero2", "fsdp", "tp", "dp_tp")
+# A run of the user's own model (strategy "user:<layout>") is checked by what it is made
+# of, for the same reasons: no pipeline stages, no ZeroRedundancyOptimizer.
+USER_PREFIX = "user:"
+USER_SUPPORTED = "DDP (zero=0), FSDP (zero=2 or 3) and TP, alone or as dp x tp"
 
 
 def _distributed(train_step: TrainStep) -> bool:
@@ -151,7 +157,28 @@ def _tagged(train_step: TrainStep) -> Iterator[None]:
         recorder.phase = previous
 
 
+def _user_refusal(train_step: TrainStep) -> str | None:
+    """Why a run of the user's own model cannot be checkpointed, or None."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from workbench.parallel.pp import PipelineModule
+
+    if isinstance(train_step.model, PipelineModule):
+        return "pipeline stages (pp > 1) are per-stage modules DCP cannot reshard"
+    if isinstance(train_step.optimizer, ZeroRedundancyOptimizer):
+        return "ZeRO-1's optimizer state (zero=1) is not held as DTensor shards"
+    return None
+
+
 def _check_strategy(train_step: TrainStep) -> None:
+    if train_step.strategy.startswith(USER_PREFIX):
+        why = _user_refusal(train_step)
+        if why is not None:
+            raise CheckpointError(
+                f"strategy={train_step.strategy!r} cannot be checkpointed: {why}; "
+                f"checkpoints of your own model support {USER_SUPPORTED}"
+            )
+        return
     if train_step.strategy not in SUPPORTED_STRATEGIES:
         raise CheckpointError(
             f"strategy={train_step.strategy!r} cannot be checkpointed; checkpoints support "
@@ -203,9 +230,11 @@ def save_checkpoint(
                     shutil.rmtree(stale, ignore_errors=True)
                 (tmp / "rng").mkdir(parents=True)
         steps.agree(kept)
+        shapes: dict[str, list[int]] = {}
         try:
             with steps.local():
                 model_sd, optim_sd = get_state_dict(train_step.model, train_step.optimizer)
+                shapes = param_shapes(model_sd)
             steps.agree(kept)
             with steps.local():
                 dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
@@ -215,7 +244,7 @@ def save_checkpoint(
             steps.agree(kept)  # every rank's files are written before the commit
             with steps.local():
                 if rank == 0:
-                    _write_json(tmp / "meta.json", make_meta(train_step, world))
+                    _write_json(tmp / "meta.json", make_meta(train_step, world, shapes))
                     # last: it signs every other file
                     write_manifest(tmp, checkpoint_key() if key is None else key)
                     _commit(tmp, final)
@@ -280,7 +309,9 @@ def _verify(train_step: TrainStep, root: Path, step: int | None, key: bytes | No
             f"name says {path.name}; it was moved or edited"
         )
     spec = train_step.spec
-    if spec is not None and meta.get("model") not in (None, spec.model):
+    # A preset is named; the user's own model is told apart by its parameters (on load).
+    named = spec is not None and isinstance(spec.model, str)
+    if named and meta.get("model") not in (None, spec.model):
         raise CheckpointError(
             f"the checkpoint at {where} is of model {meta['model']!r}, this run is "
             f"{spec.model!r}; load it into a run of the same model"
@@ -347,6 +378,9 @@ def load_checkpoint(
             steps.what = f"loading the checkpoint at {str(verified.path)!r}"
             with steps.local():
                 model_sd, optim_sd = get_state_dict(train_step.model, optimizer)
+                check_same_model(
+                    verified.meta.get("params"), param_shapes(model_sd), repr(str(verified.path))
+                )
                 state = _copy({"model": model_sd, "optim": optim_sd})
             steps.agree(unchanged)
             with steps.local():

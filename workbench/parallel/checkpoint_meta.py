@@ -20,7 +20,9 @@ from workbench.errors import CheckpointError
 __all__ = [
     "FORMAT",
     "RngState",
+    "check_same_model",
     "make_meta",
+    "param_shapes",
     "parse_meta",
     "parse_rng",
     "rng_state",
@@ -33,9 +35,14 @@ FORMAT = 1
 RngState = tuple[dict[str, Any], dict[str, Any]]
 
 
-def make_meta(train_step: Any, world: int) -> dict[str, Any]:
+def make_meta(
+    train_step: Any, world: int, params: dict[str, list[int]] | None = None
+) -> dict[str, Any]:
+    """``params``: every parameter's full (unsharded) shape by name, so a load can tell a
+    different model from this one before reading any weight."""
     spec = train_step.spec
-    spec_fields = asdict(spec) if spec is not None else None
+    describe = getattr(spec, "checkpoint_fields", None)  # a user run: its JSON description
+    spec_fields = describe() if callable(describe) else asdict(spec) if spec is not None else None
     return {
         "format": FORMAT,
         "step": train_step.step,
@@ -45,11 +52,55 @@ def make_meta(train_step: Any, world: int) -> dict[str, Any]:
         "world_size": world,
         "model": spec_fields["model"] if spec_fields else None,
         "spec": spec_fields,
+        "params": params,
     }
 
 
 def _whole(value: Any, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _shapes_or_none(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and all(
+            isinstance(k, str) and isinstance(v, list) and all(_whole(d, 0) for d in v)
+            for k, v in value.items()
+        )
+    )
+
+
+def param_shapes(model_state: dict[str, Any]) -> dict[str, list[int]]:
+    """Name -> full shape of every tensor in a model state dict (a DTensor's ``shape`` is
+    its global one, so every layout of one model gives the same answer)."""
+    return {k: list(v.shape) for k, v in model_state.items() if isinstance(v, torch.Tensor)}
+
+
+def check_same_model(
+    saved: dict[str, list[int]] | None, here: dict[str, list[int]], where: str
+) -> None:
+    """A clear error when the checkpoint holds a different model than the run."""
+    if saved is None or saved == here:
+        return
+    missing = sorted(set(here) - set(saved))
+    extra = sorted(set(saved) - set(here))
+    shapes = [
+        f"{n} (checkpoint {saved[n]}, this run {here[n]})"
+        for n in sorted(set(saved) & set(here))
+        if saved[n] != here[n]
+    ]
+    parts = []
+    if shapes:
+        parts.append(f"shapes differ: {', '.join(shapes[:5])}")
+    if missing:
+        parts.append(f"not in the checkpoint: {missing[:5]}")
+    if extra:
+        parts.append(f"not in this run's model: {extra[:5]}")
+    raise CheckpointError(
+        f"the checkpoint at {where} holds a different model than this run ({len(saved)} "
+        f"tensors saved, {len(here)} here); {'; '.join(parts)}; load it into a run of the "
+        "model it was saved from"
+    )
 
 
 def parse_meta(data: bytes, where: str) -> dict[str, Any]:
@@ -76,8 +127,9 @@ def parse_meta(data: bytes, where: str) -> dict[str, Any]:
         ),
         "model": (lambda v: v is None or isinstance(v, str), "a string or null"),
         "spec": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+        "params": (_shapes_or_none, "an object of name -> shape (list of integers), or null"),
     }
-    optional = {"last_loss", "model", "spec"}
+    optional = {"last_loss", "model", "spec", "params"}
     for field, (valid, expected) in fields.items():
         if field not in meta:
             if field in optional:

@@ -134,8 +134,11 @@ def check_batch_split(
             f"grad_accum={grad_accum} does not divide the per-rank batch {per_rank} "
             f"(batch_size={batch_size} / dp={dims.dp}); choose among {_divisors(per_rank)}"
         )
-    if dims.pp > 1 and batch_size % microbatches:
+    if dims.pp > 1 and per_rank % microbatches:
+        where = f"batch_size={batch_size}"
+        if dims.dp > 1:  # each data-parallel pipeline cuts its own share into micro-batches
+            where = f"the per-rank batch {per_rank} (batch_size={batch_size} / dp={dims.dp})"
         raise ConfigError(
-            f"microbatches={microbatches} does not divide batch_size={batch_size}; "
-            f"choose among {_divisors(batch_size)}"
+            f"microbatches={microbatches} does not divide {where}; "
+            f"choose among {_divisors(per_rank)}"
         )

@@ -10,6 +10,9 @@ communication as two separate phases, and the cost of not overlapping them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.device_mesh import DeviceMesh
@@ -17,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from workbench.parallel.collectives import all_reduce
 
-__all__ = ["DeferredSyncDDP", "apply_dp"]
+__all__ = ["DeferredSyncDDP", "apply_dp", "average_gradients"]
 
 
 class DeferredSyncDDP(DistributedDataParallel):
@@ -30,13 +33,18 @@ class DeferredSyncDDP(DistributedDataParallel):
 
     def sync(self) -> None:
         """Average every gradient over the data-parallel group in one flat all-reduce."""
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = _flatten_dense_tensors(grads)
-        all_reduce(flat, self.process_group, average=True)
-        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            grad.copy_(synced)
+        average_gradients(self.module.parameters(), self.process_group)
+
+
+def average_gradients(params: Iterable[nn.Parameter], group: dist.ProcessGroup) -> None:
+    """Average the parameters' gradients over ``group`` in one flat all-reduce."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    flat = _flatten_dense_tensors(grads)
+    all_reduce(flat, group, average=True)
+    for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+        grad.copy_(synced)
 
 
 def apply_dp(

@@ -27,10 +27,10 @@ from workbench.errors import ConfigError, ParallelError, choices_error
 from workbench.parallel.dims import ParallelDims
 from workbench.parallel.dp import apply_dp
 from workbench.parallel.fsdp import apply_fsdp
-from workbench.parallel.pp import apply_pp
+from workbench.parallel.pp import apply_pp, split_stage
 from workbench.parallel.pp_split import default_split_points, split_by_points, stage_units
 from workbench.parallel.tp import apply_tp, plan_for
-from workbench.parallel.tp_plan import hf_tp_plan, resolve_tp_plan
+from workbench.parallel.tp_plan import hf_tp_plan, matching_modules, resolve_tp_plan
 from workbench.vocab import RUN_ZERO_STAGES
 
 __all__ = [
@@ -98,11 +98,6 @@ class Layout:
             )
         dp = self.dp if self.dp is not None else world_size // inner
         dims = ParallelDims(dp=dp, tp=self.tp, pp=self.pp, world_size=world_size)
-        if dims.pp > 1 and (dims.dp > 1 or dims.tp > 1):
-            raise ParallelError(
-                f"pp={dims.pp} together with dp={dims.dp} / tp={dims.tp} is not supported; "
-                "use pp alone (dp=1, tp=1) or dp/tp without pp"
-            )
         if dims.tp > 1 and dims.dp > 1 and self.zero < 2:
             raise ParallelError(
                 f"dp={dims.dp} x tp={dims.tp} shards the data-parallel dimension with FSDP: "
@@ -205,11 +200,13 @@ def check_layout(model: nn.Module, layout: Layout, dims: ParallelDims) -> dict[s
 
 @dataclass(slots=True)
 class Parallelized:
-    """The wrapped model, the group the reported loss is reduced over, and how."""
+    """The wrapped model, the group the reported loss is reduced over, and how; then (a
+    pipeline replicated over dp) the group it is averaged over."""
 
     model: nn.Module
     loss_group: dist.ProcessGroup | None
     loss_reduce: str
+    loss_mean_group: dist.ProcessGroup | None = None
 
 
 def parallelize(
@@ -228,24 +225,51 @@ def parallelize(
     if dims.world_size == 1:
         return Parallelized(model, None, "none")
     checked = check_layout(model, layout, dims)
-    mesh = dims.mesh
     if dims.pp > 1:
-        stage = None
+        # This rank's stage first; then tp and dp apply to the stage as to a whole model.
+        pp_mesh = dims.submesh("pp")
+        index = dist.get_rank(pp_mesh.get_group())
         if checked["pp_split"] is not None:
-            index = dist.get_rank(dims.submesh("pp").get_group())
             stage = split_by_points(model, checked["pp_split"], index, dims.pp)
+        else:
+            stage = split_stage(model, index, dims.pp)
+        plan = checked["tp_plan"]
+        if plan is not None:  # the plan's patterns, narrowed to the modules this stage kept
+            plan = {n: style for pat, style in plan.items() for n in matching_modules(stage, pat)}
+        stage = _apply_tp_dp(stage, layout, dims, plan, param_dtype, fsdp_units, ddp=False)
+        replicas = dims.submesh("dp").get_group() if dims.dp > 1 else None
         pipe = apply_pp(
             model,
-            dims.submesh("pp"),
+            pp_mesh,
             loss_fn=loss_fn,
             microbatches=microbatches,
             schedule=schedule,
             recorder=recorder,
             stage_module=stage,
+            dp_group=replicas if layout.zero < 2 else None,  # FSDP reduces its own
         )
-        return Parallelized(pipe, dims.submesh("pp").get_group(), "sum")
+        return Parallelized(pipe, pp_mesh.get_group(), "sum", replicas)
+    model = _apply_tp_dp(model, layout, dims, checked["tp_plan"], param_dtype, fsdp_units)
+    if dims.dp > 1:
+        return Parallelized(model, dims.submesh("dp").get_group(), "mean")
+    return Parallelized(model, None, "none")
+
+
+def _apply_tp_dp(
+    model: nn.Module,
+    layout: Layout,
+    dims: ParallelDims,
+    plan: Mapping[str, ParallelStyle] | None,
+    param_dtype: torch.dtype | None,
+    fsdp_units: Sequence[nn.Module] | None,
+    *,
+    ddp: bool = True,
+) -> nn.Module:
+    """The tensor- and data-parallel dimensions, in that order, on a model or a stage.
+    ``ddp=False``: zero=0/1 leaves the model unwrapped (a pipeline stage averages its
+    gradients itself, ``PipelineModule.sync_dp``)."""
     if dims.tp > 1:
-        model = apply_tp(model, dims.submesh("tp"), plan=checked["tp_plan"])
+        model = apply_tp(model, dims.submesh("tp"), plan=dict(plan) if plan is not None else None)
     if dims.dp > 1:
         dp_mesh = dims.submesh("dp")
         if layout.zero >= 2:
@@ -253,18 +277,16 @@ def parallelize(
             model = apply_fsdp(
                 model, dp_mesh, stage=layout.zero, param_dtype=param_dtype, blocks=units
             )
-        else:  # ZeRO-1 is DDP here; its optimizer is sharded when it is made
+        elif ddp:  # ZeRO-1 is DDP here; its optimizer is sharded when it is made
             model = apply_dp(model, dp_mesh, overlap=layout.overlap or layout.zero == 1)
-        dp_group = mesh.get_group("dp") if mesh.ndim > 1 else mesh.get_group()
-        return Parallelized(model, dp_group, "mean")
-    return Parallelized(model, None, "none")
+    return model
 
 
 def _default_units(model: nn.Module) -> list[nn.Module]:
     layers = getattr(model, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        return list(layers.values())
-    return fsdp_blocks(model)
+    units = list(layers.values()) if isinstance(layers, nn.ModuleDict) else fsdp_blocks(model)
+    # A pipeline stage keeps its own blocks; the others are parameterless stand-ins.
+    return [u for u in units if any(True for _ in u.parameters())]
 
 
 def check_zero_optimizer(optimizer: torch.optim.Optimizer) -> None:

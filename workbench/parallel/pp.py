@@ -29,6 +29,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from workbench.errors import ConfigError, ParallelError, choices_error
 from workbench.parallel.collectives import all_reduce
+from workbench.parallel.dp import average_gradients
 
 __all__ = ["SCHEDULES", "PipelineModule", "apply_pp", "split_stage"]
 
@@ -82,8 +83,11 @@ class PipelineModule(nn.Module):
         *,
         group: dist.ProcessGroup,
         tied_group: dist.ProcessGroup | None,
+        dp_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
+        # Replicas of this stage (pp x dp without FSDP): gradients averaged in sync_dp().
+        self.dp_group = dp_group
         self.stage_module = stage_module
         self.stage = stage
         self.schedule = schedule
@@ -134,6 +138,15 @@ class PipelineModule(nn.Module):
         if p is not None and p.grad is not None:
             all_reduce(p.grad, self.tied_group)
 
+    def sync_dp(self) -> None:
+        """Average the stage's gradients over its data-parallel replicas (the sync phase).
+
+        Not DDP: its reducer is built for one backward per forward and fails on a
+        schedule's several micro-batch backwards; one flat all-reduce after them is exact.
+        """
+        if self.dp_group is not None:
+            average_gradients(self.stage_module.parameters(), self.dp_group)
+
 
 def apply_pp(
     model: nn.Module,
@@ -144,12 +157,14 @@ def apply_pp(
     schedule: str = "gpipe",
     recorder: Any | None = None,
     stage_module: nn.Module | None = None,
+    dp_group: dist.ProcessGroup | None = None,
 ) -> PipelineModule:
     """Cut ``model`` into one stage per rank of the 1-D ``mesh`` and build the schedule.
 
     With a ``recorder``, every micro-batch's forward and backward is marked as a phase span
     ``forward[mb=i]`` / ``backward[mb=i]`` inside the step's phases. ``stage_module``:
     this rank's stage when already cut (``pp_split.split_by_points``) instead of by blocks.
+    ``dp_group``: the stage's data-parallel replicas, whose gradients ``sync_dp`` averages.
     """
     if schedule not in SCHEDULES:
         raise choices_error("schedule", schedule, sorted(SCHEDULES))
@@ -166,7 +181,9 @@ def apply_pp(
         _mark_microbatches(stage, recorder)
     sched = SCHEDULES[schedule](stage, n_microbatches=microbatches, loss_fn=loss_fn)
     tied_group = _tied_group(model, mesh, index, num_stages)
-    return PipelineModule(stage_module, stage, sched, group=group, tied_group=tied_group)
+    return PipelineModule(
+        stage_module, stage, sched, group=group, tied_group=tied_group, dp_group=dp_group
+    )
 
 
 def _tied_group(
@@ -176,6 +193,14 @@ def _tied_group(
     if not tied or num_stages == 1:
         return None
     ranks = mesh.mesh.flatten().tolist()
+    if num_stages > 2 and dist.get_world_size() != num_stages:
+        # new_group below is collective over the whole world; with several pipelines
+        # (pp x dp / tp) each would ask for a different group at the same call.
+        raise ParallelError(
+            f"a model with a tied embedding/head (config.tie_head) and pp={num_stages} > 2 "
+            f"cannot be combined with dp or tp (world_size={dist.get_world_size()}); use "
+            "pp=2, pp alone, or an untied head"
+        )
     # new_group is collective over the default group: every rank creates it, members use it.
     group = mesh.get_group() if num_stages == 2 else dist.new_group([ranks[0], ranks[-1]])
     return group if index in (0, num_stages - 1) else None

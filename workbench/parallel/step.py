@@ -70,6 +70,7 @@ class TrainStep:
         comm_tracer: Any | None = None,
         strategy: str = "single",
         loader: Any | None = None,
+        loss_mean_group: dist.ProcessGroup | None = None,
     ) -> None:
         if isinstance(grad_accum, bool) or not isinstance(grad_accum, int) or grad_accum < 1:
             raise ConfigError(f"grad_accum={grad_accum!r} is not valid; it must be an integer >= 1")
@@ -87,6 +88,8 @@ class TrainStep:
         self.precision = precision
         self.loss_group = loss_group
         self.loss_reduce = loss_reduce
+        # Then averaged over this group: the data-parallel replicas of a pipeline.
+        self.loss_mean_group = loss_mean_group
         self.memory_tracer = memory_tracer
         self.comm_tracer = comm_tracer
         self.strategy = strategy
@@ -174,7 +177,12 @@ class TrainStep:
                 "this TrainStep was made without its loader (loader=None), so its data "
                 "position cannot be restored; build it with build_train_step or pass loader="
             )
-        self.batches = batches(self.loader, start=data_position)
+        # A source that is not a DataLoader (the user's data callable) resumes itself.
+        resume = getattr(self.loader, "resume", None)
+        if callable(resume):
+            self.batches = resume(data_position)
+        else:
+            self.batches = batches(self.loader, start=data_position)
         self.data_position = data_position
         self._step = step
         self.recorder.step = step
@@ -261,11 +269,14 @@ class TrainStep:
         pipe = self.pipeline
         if pipe is not None:
             pipe.sync_tied()
+            pipe.sync_dp()
         if self.loss_reduce != "none" and self.loss_group is not None:
             # Reporting, not training traffic: kept apart from the data-parallel bytes the
             # planner predicts (the tracer records it with source "metrics").
             with labelled("metrics"):
                 all_reduce(self._loss_sum, self.loss_group, average=self.loss_reduce == "mean")
+                if self.loss_mean_group is not None:
+                    all_reduce(self._loss_sum, self.loss_mean_group, average=True)
 
     def _optimizer_step(self) -> None:
         self.optimizer.step()

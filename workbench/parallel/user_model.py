@@ -20,6 +20,7 @@ so phases, memory by category, collectives and figures work unchanged:
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,12 +34,13 @@ from torch.utils.data import Dataset
 from workbench.errors import ConfigError, ParallelError
 from workbench.parallel.build import _default_device, full_state_dict
 from workbench.parallel.data import batches, make_loader
-from workbench.parallel.dims import ParallelDims, check_batch_split
+from workbench.parallel.dims import ParallelDims
 from workbench.parallel.fsdp import zero_optimizer
-from workbench.parallel.options import PRECISIONS, check_precision, compute_dtype
+from workbench.parallel.options import check_precision, compute_dtype
 from workbench.parallel.parallelize import Layout, check_zero_optimizer, parallelize
-from workbench.parallel.pp import SCHEDULES, PipelineModule
+from workbench.parallel.pp import PipelineModule
 from workbench.parallel.step import TrainStep
+from workbench.parallel.user_options import UserOptions, int_at_least
 from workbench.trace.recorder import Recorder
 
 __all__ = [
@@ -50,14 +52,10 @@ __all__ = [
 ]
 
 
-def _int_at_least(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name}={value!r} is not valid; it must be an integer >= {low}")
-
-
 @dataclass(kw_only=True, frozen=True)
-class UserRun:
-    """One run of the user's model. ``batch_size`` is the global batch (all dp ranks)."""
+class UserRun(UserOptions):
+    """One run of the user's model: the factories (plain callables, unpickled on this
+    rank), the layout, and the options it shares with the client's ``UserSpec``."""
 
     model: Callable[[], nn.Module]
     data: Any
@@ -65,14 +63,6 @@ class UserRun:
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None
     layout: Layout = field(default_factory=Layout)
     strategy: str = "custom"  # the preset name the layout came from, for display
-    batch_size: int = 8
-    grad_accum: int = 1
-    microbatches: int = 2
-    schedule: str = "gpipe"
-    precision: str = "fp32"
-    seed: int = 0
-    trace: bool = True
-    per_module: bool = False
 
     def __post_init__(self) -> None:
         for name in ("model", "loss"):
@@ -92,23 +82,53 @@ class UserRun:
             )
         if not isinstance(self.layout, Layout):
             raise ConfigError(f"layout={self.layout!r} is not valid; give a Layout")
-        _int_at_least("batch_size", self.batch_size, 1)
-        _int_at_least("grad_accum", self.grad_accum, 1)
-        _int_at_least("microbatches", self.microbatches, 1)
-        _int_at_least("seed", self.seed, 0)
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(
-                f"schedule={self.schedule!r} is not valid; choose from {sorted(SCHEDULES)}"
-            )
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"precision={self.precision!r} is not valid; choose from {list(PRECISIONS)}"
-            )
+        super().__post_init__()  # the shared options, checked as before: last
 
-    def check_batch(self, dims: ParallelDims) -> None:
-        check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
-        if dims.pp > 1 and self.grad_accum != 1:
-            raise ConfigError("grad_accum must be 1 with pp > 1: set microbatches instead")
+    def checkpoint_fields(self) -> dict[str, Any]:
+        """What a checkpoint's ``meta.json`` records of this run (JSON; the factories by
+        name: they are code, not data, and never stored)."""
+        layout = self.layout
+        plan = None
+        if layout.tp_plan is not None:
+            plan = {
+                k: v if isinstance(v, str) else type(v).__name__ for k, v in layout.tp_plan.items()
+            }
+        return {
+            "model": _label(self.model),
+            "optimizer": _label(self.optimizer) if self.optimizer is not None else None,
+            "layout": {
+                "dp": layout.dp,
+                "tp": layout.tp,
+                "pp": layout.pp,
+                "zero": layout.zero,
+                "overlap": layout.overlap,
+                "tp_plan": plan,
+                "pp_split": list(layout.pp_split) if layout.pp_split is not None else None,
+            },
+            "strategy": self.strategy,
+            "batch_size": self.batch_size,
+            "grad_accum": self.grad_accum,
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "precision": self.precision,
+            "seed": self.seed,
+        }
+
+
+def _label(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
+
+
+class _Replay:
+    """The user's data callable as a source a checkpoint can resume: its data position is
+    restored by calling the callable again and skipping the batches already taken, so it
+    must give the same batches each time it is called (as a seeded generator does)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+    def resume(self, start: int) -> Iterator[Any]:
+        return itertools.islice(_checked_batches(iter(self.make())), start, None)
 
 
 def build_user_model(run: UserRun) -> nn.Module:
@@ -148,12 +168,18 @@ def _make_optimizer(run: UserRun, model: nn.Module, dims: ParallelDims) -> torch
 def _data_source(run: UserRun, dims: ParallelDims, dp_rank: int) -> tuple[Any, Any]:
     """(batches iterator, the DataLoader when the data is a sharded Dataset)."""
     data = run.data
+    make: Callable[[], Any] | None = None
     if not isinstance(data, Dataset):
         try:
             wants_rank = len(inspect.signature(data).parameters) >= 2
         except (TypeError, ValueError):
             wants_rank = False
-        data = data(dp_rank, dims.dp) if wants_rank else data()
+        source = data
+
+        def make() -> Any:
+            return source(dp_rank, dims.dp) if wants_rank else source()
+
+        data = make()
     if isinstance(data, Dataset):
         if not hasattr(data, "__len__"):
             raise ConfigError(
@@ -171,7 +197,7 @@ def _data_source(run: UserRun, dims: ParallelDims, dp_rank: int) -> tuple[Any, A
         )
         return batches(loader), loader
     if isinstance(data, Iterable):
-        return _checked_batches(iter(data)), None
+        return _checked_batches(iter(data)), _Replay(make) if make is not None else None
     raise ConfigError(
         f"the data callable returned {type(data).__name__}; it must return a Dataset or an "
         "iterable of (inputs, targets) batches"
@@ -254,6 +280,7 @@ def build_user_train_step(
         comm_tracer=comm,
         strategy="single" if not distributed else f"user:{run.strategy}",
         loader=loader,
+        loss_mean_group=wrapped.loss_mean_group,
     )
     step.spec = run
     return step
@@ -265,15 +292,12 @@ def _tracers(
     from workbench.trace.comm import CommTracer
     from workbench.trace.memory import MemoryTracer
 
-    inner = model
-    if isinstance(model, DistributedDataParallel):
-        inner = model.module
-    elif isinstance(model, PipelineModule):
-        inner = model.stage_module
+    ddp = model.stage_module if isinstance(model, PipelineModule) else model
+    inner = ddp.module if isinstance(ddp, DistributedDataParallel) else ddp
     memory = MemoryTracer(inner, optimizer, recorder, per_module=run.per_module).start()
     comm = CommTracer(recorder).start()
-    if isinstance(model, DistributedDataParallel) and model.require_backward_grad_sync:
-        comm.attach_ddp(model)
+    if isinstance(ddp, DistributedDataParallel) and ddp.require_backward_grad_sync:
+        comm.attach_ddp(ddp)  # a pipeline stage's DDP buckets too
     return memory, comm
 
 
@@ -282,7 +306,7 @@ def user_reference(
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses and final parameters of the plain single-device run on the same global
     batches (no accumulation, no tracing), to compare a parallel run against."""
-    _int_at_least("steps", steps, 0)
+    int_at_least("steps", steps, 0)
     single = replace(run, grad_accum=1, trace=False)
     step = build_user_train_step(single, device=device, world_size=1)
     losses = [step.run_step() for _ in range(steps)]

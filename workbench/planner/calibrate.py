@@ -144,6 +144,9 @@ def cpu_profile(
     cores: float | None = None,
     background: float = 0.0,
     processes_per_node: int | None = None,
+    ddp_step_s: float | None = None,
+    ddp_micro_batch: int | None = None,
+    ddp_ranks: int = 2,
 ) -> HardwareSpec:
     """A CPU hardware profile calibrated from one measured step, so plans of CPU ranks
     account for what a dedicated-device model leaves out.
@@ -162,6 +165,13 @@ def cpu_profile(
     s1 = min(1, cores / (1 + background)); the profile stores the rate and the fixed
     time of a whole core (measured rate / s1, ``outside_s`` · s1), so a plan with more
     ranks per node than free cores stretches them by its own, smaller share.
+
+    ``ddp_step_s`` is one measured DDP step (wall seconds) of ``ddp_ranks`` ranks with
+    ``ddp_micro_batch`` samples each, on the same host: what it took beyond the
+    profile's compute and fixed time (at the ranks' share) is the CPU work of the
+    gradient all-reduce, stored as ``comm_cpu`` = that work per second of the fitted
+    all-reduce time, which ``step_time`` then charges every DP step (not hidden,
+    stretched by 1/share). Measure it at another batch than the one to be predicted.
     """
     from workbench.planner.timing import compute_efficiency, executed_flops_per_token
 
@@ -180,12 +190,57 @@ def cpu_profile(
     share = base.core_share(1)  # what the measured single rank got
     rate = executed_flops_per_token(model, training, seq) * tokens / (step_s - outside_s)
     eff = compute_efficiency(training, base)[0]  # the plan will compute at eff x peak
-    return base.with_(
+    profile = base.with_(
         peak_flops=rate / share / eff,
         peak_flops_fp32=rate / share / eff,
         max_overlap=overlap,
         step_overhead=float(outside_s) * share,
     )
+    if ddp_step_s is None and ddp_micro_batch is None:
+        return profile
+    return profile.with_(
+        comm_cpu=_ddp_comm_cpu(
+            profile, model, training, seq, ddp_step_s, ddp_micro_batch, ddp_ranks
+        )
+    )
+
+
+def _ddp_comm_cpu(
+    profile: HardwareSpec,
+    model: ModelSpec,
+    training: TrainingSpec,
+    seq: int,
+    step_s: float | None,
+    micro_batch: int | None,
+    ranks: int,
+) -> float:
+    """CPU seconds per second of fitted all-reduce time that one measured DDP step
+    spent beyond the profile's compute and fixed time (0 when it spent nothing more)."""
+    from workbench.planner.specs import ParallelSpec
+    from workbench.planner.timing import step_time
+
+    if step_s is None or micro_batch is None:
+        raise ConfigError(
+            f"ddp_step_s={step_s!r}, ddp_micro_batch={micro_batch!r}: a DDP calibration "
+            "needs both (the step's wall seconds and its samples per rank)"
+        )
+    if not isinstance(step_s, int | float) or not math.isfinite(step_s) or step_s <= 0:
+        raise ConfigError(f"ddp_step_s={step_s!r} is not valid; it must be seconds > 0")
+    for label, value in (("ddp_micro_batch", micro_batch), ("ddp_ranks", ranks)):
+        low = 2 if label == "ddp_ranks" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 2**20:
+            raise ConfigError(f"{label}={value!r} is not valid; it must be an integer >= {low}")
+    # The same step without the collective's CPU work (comm_cpu = 0), at the ranks' share.
+    bare = step_time(
+        model,
+        training.with_(micro_batch=micro_batch),
+        ParallelSpec(dp=ranks),
+        profile.with_(comm_cpu=0.0),
+        seq=seq,
+        micro_batches=1,
+    )
+    share = profile.core_share(min(ranks, profile.gpus_per_node))
+    return max(0.0, (step_s - bare.total) * share / bare.dp_comm)
 
 
 def _measured_overlap(allreduce_s: float | None, exposed_s: float | None) -> float:

@@ -65,7 +65,14 @@ class HardwareSpec:
     ``planner.efficiency.GEMM_EFFICIENCY``). ``cores`` (CPU ranks only) is how many
     cores a node's ranks run on, ``background`` how many other busy processes compete
     for them; ``core_share`` turns both into the share
-    of a core each rank gets (None: every rank has its own device).
+    of a core each rank gets (None: every rank has its own device). ``comm_cpu`` (CPU
+    ranks) is the CPU time a rank spends per second of modelled data-parallel collective
+    time: gloo's copies and reductions run on the cores that compute, so that work is
+    added to the step, not hidden, and stretches by 1/share like compute (None: the
+    collective is a device's, hidden up to the overlap; ``cpu_profile`` calibrates it).
+    ``peak_flops_fp8`` is the dense FP8 matmul peak (data sheet; needed by
+    ``TrainingSpec.fp8``), ``host_bandwidth`` the achievable GPU <-> host copy rate per GPU
+    (needed by the offload options).
     """
 
     name: str = "custom"
@@ -83,6 +90,9 @@ class HardwareSpec:
     background: float = 0.0  # other busy processes on those cores, in whole-core demands
     memory_bandwidth: float | None = None  # device memory bytes/s (None: not modelled)
     gemm_efficiency: float | None = None  # share of peak large matmuls reach (None: default)
+    comm_cpu: float | None = None  # CPU s per s of DP collective (CPU ranks; None: a device's)
+    peak_flops_fp8: float | None = None  # dense FP8 matmul peak (None: no FP8 tensor cores)
+    host_bandwidth: float | None = None  # GPU <-> host bytes/s per GPU (offload; None: unknown)
 
     def __post_init__(self) -> None:
         check_float("max_overlap", self.max_overlap, low=0.0, high=1.0, low_open=False)
@@ -94,6 +104,12 @@ class HardwareSpec:
             check_float("memory_bandwidth", self.memory_bandwidth, low=0.0, high=1e16)
         if self.gemm_efficiency is not None:
             check_float("gemm_efficiency", self.gemm_efficiency, low=0.0, high=1.0)
+        if self.peak_flops_fp8 is not None:
+            check_float("peak_flops_fp8", self.peak_flops_fp8, low=0.0, high=1e18)
+        if self.host_bandwidth is not None:
+            check_float("host_bandwidth", self.host_bandwidth, low=0.0, high=1e15)
+        if self.comm_cpu is not None:
+            check_float("comm_cpu", self.comm_cpu, low=0.0, high=1e3, low_open=False)
         check_int("memory", self.memory)
         check_int("gpus_per_node", self.gpus_per_node)
         check_int("reserved", self.reserved, minimum=0)

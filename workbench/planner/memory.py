@@ -67,9 +67,15 @@ def _shard(count: int, parts: int) -> int:
     return -(-count // parts)  # ceil: uneven shards pad to the largest
 
 
+# ZeRO-Offload keeps fp32 gradients in host memory beside the master copy and the
+# optimizer state (DeepSpeed's 16 = 4 grads + 4 params + 8 Adam bytes per parameter).
+_HOST_GRAD_BYTES = 4
+
+
 def _state(
     n: int, training: TrainingSpec, parallel: ParallelSpec, micro_batches: int
-) -> tuple[int, int, int]:
+) -> tuple[int, int, int, int]:
+    """(weights, grads, optimizer) bytes on the GPU and the bytes in host memory."""
     per = state_bytes_per_param(training)
     trainable = n if training.trainable == 1.0 else math.ceil(n * training.trainable)
     group, z = parallel.grad_group, parallel.zero
@@ -78,16 +84,20 @@ def _state(
     w = _shard(n, group) if z >= 3 else n
     g = _shard(trainable, group) if grads_sharded else trainable
     o = _shard(trainable, group) if z >= 1 else trainable
-    return w * per.weights, g * per.grads, o * per.optimizer
+    # FP8: Transformer Engine keeps an FP8 copy of each weight beside the bf16 one.
+    weights = w * (per.weights + (1 if training.fp8 else 0))
+    if training.offload_optimizer:  # streamed out per bucket: nothing stays on the GPU
+        return weights, 0, 0, o * (_HOST_GRAD_BYTES + per.optimizer)
+    return weights, g * per.grads, o * per.optimizer, 0
 
 
 def model_state_bytes(
     model: ModelSpec, training: TrainingSpec, parallel: ParallelSpec, micro_batches: int = 1
 ) -> tuple[int, int, int]:
-    """(weights, grads, optimizer) bytes on the rank with the most parameters."""
+    """(weights, grads, optimizer) GPU bytes on the rank with the most parameters."""
     stages = parallel.stage_layers(model.layers)
     n = max(stage_params(model, parallel.tp, stages, vocab_parallel=parallel.vocab_parallel))
-    return _state(n, training, parallel, micro_batches)
+    return _state(n, training, parallel, micro_batches)[:3]
 
 
 def layer_activation_bytes(
@@ -109,6 +119,7 @@ def layer_activation_bytes(
     flash_attention: bool = False,
     fused_swiglu: bool = False,
     cp: int = 1,
+    fp8: bool = False,
 ) -> float:
     """Activation bytes one transformer layer keeps for backward (one micro-batch).
 
@@ -119,7 +130,10 @@ def layer_activation_bytes(
     mean and rstd; RMSNorm 1); the paper ignores them (0). ``flash_attention`` stores no
     s x s tensor (an fp32 logsumexp per head and query instead), ``fused_swiglu`` keeps
     three SwiGLU tensors (gate, up, product) instead of four; ``cp`` splits the sequence
-    (each rank keeps s/cp queries against all s keys).
+    (each rank keeps s/cp queries against all s keys). ``fp8`` saves the inputs of the
+    linear layers (the two norm outputs, the attention projection's input and the second
+    MLP matmul's input) as FP8, 1 byte, as Transformer Engine does for the weight
+    gradient; the rest stays in ``dtype_bytes``.
     """
     d, m = dtype_bytes, (mask_bytes if dropout else 0)
     f = 4 * h if ffn is None else ffn
@@ -133,11 +147,13 @@ def layer_activation_bytes(
     # Kept whole on every TP rank unless sequence parallel shards it: the two norm inputs,
     # the two norm outputs (QKV and MLP inputs), the two dropout masks after the residual
     # branches, and the norms' statistics.
-    replicated = (4 * d + 2 * m) * sbh + 2 * norm_stats * _STAT_BYTES * s * b
+    lin = 1 if fp8 else d  # a linear layer's saved input
+    replicated = (2 * d + 2 * lin + 2 * m) * sbh + 2 * norm_stats * _STAT_BYTES * s * b
     # Split by TP: Q and K (for QKᵀ), V, the attention-projection input, and the MLP
-    # (GeLU: its input and output; SwiGLU: gate, up, silu(gate) and their product).
-    mlp = ((3 if fused_swiglu else 4) if gated_mlp else 2) * d * s * b * f
-    sharded = d * s * b * (h + kv) + d * s * b * kv + d * sbh + mlp
+    # (GeLU: its input and output; SwiGLU: gate, up, silu(gate) and their product; the
+    # last of each is the second matmul's input).
+    mlp = (((2 if fused_swiglu else 3) if gated_mlp else 1) * d + lin) * s * b * f
+    sharded = d * s * b * (h + kv) + d * s * b * kv + lin * sbh + mlp
     # Attention scores (as² per sample): softmax output, and with dropout its mask and
     # the dropped-out probabilities. FlashAttention keeps a logsumexp per head and query.
     if flash_attention:
@@ -203,6 +219,7 @@ def model_layer_bytes(
         flash_attention=training.flash_attention,
         fused_swiglu=training.fused_swiglu,
         cp=parallel.cp,
+        fp8=training.fp8,
     )
 
 
@@ -284,6 +301,7 @@ class MemoryBreakdown:
     activations_layers: int = 0
     activations_head: int = 0
     stage: int = 0  # the pipeline stage these bytes belong to (the most loaded one)
+    host: int = 0  # bytes this GPU's rank keeps in host memory (offloaded state/activations)
 
     @property
     def model_state(self) -> int:
@@ -313,6 +331,7 @@ class MemoryBreakdown:
             "capacity": self.capacity,
             "headroom": self.headroom,
             "stage": self.stage,
+            "host": self.host,
         }
 
 
@@ -351,11 +370,18 @@ def memory_breakdown(
         temporary += 2 * training.bucket_bytes  # gradient buckets in flight
     best: MemoryBreakdown | None = None
     for i, (n, (layers, head)) in enumerate(zip(params, acts, strict=True)):
-        weights, grads, optimizer = _state(n, training, parallel, micro_batches)
+        weights, grads, optimizer, host = _state(n, training, parallel, micro_batches)
+        if training.offload_activations and layout[i]:
+            # Two layers of one micro-batch stay (the one computing, the one in transit).
+            held = layout[i] * stage_inflight(parallel, micro_batches, i)
+            kept = min(layers, 2 * layers / held)
+            host += math.ceil(layers - kept)
+            layers = kept
         candidate = MemoryBreakdown(
             weights=weights,
             grads=grads,
             optimizer=optimizer,
+            host=host,
             activations=math.ceil(layers + head),
             temporary=temporary,
             capacity=hardware.usable,

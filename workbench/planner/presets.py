@@ -106,6 +106,19 @@ _GPU_TABLE: dict[str, tuple[int, float, float, int, str, str, float]] = {
 }
 
 GPUS: tuple[str, ...] = tuple(_GPU_TABLE)
+# Dense FP8 tensor-core peak: NVIDIA H100 SXM and H200 SXM data sheets list FP8 Tensor Core
+# 3,958 TFLOPS "with sparsity"; dense is half (as their bf16 1,979 -> 989). A100 has no FP8
+# tensor cores; the RTX 4090 is left out (no data-sheet figure checked here).
+_FP8_PEAK: dict[str, float] = {"h100-80gb": 1979e12, "h200-141gb": 1979e12}
+# GPU <-> host copies for offload: the host link's achievable rate (the pcie4 / pcie5
+# presets: ~70% of x16 line rate; A100 and RTX 4090 are PCIe 4.0, H100 / H200 SXM 5.0).
+_HOST_LINK: dict[str, str] = {
+    "rtx4090": "pcie4",
+    "a100-40gb": "pcie4",
+    "a100-80gb": "pcie4",
+    "h100-80gb": "pcie5",
+    "h200-141gb": "pcie5",
+}
 
 # The share of bf16 peak large matmuls reach in the per-operation step-time model, where
 # it differs from the A100-calibrated default (planner.efficiency.GEMM_EFFICIENCY).
@@ -161,6 +174,8 @@ def hardware_preset(
         reserved=reserved,
         memory_bandwidth=bandwidth,
         gemm_efficiency=_GEMM_EFFICIENCY.get(name),
+        peak_flops_fp8=_FP8_PEAK.get(name),
+        host_bandwidth=LINKS[_HOST_LINK[name]].bandwidth,
     )
 
 

@@ -38,6 +38,10 @@ def format_plan(plan: Plan) -> str:
         f"  {'total':<22}{m.total / _GB:>8.2f}",
         f"  {'usable':<22}{m.capacity / _GB:>8.2f}",
         f"  {'headroom':<22}{m.headroom / _GB:>8.2f}",
+    ]
+    if m.host:
+        lines.append(f"  {'host memory (offload)':<22}{m.host / _GB:>8.2f}")
+    lines += [
         "",
         f"verdict   {plan.verdict}",
         "",
@@ -53,6 +57,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {'cp comm':<22}{t.cp_comm:>8.4g}")
     if t.overhead:
         lines.append(f"  {'optimizer/overhead':<22}{t.overhead:>8.4g}")
+    if t.offload:
+        lines.append(f"  {'offload copies':<22}{t.offload:>8.4g}")
     lines += [
         f"  {'step':<22}{t.total:>8.4g}",
         f"throughput {t.tokens_per_s:,.0f} tokens/s; {t.efficiency:.0%} of the step computing; "

@@ -82,6 +82,16 @@ class TrainingSpec:
     grads: str = "auto"  # see GRAD_DTYPES
     grad_sync: str = "per_microbatch"  # see GRAD_SYNC
     selective_overhead: float = 0.05  # selective recompute: extra share of layer compute
+    # FP8 matmuls (Transformer Engine style): matmuls at the GPU's FP8 peak, an FP8 copy of
+    # the weights (1 byte/param) beside the bf16 ones, linear-layer inputs saved in 1 byte.
+    fp8: bool = False
+    # ZeRO-Offload: fp32 gradients, fp32 master weights and optimizer state in host memory
+    # (the optimizer step runs on the CPU; its time is not modelled); per step the bf16
+    # gradients go down and the bf16 weights come back over PCIe.
+    offload_optimizer: bool = False
+    # Activation offload: each layer's saved activations go to host memory after its
+    # forward and come back for its backward; the GPU keeps two layers' worth.
+    offload_activations: bool = False
 
     def __post_init__(self) -> None:
         check_int("micro_batch", self.micro_batch)
@@ -116,6 +126,11 @@ class TrainingSpec:
         check_float(
             "selective_overhead", self.selective_overhead, low=0.0, high=1.0, low_open=False
         )
+        for name in ("fp8", "offload_optimizer", "offload_activations"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not valid; use True/False")
+        if self.fp8 and self.precision != "bf16-mixed":
+            raise ConfigError(f"fp8=True needs precision='bf16-mixed', not {self.precision!r}")
 
     @property
     def grad_dtype(self) -> str:

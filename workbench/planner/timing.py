@@ -23,17 +23,27 @@ cp        = ring attention: K and V gathered forward, their gradients reduce-sca
             backward, per layer per micro-batch (not hidden: an upper bound).
 pp        = a send of activations forward and of gradients backward per micro-batch.
 overhead  = the hardware's per-step time outside forward and backward (CPU profile).
+fp8       = matmul FLOPs at the FP8 peak, attention-core FLOPs at the bf16 peak.
+offload   = optimizer offload (ZeRO-Offload): the rank's bf16 gradient shard to the host
+            and its bf16 weights back, once per step at the host bandwidth, not hidden (the
+            CPU optimizer step itself is not modelled); activation offload: every
+            micro-batch's saved activations out in forward and back in backward, hidden
+            behind that micro-batch's compute up to the overlap.
 cores     = CPU ranks time-share a node's cores: with r = min(world, ranks per node) busy
             ranks and ``background`` other busy processes on c cores, each rank runs
             share = min(1, c / (r + background)) of the time, so compute (and the bubble)
             and the overhead stretch by 1/share; the collectives keep their calibrated
-            cost (the fit was measured with the ranks sharing the cores).
+            cost (the fit was measured with the ranks sharing the cores), except the
+            data-parallel one on CPU ranks with ``comm_cpu``: gloo's work there competes
+            with compute for the same cores, so comm_cpu x its time is added to the step
+            (never hidden) and stretched by 1/share too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.errors import ConfigError
 from workbench.planner.comm import (
     all_gather_time,
     all_reduce_time,
@@ -81,6 +91,7 @@ class StepTime:
     hardware_flops: float = 0.0  # executed FLOPs (recompute included): the HFU numerator
     cp_comm: float = 0.0
     overhead: float = 0.0
+    offload: float = 0.0  # GPU <-> host copies not hidden behind compute
 
     @property
     def total(self) -> float:
@@ -92,6 +103,7 @@ class StepTime:
             + self.pp_comm
             + self.cp_comm
             + self.overhead
+            + self.offload
         )
 
     @property
@@ -132,6 +144,7 @@ class StepTime:
             "cp_comm_s": self.cp_comm,
             "pp_comm_s": self.pp_comm,
             "overhead_s": self.overhead,
+            "offload_s": self.offload,
             "step_s": self.total,
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_s,
@@ -242,12 +255,16 @@ def step_time(
     world = parallel.world
     tokens = training.micro_batch * m * dp * seq
     peak = hardware.flops(training.precision)
+    _check_options(training, hardware)
     share = hardware.core_share(min(world, hardware.gpus_per_node))
     eff, factor = compute_efficiency(training, hardware)
     traffic = _traffic_per_layer(model, training, parallel, hardware, seq, factor)
-    work = _compute(model, training, parallel, seq, m, rate=eff * peak * share, traffic=traffic)
+    rate = eff * _compute_peak(model, training, hardware, seq) * share
+    work = _compute(model, training, parallel, seq, m, rate=rate, traffic=traffic)
     overlap = min(training.overlap, hardware.max_overlap)
     dp_comm, dp_exposed = _dp_time(model, training, parallel, hardware, work, m, overlap)
+    if hardware.comm_cpu is not None:  # CPU ranks: the collective's work takes the cores
+        dp_exposed = hardware.comm_cpu * dp_comm / share
     layers = max(work.layout)
     return StepTime(
         compute=work.compute,
@@ -266,7 +283,67 @@ def step_time(
         hardware_flops=executed_flops_per_token(model, training, seq) * tokens,
         cp_comm=_cp_time(model, training, parallel, hardware, seq, m, layers),
         overhead=hardware.step_overhead / share,
+        offload=_offload_time(model, training, parallel, hardware, seq, work, overlap),
     )
+
+
+def _check_options(training: TrainingSpec, hardware: HardwareSpec) -> None:
+    """FP8 and offload need the hardware's FP8 peak and host bandwidth."""
+    if training.fp8 and hardware.peak_flops_fp8 is None:
+        raise ConfigError(
+            f"fp8=True but hardware {hardware.name!r} has no FP8 peak; give "
+            "HardwareSpec(peak_flops_fp8=...) or a GPU with FP8 tensor cores (h100-80gb, "
+            "h200-141gb)"
+        )
+    if (training.offload_optimizer or training.offload_activations) and not (
+        hardware.host_bandwidth
+    ):
+        raise ConfigError(
+            f"offload needs the GPU <-> host bandwidth, which hardware {hardware.name!r} "
+            "does not give; set HardwareSpec(host_bandwidth=<bytes/s>)"
+        )
+
+
+def _compute_peak(
+    model: ModelSpec, training: TrainingSpec, hardware: HardwareSpec, seq: int
+) -> float:
+    """The peak the executed FLOPs run at: the precision's, or under FP8 the matmuls at
+    the FP8 peak and the attention core at bf16 (one rate with the same total time)."""
+    peak = hardware.flops(training.precision)
+    if not training.fp8 or hardware.peak_flops_fp8 is None:
+        return peak
+    matmul, _ = _passes(training)
+    mm = 2.0 * matmul_params(model) * matmul
+    total = executed_flops_per_token(model, training, seq)
+    return total / (mm / hardware.peak_flops_fp8 + (total - mm) / peak)
+
+
+def _offload_time(
+    model: ModelSpec,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    hardware: HardwareSpec,
+    seq: int,
+    work: _Compute,
+    overlap: float,
+) -> float:
+    """Seconds of GPU <-> host copies the step waits for (see the module docstring)."""
+    bw = hardware.host_bandwidth
+    if not bw:
+        return 0.0
+    seconds = 0.0
+    if training.offload_optimizer:
+        n = max(
+            stage_params(model, parallel.tp, work.layout, vocab_parallel=parallel.vocab_parallel)
+        )
+        shard = n * training.trainable / (parallel.grad_group if parallel.zero >= 1 else 1)
+        seconds += 2 * training.dtype_bytes * shard / bw  # gradients down, weights up
+    if training.offload_activations:
+        layers = max(work.layout)
+        act = layers * model_layer_bytes(model, training, parallel, hardware, seq)
+        per_micro = 2 * act / bw  # out during forward, back during backward
+        seconds += work.compute / work.per_micro * max(0.0, per_micro - overlap * work.per_micro)
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ from workbench.engine import user_run
 from workbench.engine.shipping import Shipped, ship
 from workbench.errors import ConfigError
 from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout, layout_for
-from workbench.session.training import TrainingSession, _State
+from workbench.parallel.user_options import UserOptions
+from workbench.session.run_state import RunState
+from workbench.session.training import TrainingSession
 
 __all__ = ["USER_RUN_KEYS", "UserSpec", "UserTrainingSession", "is_user_run", "user_spec"]
 
@@ -33,13 +35,11 @@ def is_user_run(model: Any, options: Mapping[str, Any]) -> bool:
     return not isinstance(model, str) or any(k in options for k in USER_RUN_KEYS)
 
 
-def _placeholder() -> None:  # stands in for the factories when only options are checked
-    return None
-
-
 @dataclass(kw_only=True, frozen=True)
-class UserSpec:
-    """A user run as the client holds it. ``model`` / ``optimizer`` are display labels."""
+class UserSpec(UserOptions):
+    """A user run as the client holds it: the shipped factories, the layout by preset or
+    by dimension, and the options it shares with the engines' ``UserRun``
+    (``UserOptions``, validated there). ``model`` / ``optimizer`` are display labels."""
 
     factories: dict[str, Shipped | None]
     strategy: str = "dp"
@@ -50,19 +50,9 @@ class UserSpec:
     overlap: bool = True
     tp_plan: Mapping[str, Any] | None = None
     pp_split: tuple[str, ...] | None = None
-    batch_size: int = 8
-    grad_accum: int = 1
-    microbatches: int = 2
-    schedule: str = "gpipe"
-    precision: str = "fp32"
-    seed: int = 0
-    trace: bool = True
-    per_module: bool = False
     local_model: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        from workbench.parallel.user_model import UserRun
-
         if self.strategy not in (*PRESET_LAYOUTS, CUSTOM):
             raise ConfigError(
                 f"strategy={self.strategy!r} is not valid for your own model; choose one of "
@@ -74,7 +64,7 @@ class UserSpec:
                 f"a preset: {sorted(PRESET_LAYOUTS)}"
             )
         self._layout_kwargs(2)  # checks the dimension values themselves
-        UserRun(model=_placeholder, data=_placeholder, loss=_placeholder, **self.options())
+        super().__post_init__()  # the shared options, checked as before: last
 
     # -- what the view and repr show ----------------------------------------------------
     @property
@@ -94,11 +84,6 @@ class UserSpec:
         return shipped.label if shipped is not None else "-"
 
     # -- what the engines get ---------------------------------------------------------------
-    def options(self) -> dict[str, Any]:
-        names = ("batch_size", "grad_accum", "microbatches", "schedule", "precision", "seed")
-        out = {n: getattr(self, n) for n in names}
-        return {**out, "trace": self.trace, "per_module": self.per_module}
-
     def _layout_kwargs(self, world_size: int) -> dict[str, Any]:
         extra = {"tp_plan": self.tp_plan, "pp_split": self.pp_split}
         if self.strategy == CUSTOM:
@@ -132,13 +117,9 @@ class UserSpec:
 
     def validate(self, world_size: int) -> None:
         """Everything that can be checked on the client, before any engine works."""
-        from workbench.parallel.user_model import UserRun
-
         layout = self.layout(world_size)
         dims = layout.dims(world_size)
-        UserRun(
-            model=_placeholder, data=_placeholder, loss=_placeholder, **self.options()
-        ).check_batch(dims)
+        self.check_batch(dims)
         if self.local_model is not None and world_size > 1:
             _check_on_meta(self.local_model, layout, dims, self.seed)
 
@@ -195,9 +176,13 @@ def user_spec(model: Any, strategy: str, options: dict[str, Any]) -> UserSpec:
 class UserTrainingSession(TrainingSession):
     """A ``TrainingSession`` over the user's own model (``spec`` is a ``UserSpec``)."""
 
-    def __init__(self, cluster: Cluster, spec: UserSpec, *, timeout: float | None = 300.0) -> None:
+    def __init__(
+        self, cluster: Cluster, spec: UserSpec, *, timeout: float | None = 300.0, **checkpoints: Any
+    ) -> None:
+        """``checkpoints``: ``checkpoint_dir``, ``checkpoint_every``, ``keep_last``,
+        ``checkpoint_key``, as for a built-in model's ``TrainingSession``."""
         spec.validate(cluster.world_size)
-        super().__init__(cluster, spec, timeout=timeout)  # type: ignore[arg-type]
+        super().__init__(cluster, spec, timeout=timeout, **checkpoints)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         spec: UserSpec = self._state.spec  # type: ignore[assignment]
@@ -222,13 +207,13 @@ class UserTrainingSession(TrainingSession):
                 changes = {**dict.fromkeys(_DIMS), **changes, "strategy": CUSTOM}
             spec = replace(spec, **changes)
         spec.validate(self.cluster.world_size)
-        self._state = _State(spec=spec)  # type: ignore[arg-type]
+        self._state = RunState(spec=spec)  # type: ignore[arg-type]
         self._reference = []
-        self._build_remote(spec)  # type: ignore[arg-type]
+        self.build_remote(spec)  # type: ignore[arg-type]
 
-    def _build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
+    def build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
         results = self._build_on_engines(
-            user_run.build_user_run, spec.payload(self.cluster.world_size)
+            user_run.build_user_run, spec.payload(self.cluster.world_size), self.autosave_settings()
         )
         self._built(results, keep_events=keep_events)
 

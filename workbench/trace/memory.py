@@ -22,12 +22,10 @@ from workbench.trace.events import MemorySample
 from workbench.trace.recorder import Recorder
 from workbench.trace.storage import (
     StorageKey,
-    gradient_bytes,
     local_tensors,
-    optimizer_bytes,
-    optimizer_counter_bytes,
-    parameter_bytes,
+    optimizer_bytes_split,
     process_rss,
+    storage_bytes,
     storage_key,
 )
 
@@ -160,17 +158,21 @@ class MemoryTracer:
     def sample(self, label: str = "") -> MemorySample:
         """Measure now, tag with the recorder's rank/step/phase, emit and return."""
         rec = self.recorder
-        self._refresh_param_keys()
+        # One walk over the parameters per sample (FSDP swaps unsharded ones in and out, so
+        # the list is not kept between samples); every count below reads it.
+        params = list(self.model.parameters())
+        self._refresh_param_keys(params)
+        optimizer, counters = optimizer_bytes_split(self.optimizer)
         sample = MemorySample(
             rank=rec.rank,
             step=rec.step,
             phase=rec.phase,
             t=rec.now(),
-            params=parameter_bytes(self.model),
-            grads=gradient_bytes(self.model),
-            optimizer=optimizer_bytes(self.optimizer),
+            params=storage_bytes(params),
+            grads=storage_bytes([p.grad for p in params if p.grad is not None]),
+            optimizer=optimizer,
             activations=self._live_bytes,
-            other=optimizer_counter_bytes(self.optimizer),
+            other=counters,
             allocator=self.allocator_bytes(),
             label=label,
         )
@@ -211,9 +213,9 @@ class MemoryTracer:
                 return t.device
         return None
 
-    def _refresh_param_keys(self) -> None:
+    def _refresh_param_keys(self, params: list[torch.nn.Parameter] | None = None) -> None:
         keys: set[StorageKey] = set()
-        for p in self.model.parameters():
+        for p in self.model.parameters() if params is None else params:
             for t in local_tensors(p):
                 key = storage_key(t)
                 if key is not None:

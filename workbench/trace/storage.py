@@ -22,6 +22,7 @@ __all__ = [
     "gradient_bytes",
     "local_tensors",
     "optimizer_bytes",
+    "optimizer_bytes_split",
     "optimizer_counter_bytes",
     "optimizer_state_tensors",
     "parameter_bytes",
@@ -34,9 +35,15 @@ __all__ = [
 StorageKey = tuple[str, int, int]
 
 
+# Tensors of exactly these types own their memory; anything else may be a wrapper subclass
+# (DTensor) whose memory lives in inner tensors. Checked first because it is the common case
+# and the memory tracer counts every parameter at every sample.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def local_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
     """The plain tensors that own ``t``'s memory (a DTensor yields its local shard)."""
-    if is_traceable_wrapper_subclass(t):
+    if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
         attrs, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
         for name in attrs:
             inner = getattr(t, name)
@@ -46,9 +53,10 @@ def local_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
         yield t
 
 
-def storage_key(t: torch.Tensor) -> StorageKey | None:
-    """Identity of a plain tensor's storage, or None when it owns no real memory."""
-    if t.device.type == "meta":
+def _storage(t: torch.Tensor) -> tuple[StorageKey, int] | None:
+    """(identity, bytes) of a plain tensor's storage, or None when it owns no real memory."""
+    device = t.device
+    if device.type == "meta":
         return None
     try:
         storage = t.untyped_storage()
@@ -57,7 +65,14 @@ def storage_key(t: torch.Tensor) -> StorageKey | None:
     ptr = storage.data_ptr()
     if ptr == 0:
         return None
-    return (t.device.type, t.device.index if t.device.index is not None else -1, ptr)
+    index = device.index if device.index is not None else -1
+    return (device.type, index, ptr), storage.nbytes()
+
+
+def storage_key(t: torch.Tensor) -> StorageKey | None:
+    """Identity of a plain tensor's storage, or None when it owns no real memory."""
+    found = _storage(t)
+    return None if found is None else found[0]
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -65,12 +80,13 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     seen: set[StorageKey] = set()
     total = 0
     for tensor in tensors:
-        for t in local_tensors(tensor):
-            key = storage_key(t)
-            if key is None or key in seen:
+        inner = (tensor,) if type(tensor) in _PLAIN else local_tensors(tensor)
+        for t in inner:
+            found = _storage(t)
+            if found is None or found[0] in seen:
                 continue
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
+            seen.add(found[0])
+            total += found[1]
     return total
 
 
@@ -89,28 +105,38 @@ _COUNTER_KEYS = frozenset({"step"})
 
 
 def _state_tensors(
-    optimizer: torch.optim.Optimizer | None, *, counters: bool
-) -> list[torch.Tensor]:
+    optimizer: torch.optim.Optimizer | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(state tensors, step-counter tensors) of ``optimizer``, in one walk."""
     if optimizer is None:
-        return []
+        return [], []
     # ZeroRedundancyOptimizer keeps the real state in the wrapped local optimizer.
     inner = getattr(optimizer, "optim", None)
     if isinstance(inner, torch.optim.Optimizer):
         optimizer = inner
-    out: list[torch.Tensor] = []
+    state_tensors: list[torch.Tensor] = []
+    counters: list[torch.Tensor] = []
     for state in optimizer.state.values():
         items = state.items() if isinstance(state, dict) else [("", state)]
         for key, value in items:
-            if (key in _COUNTER_KEYS) != counters:
-                continue
-            out.extend(leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor))
-    return out
+            out = counters if key in _COUNTER_KEYS else state_tensors
+            if isinstance(value, torch.Tensor):  # the common case, without a tree walk
+                out.append(value)
+            else:
+                out.extend(leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor))
+    return state_tensors, counters
+
+
+def optimizer_bytes_split(optimizer: torch.optim.Optimizer | None) -> tuple[int, int]:
+    """(``optimizer_bytes``, ``optimizer_counter_bytes``) from one walk over the state."""
+    state_tensors, counters = _state_tensors(optimizer)
+    return storage_bytes(state_tensors), storage_bytes(counters)
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
     """The optimizer's per-parameter state tensors (AdamW: exp_avg, exp_avg_sq; SGD: the
     momentum buffer), ZeRO: the local optimizer's. Step counters are not included."""
-    return _state_tensors(optimizer, counters=False)
+    return _state_tensors(optimizer)[0]
 
 
 def optimizer_bytes(optimizer: torch.optim.Optimizer | None) -> int:
@@ -120,7 +146,7 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer | None) -> int:
 
 def optimizer_counter_bytes(optimizer: torch.optim.Optimizer | None) -> int:
     """Bytes of the optimizer's per-parameter step counters (recorded as ``other``)."""
-    return storage_bytes(_state_tensors(optimizer, counters=True))
+    return storage_bytes(_state_tensors(optimizer)[1])
 
 
 def process_rss() -> int:

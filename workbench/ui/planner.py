@@ -61,6 +61,9 @@ class PlannerState:
     fused_swiglu: bool = False
     grads: str = "auto"
     grad_sync: str = "per_microbatch"
+    fp8: bool = False
+    offload_optimizer: bool = False
+    offload_activations: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # more TrainingSpec fields
 
     def model_spec(self) -> ModelSpec:
@@ -79,6 +82,9 @@ class PlannerState:
             fused_swiglu=self.fused_swiglu,
             grads=self.grads,
             grad_sync=self.grad_sync,
+            fp8=self.fp8,
+            offload_optimizer=self.offload_optimizer,
+            offload_activations=self.offload_activations,
             **self.extra,
         )
 
@@ -182,6 +188,11 @@ class PlannerWidget:
                                       description="grads")  # fmt: skip
         self.grad_sync = widgets.Dropdown(options=list(GRAD_SYNC), value=s.grad_sync,
                                           description="grad sync")  # fmt: skip
+        self.fp8 = widgets.Checkbox(value=s.fp8, description="FP8 matmuls")
+        self.offload_opt = widgets.Checkbox(value=s.offload_optimizer,
+                                            description="offload optimizer")  # fmt: skip
+        self.offload_act = widgets.Checkbox(value=s.offload_activations,
+                                            description="offload activations")  # fmt: skip
         return {
             "model": self.model,
             "params_b": self.size,
@@ -197,6 +208,9 @@ class PlannerWidget:
             "fused_swiglu": self.fused,
             "grads": self.grads,
             "grad_sync": self.grad_sync,
+            "fp8": self.fp8,
+            "offload_optimizer": self.offload_opt,
+            "offload_activations": self.offload_act,
         }
 
     def _make_view(self) -> widgets.VBox:
@@ -207,7 +221,8 @@ class PlannerWidget:
                               widgets.VBox([self.zero, self.tp, self.pp, self.recompute,
                                             self.precision, self.recommend_button]),
                               widgets.VBox([self.flash, self.fused, self.grads,
-                                            self.grad_sync])]),
+                                            self.grad_sync, self.fp8, self.offload_opt,
+                                            self.offload_act])]),
                 self.verdict,
                 widgets.HBox([self.memory_fig, self.scaling_fig]),
                 self.reasons,

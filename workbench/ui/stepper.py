@@ -17,7 +17,8 @@ from workbench.cluster import Cluster
 from workbench.errors import ConfigError
 from workbench.parallel.spec import RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
-from workbench.session.training import RankStatus, TrainingSession, validate_layout
+from workbench.session.run_state import RankStatus
+from workbench.session.training import TrainingSession, validate_layout
 from workbench.session.user_training import UserTrainingSession, is_user_run, user_spec
 from workbench.trace import Event
 
@@ -95,22 +96,23 @@ class Stepper:
         user = user_spec(model, strategy, options) if is_user_run(model, options) else None
         spec = RunSpec(model=model, strategy=strategy, **options) if user is None else None
         self.cluster = cluster if cluster is not None else Cluster.current()
+        checkpoints: dict[str, Any] = {
+            "checkpoint_dir": checkpoint_dir,
+            "checkpoint_every": checkpoint_every,
+            "keep_last": keep_last,
+        }
         if spec is not None:
             validate_layout(spec, self.cluster.world_size)  # fail here, before any work
             self.session: TrainingSession = TrainingSession(
-                self.cluster,
-                spec,
-                timeout=timeout,
-                checkpoint_dir=checkpoint_dir,
-                checkpoint_every=checkpoint_every,
-                keep_last=keep_last,
+                self.cluster, spec, timeout=timeout, **checkpoints
             )
         else:
-            if checkpoint_dir is not None or checkpoint_every is not None:
-                raise ConfigError(
-                    "checkpoint_dir / checkpoint_every: not supported for your own model yet"
-                )
-            self.session = UserTrainingSession(self.cluster, user, timeout=timeout)  # type: ignore[arg-type]
+            self.session = UserTrainingSession(
+                self.cluster,
+                user,  # type: ignore[arg-type]
+                timeout=timeout,
+                **checkpoints,
+            )
         self.capacity = capacity
         self.reference = reference
         self._view: Any | None = None

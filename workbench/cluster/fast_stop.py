@@ -1,0 +1,52 @@
+"""Stopping a cluster the workbench started, within a second, leaving nothing behind.
+
+Measured on a loaded 2-core machine, a polite stop took 3-4 s: an engine asked to shut
+down spends 2-3 s after its reply in interpreter finalisation (torch's module teardown),
+and the controller's exit on SIGTERM another 0.5-0.9 s. Neither process holds anything
+that outlives the stop (a rank's state dies with it; checkpoints are written by the
+cells that save them), so:
+
+- each engine flushes its output and ends with ``os._exit(0)``
+  (``workbench.engine.boot.exit_now``, sent without waiting for a reply): a clean exit
+  code, so ipyparallel does not dump its log;
+- the controller and its schedulers get SIGTERM and, after a short grace, SIGKILL, by
+  pid (``end``); ipyparallel's own stop then finds them gone and only cleans its files.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+__all__ = ["end"]
+
+
+def end(processes: list[psutil.Process], grace: float = 0.5) -> list[psutil.Process]:
+    """SIGTERM every process that is still the one we started (pid and start time), then
+    SIGKILL what is left after ``grace`` seconds. Returns those that needed SIGKILL."""
+    alive = []
+    for proc in processes:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                proc.terminate()
+                alive.append(proc)
+        except psutil.Error:
+            continue
+    deadline = time.monotonic() + grace
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+        alive = [p for p in alive if _running(p)]
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    return alive
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -1,0 +1,146 @@
+"""A cluster's stop: every process it started ends, and its files go.
+
+A local cluster stops within a second (fast_stop.py): its engines end themselves with
+``os._exit(0)``, one blocked in a collective is ended by pid, and the controller gets
+SIGTERM then SIGKILL. The multi-node launchers keep the polite path: the ranks leave the
+process group, ipyparallel asks the engines to exit, and the launcher stops what it started
+on the other hosts (a remote pid is never signalled from here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from workbench.cluster import fast_stop, launchers, watchdog
+from workbench.cluster.processes import reap, started_for
+from workbench.engine import boot, process_group
+
+if TYPE_CHECKING:  # the cluster is only a parameter here
+    from workbench.cluster.cluster import Cluster
+
+__all__ = ["shutdown", "terminate"]
+
+log = logging.getLogger("workbench.cluster")
+
+
+def terminate(processes: list[psutil.Process]) -> None:
+    """SIGTERM each process that is still the one we started (``reap`` kills the rest)."""
+    for proc in processes:
+        try:
+            if proc.is_running():
+                proc.terminate()
+        except psutil.Error:
+            continue
+
+
+async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
+    # Snapshot every process first: once engines exit, their nannies are orphans.
+    processes = cluster._process_tree()
+    # Without a controller no request reaches the engines: stop them by pid below.
+    lost = cluster.controller_lost()
+    fast = cluster.config.launcher == "local" and cluster._owns_engines
+    client, cluster._client = cluster._client, None
+    asked = client is not None and bool(cluster.ranks) and cluster._owns_engines and not lost
+    if client is not None:
+        if asked and fast:
+            try:  # engines end themselves at once: see fast_stop.py
+                ids = [r.engine_id for r in cluster.ranks if r.engine_id in client.ids]
+                client[ids].apply_async(boot.exit_now)
+            except Exception:
+                log.debug("asking engines to exit failed", exc_info=True)
+            # before client.close(): the requests must have left
+            await asyncio.to_thread(_finish_engines, cluster, processes, True)
+        elif asked:
+            try:  # leave the process group cleanly so engines exit without noise
+                ar = client[[r.engine_id for r in cluster.ranks if r.engine_id in client.ids]]
+                ar.apply_async(process_group.teardown_rank).get(timeout=5)
+                # Asking engines to exit is faster than SIGTERM from the launcher.
+                client.shutdown(targets=ar.targets, hub=False, block=True)
+            except Exception:
+                log.debug("teardown on engines failed", exc_info=True)
+        client.close()
+    if asked and not fast:
+        await asyncio.to_thread(_finish_engines, cluster, processes, False)
+    if lost:  # the dead controller's schedulers and the engines: nobody else ends them
+        await asyncio.to_thread(terminate, processes)
+    elif fast:  # a local controller holds nothing worth a slow exit
+        await asyncio.to_thread(fast_stop.end, _controller_tree(cluster))
+    dog, cluster._watchdog = cluster._watchdog, None
+    if dog is not None:  # told now (it only exits), so its last poll overlaps what follows
+        dog.terminate()
+    ipp_cluster, cluster._ipp = cluster._ipp, None
+    if ipp_cluster is not None:
+        await _stop_ipyparallel(ipp_cluster, quiet=quiet)
+    cluster.ranks = []
+    cluster._stuck = {}
+    cluster._views = {}
+    ssh_dir, cluster._ssh_dir = cluster._ssh_dir, None
+    if ssh_dir is not None:
+        await launchers.close_ssh(cluster.config.hosts, cluster.launcher_options, ssh_dir)
+        shutil.rmtree(ssh_dir, ignore_errors=True)
+    if ipp_cluster is not None and cluster._owns_engines:
+        known = {p.pid for p in processes}
+        processes += [p for p in started_for(ipp_cluster.cluster_id) if p.pid not in known]
+    cluster._given_up = set()
+    await asyncio.to_thread(reap, processes)
+    cluster._known = {}
+    if dog is not None:
+        watchdog.stop(dog)
+    run_dir, cluster.run_dir = cluster.run_dir, None
+    if run_dir is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def _stop_ipyparallel(ipp_cluster: Any, *, quiet: bool) -> None:
+    """Stop the launcher's engine sets, then the controller (through ipyparallel)."""
+    try:
+        # every engine set at once (ipyparallel stops them one after another;
+        # recovery adds a set per replacement)
+        await asyncio.gather(*(ipp_cluster.stop_engines(i) for i in list(ipp_cluster.engines)))
+    except Exception:  # e.g. a set that failed to start: stop_cluster retries
+        log.debug("stopping engine sets failed", exc_info=True)
+    try:
+        await ipp_cluster.stop_cluster()
+    except Exception:
+        if not quiet:
+            raise
+
+
+def _controller_tree(cluster: Cluster) -> list[psutil.Process]:
+    """The controller this cluster started and its schedulers (empty if none)."""
+    proc = cluster._controller_process()
+    if proc is None:
+        return []
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _finish_engines(cluster: Cluster, processes: list[psutil.Process], fast: bool) -> None:
+    """Once the engines have exited on request, end their nannies too.
+
+    ipyparallel's per-engine nanny notices its engine is gone only after seconds of
+    polling, and the launcher's stop waits for it; with the engine already gone it
+    supervises nothing, so it is killed here and the stop that follows is quick. Only
+    engines in this host's pid space are looked at.
+    """
+    engine_pids = {r.pid for r in cluster._local_ranks()}
+    engines = [p for p in processes if p.pid in engine_pids]
+    nannies = [p for p in processes if p.pid in cluster._nanny_pids]
+    if fast:
+        _, busy = psutil.wait_procs(engines, timeout=1.0)
+        # A local engine blocked in a collective never ran exit_now: end it by pid.
+        fast_stop.end(busy, grace=0.2)
+    else:
+        psutil.wait_procs(engines, timeout=2.0)
+    for proc in nannies:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue

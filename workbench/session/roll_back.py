@@ -1,0 +1,64 @@
+"""Back to the last checkpoint after a failure: rebuild the run on every rank and load it,
+and say where the run was when it failed (appended to a dead engine's or a hang's error)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workbench.session.training import TrainingSession
+
+__all__ = ["recover_and_roll_back", "roll_back", "where_the_run_was"]
+
+
+def roll_back(session: TrainingSession) -> str:
+    """Rebuild the run on every rank and load the last checkpoint (fresh weights
+    without one); says what was rolled back to where."""
+    statuses = session.status
+    before = max((st.step for st in statuses), default=0)
+    first = session.phases[0] if session.phases else "data"
+    # Read now: rebuilding below resets every rank's status.
+    partial = any(st.next_phase != first for st in statuses)
+    session.build_remote(session.spec, keep_events=False)
+    available = session.checkpoints() if session.checkpoint_dir is not None else []
+    if available:
+        meta = session.load()
+        to = f"the checkpoint of step {meta['step']}"
+        step = int(meta["step"])
+    else:
+        session.drop_events_from(0)
+        to = "step 0 (no checkpoint: fresh weights)"
+        step = 0
+    lost = max(before - step, 0)
+    redone = f"{lost} completed step(s)" + (" and the step in progress" if partial else "")
+    return f"rolled back from step {before} to {to}; {redone} will be redone"
+
+
+def where_the_run_was(session: TrainingSession) -> str:
+    """Where every rank was and the last checkpoint: the context of a dead engine or a hang."""
+    statuses = session.status
+    where = ", ".join(f"rank {s.rank} at step {s.step} (next {s.next_phase})" for s in statuses)
+    saved = ""
+    if session.checkpoint_dir is not None:
+        try:
+            found = session.checkpoints()
+        except Exception:
+            found = None
+        if found:
+            saved = f"; last checkpoint: step {found[-1]['step']}"
+        elif found is not None:
+            saved = "; no checkpoint yet"
+    return (
+        f"The run had completed {session.step_index} step(s) ({where}){saved}. Resume with "
+        "`%wb restart` or session.recover(): it rolls back to the last checkpoint."
+    )
+
+
+def recover_and_roll_back(session: TrainingSession) -> str:
+    """``session.recover()``: recover the cluster when it needs it (dead or stuck engines,
+    a process group closed by a failing rank), then roll the run back; says what was done."""
+    cluster = session.cluster
+    cluster_report = ""
+    if cluster.state == "degraded" or cluster.stuck_ranks or cluster.group_closed:
+        cluster_report = str(cluster.recover_sync())  # also re-opens the process group
+    return roll_back(session) + (f"; {cluster_report}" if cluster_report else "")
