@@ -38,6 +38,8 @@ BENCHMARKS: dict[str, str] = {
     "scaling": "benchmarks.scaling_bench",
     "fault_timing": "benchmarks.fault_timing_bench",
     "cold_start": "benchmarks.cold_start_bench",
+    # the 2-node namespace bed (root); skipped with the reason where it cannot be built
+    "multinode": "benchmarks.multinode_bench",
     # fresh kernels through nbclient, beside jupyter-distributed / nbdistributed / ipyparallel
     "peers": "benchmarks.peers_bench",
 }

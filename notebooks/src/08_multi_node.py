@@ -22,7 +22,7 @@
 # |---|---|---|
 # | `%wb start --launcher ssh --hosts node-a,node-b -n 16` | over `ssh`, engines dealt round-robin to the hosts | a few machines you can ssh into |
 # | `%wb start --launcher mpi --hosts node-a,node-b -n 16` | one `mpiexec` running `ipengine --mpi` (needs mpi4py); the hosts become its host file | machines with an MPI installation |
-# | `%wb start --launcher slurm -n 16 --partition gpu` | engines submitted as a Slurm batch job (`--hosts` become its node list) | an HPC cluster's scheduler |
+# | `%wb start --launcher slurm -n 16 --partition gpu` | each engine its own 1-task Slurm job, all submitted at once (`--hosts` pin them to those nodes), so a dead engine is replaced alone | an HPC cluster's scheduler |
 #
 # Whatever the launcher, each engine then reports its host name, address, process id,
 # GPU count and CPUs, and the workbench assigns ranks from those facts. What the

@@ -517,6 +517,22 @@ class Bed:
         report["stderr"] = done.stderr[-6000:]
         return report
 
+    def spawn_driver(self, cfg: dict[str, object]) -> tuple[subprocess.Popen[str], Path]:
+        """Start ``driver.py`` without waiting: the process (the driver itself: the login
+        chain execs into it) and the path its report will appear at."""
+        out = self.home / f"result-{time.monotonic_ns()}.json"
+        with open(out.with_suffix(".log"), "w") as log:  # the driver's output, for failures
+            proc = subprocess.Popen(
+                self.login_argv([sys.executable, str(DRIVER), json.dumps(cfg), str(out)]),
+                env=self.user_env(),
+                cwd=str(DRIVER.parents[2]),
+                text=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        return proc, out
+
     def node_exec(
         self, node: Node, argv: list[str], **kw: object
     ) -> subprocess.CompletedProcess[str]:

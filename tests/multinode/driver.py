@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -161,6 +162,9 @@ def _training(cluster: Any, out: dict[str, Any], home: Path) -> None:
     fault["losses"] = _losses(session)
     fault["ranks_before"], fault["ranks_after"] = before, _ranks(cluster)
     fault["env_after"] = cluster.run(_env)
+    if cluster.config.launcher == "slurm":  # the engines' jobs: id, state, node
+        argv = ["squeue", "-h", "-u", os.environ["USER"], "-o", "%i %t %N"]
+        fault["jobs_after"] = subprocess.run(argv, capture_output=True, text=True).stdout
     session.close()
     out["fault"] = fault
 
@@ -190,6 +194,12 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
         if cfg["scenario"] in ("full", "train"):
             _interrupt(cluster, cluster.world_size - 2, out)
             _training(cluster, out, home)
+        if cfg["scenario"] == "orphan":  # the test SIGKILLs this process (the "kernel")
+            out["pid"] = os.getpid()
+            tmp = Path(f"{out_path}.tmp")
+            tmp.write_text(json.dumps(out, indent=1))
+            tmp.replace(out_path)
+            time.sleep(600)
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["error_s"] = time.perf_counter() - started

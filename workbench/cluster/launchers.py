@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.cluster import hosts as hostinfo
-from workbench.cluster.slurm_launcher import WorkbenchSlurmEngineSetLauncher
+from workbench.cluster.slurm_launcher import SlurmJobsEngineSetLauncher
 from workbench.cluster.ssh_launcher import SSHParallelEngineSetLauncher
 from workbench.errors import ClusterError, ConfigError
 
@@ -208,18 +208,15 @@ def ipp_settings(
         cfg.MPILauncher.mpi_cmd = [options.mpiexec]
         cfg.MPIEngineSetLauncher.mpi_args = mpi_args(n, hosts, options, address, run_dir)
     else:
-        kwargs["engines"] = WorkbenchSlurmEngineSetLauncher
-        slurm = cfg.WorkbenchSlurmEngineSetLauncher
-        slurm.submit_command = ["sbatch", *sbatch_args(n, hosts, options)]
-        if run_dir:  # sbatch reads (and copies) the script here; the notebook's folder
+        # one job per engine (slurm_launcher.py): a dead engine's job frees its CPUs, so a
+        # replacement job can start on its node
+        kwargs["engines"] = SlurmJobsEngineSetLauncher
+        jobs = cfg.SlurmJobsEngineSetLauncher
+        jobs.engines = engines_per_host(hosts, n) if hosts else {}
+        jobs.sbatch_args = sbatch_args(options)
+        if run_dir:  # sbatch reads (and copies) the scripts here; the notebook's folder
             # may not be writable
-            slurm.batch_file_name = os.path.join(run_dir, "engines.sbatch")
-        if options.partition:
-            slurm.queue = options.partition
-        if options.account:
-            slurm.account = options.account
-        if options.time:
-            slurm.timelimit = options.time
+            jobs.batch_dir = run_dir
     return kwargs
 
 
@@ -271,13 +268,18 @@ def mpi_args(
     return args + list(options.mpi_args)
 
 
-def sbatch_args(n: int, hosts: Sequence[str], options: LauncherOptions) -> list[str]:
-    """sbatch's options: hosts=[...] become the node list, engines spread evenly."""
-    args: list[str] = []
-    if hosts:
-        args += [f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}"]
-        if n % len(hosts) == 0:
-            args.append(f"--ntasks-per-node={n // len(hosts)}")
+def sbatch_args(options: LauncherOptions) -> list[str]:
+    """Every engine job's sbatch options: partition, account, time limit, the user's own
+    (each job adds its node and ``--nodes=1 --ntasks=1``; see slurm_launcher.py)."""
+    args = [
+        f"--{flag}={value}"
+        for flag, value in (
+            ("partition", options.partition),
+            ("account", options.account),
+            ("time", options.time),
+        )
+        if value
+    ]
     return args + list(options.sbatch_args)
 
 

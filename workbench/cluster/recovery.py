@@ -161,7 +161,7 @@ def cluster_log(message: str) -> None:
 
 async def _start_replacements(cluster: Cluster, dead: list[int]) -> None:
     """Start one engine per dead rank: on the dead engine's own host where the launcher
-    can place engines (ssh), else wherever the launcher puts them."""
+    can place engines (ssh, slurm), else wherever the launcher puts them."""
     ipp_cluster = cluster.ipp_cluster
     if ipp_cluster is None:
         raise ClusterError(
@@ -170,22 +170,25 @@ async def _start_replacements(cluster: Cluster, dead: list[int]) -> None:
             "replacement engines yourself, then cluster.restart_sync()"
         )
     launcher = cluster.config.launcher
-    if launcher in ("mpi", "slurm"):
-        # one mpiexec / one batch job holds every engine: nothing can be added to it (and
-        # mpiexec ends the whole job when one rank dies; the job keeps its CPUs)
+    if launcher == "mpi":
+        # one mpiexec holds every engine: nothing can be added to it, and mpiexec ends the
+        # whole job when one rank dies
         raise ClusterError(
-            f"ranks {dead} died, and launcher={launcher!r} started every engine as one job, "
-            "which cannot take a replacement engine; restart the whole job with `%wb restart "
-            "--full` (cluster.restart_sync()) and load the last checkpoint"
+            f"ranks {dead} died, and launcher='mpi' started every engine as one mpiexec "
+            "job, which cannot take a replacement engine; restart the whole job with "
+            "`%wb restart --full` (cluster.restart_sync()) and load the last checkpoint"
         )
-    if launcher != "ssh":
+    if launcher not in ("ssh", "slurm"):
         await ipp_cluster.start_engines(len(dead))
         return
+    # ssh: on the host entry that started it; slurm: a 1-engine job on its node
     per_host: dict[str, int] = {}
     for rank in dead:
         host = cluster.launch_hosts.get(cluster.ranks[rank].engine_id)
-        if host is None:
-            raise ClusterError(f"rank {rank}: the ssh host that started its engine is unknown")
+        if not host:
+            raise ClusterError(
+                f"rank {rank}: the {launcher} host that started its engine is unknown"
+            )
         per_host[host] = per_host.get(host, 0) + 1
     await asyncio.gather(
         *(ipp_cluster.start_engines(k, engines={host: k}) for host, k in per_host.items())

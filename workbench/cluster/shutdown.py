@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -75,17 +75,7 @@ async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
         dog.terminate()
     ipp_cluster, cluster._ipp = cluster._ipp, None
     if ipp_cluster is not None:
-        try:
-            # every engine set at once (ipyparallel stops them one after another;
-            # recovery adds a set per replacement)
-            await asyncio.gather(*(ipp_cluster.stop_engines(i) for i in list(ipp_cluster.engines)))
-        except Exception:  # e.g. a set that failed to start: stop_cluster retries
-            log.debug("stopping engine sets failed", exc_info=True)
-        try:
-            await ipp_cluster.stop_cluster()
-        except Exception:
-            if not quiet:
-                raise
+        await _stop_ipyparallel(ipp_cluster, quiet=quiet)
     cluster.ranks = []
     cluster._stuck = {}
     cluster._views = {}
@@ -104,6 +94,21 @@ async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
     run_dir, cluster.run_dir = cluster.run_dir, None
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def _stop_ipyparallel(ipp_cluster: Any, *, quiet: bool) -> None:
+    """Stop the launcher's engine sets, then the controller (through ipyparallel)."""
+    try:
+        # every engine set at once (ipyparallel stops them one after another;
+        # recovery adds a set per replacement)
+        await asyncio.gather(*(ipp_cluster.stop_engines(i) for i in list(ipp_cluster.engines)))
+    except Exception:  # e.g. a set that failed to start: stop_cluster retries
+        log.debug("stopping engine sets failed", exc_info=True)
+    try:
+        await ipp_cluster.stop_cluster()
+    except Exception:
+        if not quiet:
+            raise
 
 
 def _controller_tree(cluster: Cluster) -> list[psutil.Process]:

@@ -159,6 +159,10 @@ class SSHParallelEngineSetLauncher(SSHEngineSetLauncher):
             host, _, port = host.partition(":")
             for i in range(min(int(count), n - len(jobs))):
                 kwargs = {attr: getattr(self, attr) for attr in inherited}
+                # the host is known before the start, so the watchdog can reach it at once
+                kwargs["hostname"] = host
+                if user:
+                    kwargs["user"] = user
                 key = f"{full_host}/{i}"
                 el = self.launchers[key] = self.launcher_class(
                     parent=self, identifier=key, **kwargs

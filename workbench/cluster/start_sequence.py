@@ -240,6 +240,51 @@ async def engine_infos(cluster: Cluster) -> tuple[list[int], list[dict[str, Any]
     return ids, list(infos)
 
 
+def _engine_info(engine_id: int, info: dict[str, Any]) -> EngineInfo:
+    return EngineInfo(
+        engine_id=engine_id,
+        host=info["host"],
+        pid=info["pid"],
+        address=info["address"],
+        cuda_devices=info["cuda_devices"],
+        cpus=info["cpus"],
+        pid_space=info.get("pid_space", ""),
+    )
+
+
+async def _join_every_rank(
+    cluster: Cluster, ranks: list[RankAssignment], clock_offsets: dict[int, int]
+) -> None:
+    """``setup_rank`` on every engine at once; a rank that cannot join fails the start."""
+    client = cluster.client_unchecked()
+    config = cluster.config
+    futures = [
+        client[r.engine_id].apply_async(
+            process_group.setup_rank,
+            r.as_dict(),
+            config.init_timeout,
+            clock_offsets[r.engine_id],
+            cluster.status_dir_of(r),
+        )
+        for r in ranks
+    ]
+    for r, future in zip(ranks, futures, strict=True):
+        future.add_done_callback(
+            lambda _f, eid=r.engine_id: cluster.startup.engine_now(eid, "joined")
+        )
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
+            timeout=config.init_timeout + 10,
+        )
+    except TimeoutError as exc:
+        raise ClusterError(
+            f"process group did not form within init_timeout={config.init_timeout}s"
+        ) from exc
+    except ipp.error.RemoteError as exc:
+        raise ClusterError(f"init_process_group failed on an engine: {exc}") from exc
+
+
 async def init_process_group(cluster: Cluster) -> None:
     """Assign ranks, open the rendezvous store on rank 0 and join every rank."""
     client = cluster.client_unchecked()
@@ -249,18 +294,7 @@ async def init_process_group(cluster: Cluster) -> None:
     sent = time.time_ns()
     clocks = await asyncio.wrap_future(client[ids].apply_async(time.time_ns))
     received = time.time_ns()
-    engines = [
-        EngineInfo(
-            engine_id=eid,
-            host=info["host"],
-            pid=info["pid"],
-            address=info["address"],
-            cuda_devices=info["cuda_devices"],
-            cpus=info["cpus"],
-            pid_space=info.get("pid_space", ""),
-        )
-        for eid, info in zip(ids, infos, strict=True)
-    ]
+    engines = [_engine_info(eid, info) for eid, info in zip(ids, infos, strict=True)]
     draft = assign_ranks(
         engines, backend=config.backend, threads_per_engine=config.threads_per_engine
     )
@@ -281,32 +315,11 @@ async def init_process_group(cluster: Cluster) -> None:
     base = offsets[ranks[0].engine_id]
     cluster.startup.mark("clocks and port")
     cluster._report("rendezvous", 0, len(ranks))
-    futures = [
-        client[r.engine_id].apply_async(
-            process_group.setup_rank,
-            r.as_dict(),
-            config.init_timeout,
-            # Engines on rank 0's host share its clock; others get the measured offset.
-            0 if r.host == ranks[0].host else offsets[r.engine_id] - base,
-            cluster.status_dir_of(r),
-        )
-        for r in ranks
-    ]
-    for r, future in zip(ranks, futures, strict=True):
-        future.add_done_callback(
-            lambda _f, eid=r.engine_id: cluster.startup.engine_now(eid, "joined")
-        )
-    try:
-        await asyncio.wait_for(
-            asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
-            timeout=config.init_timeout + 10,
-        )
-    except TimeoutError as exc:
-        raise ClusterError(
-            f"process group did not form within init_timeout={config.init_timeout}s"
-        ) from exc
-    except ipp.error.RemoteError as exc:
-        raise ClusterError(f"init_process_group failed on an engine: {exc}") from exc
+    # Engines on rank 0's host share its clock; others get the measured offset.
+    shifts = {
+        r.engine_id: 0 if r.host == ranks[0].host else offsets[r.engine_id] - base for r in ranks
+    }
+    await _join_every_rank(cluster, ranks, shifts)
     cluster.ranks = ranks
     cluster.startup.mark("process group formed")
     cluster._report("rendezvous", len(ranks), len(ranks))

@@ -4,7 +4,8 @@ A cluster remembers every process it started (controller, its schedulers, engine
 nannies) from the moment it is seen: once a parent dies (a killed controller), its children
 cannot be found from it any more. The watchdog (watchdog.py) learns them from a pid file,
 so a kernel killed at any moment leaves nothing behind. Only pids of this host's pid space
-are listed: a remote engine is signalled through its own host, never by its pid here.
+are listed: a remote engine is signalled through its own host, never by its pid here; the
+pid file also carries the commands that end them there (remote_ends.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from workbench.cluster import watchdog
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.processes import is_local
 from workbench.cluster.ranks import RankAssignment
+from workbench.cluster.remote_ends import remote_ends
 
 __all__ = ["ProcessTracking"]
 
@@ -42,6 +44,7 @@ class ProcessTracking:
     ranks: list[RankAssignment]
     run_dir: str | None
     _ipp: Any
+    _ssh_dir: str | None
     _owns_engines: bool
     _watchdog: Any | None
     _known: dict[int, psutil.Process]
@@ -128,4 +131,6 @@ class ProcessTracking:
 
     def _write_pidfile(self) -> None:
         if self.run_dir is not None and self._owns_engines:
-            watchdog.write_pidfile(self.run_dir, [p.pid for p in self._process_tree()])
+            pids = [p.pid for p in self._process_tree()]
+            # and how to end the engines on other hosts, through their host (remote_ends.py)
+            watchdog.write_pidfile(self.run_dir, pids, remote_ends(self._ipp, self._ssh_dir))

@@ -14,6 +14,11 @@ watchdog also remembers every descendant of those processes it has seen, since o
 children are re-parented and cannot be found from the kernel any more. When the parent is
 gone it sends SIGTERM to all of them, SIGKILL after ``GRACE_S``, removes ``DIR`` and exits.
 When the cluster stops normally, it is told to exit (SIGTERM) and touches nothing.
+
+Engines on other hosts are never signalled from here by pid (a pid of another host means
+nothing here). ``pids.json`` also carries commands that end them through their own host
+(an ssh to the host, ``scancel``; see remote_ends.py): run at once, beside the local
+termination, each bounded by ``REMOTE_S``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -34,14 +40,16 @@ __all__ = ["GRACE_S", "POLL_S", "main", "spawn", "stop", "write_pidfile"]
 
 POLL_S = 0.25
 GRACE_S = 1.0
+REMOTE_S = 8.0  # an ssh / scancel that takes longer is abandoned (killed)
 _PIDFILE = "pids.json"
 
 
-def write_pidfile(run_dir: str, pids: list[int]) -> None:
-    """Tell the watchdog which processes belong to the cluster (atomic replace)."""
+def write_pidfile(run_dir: str, pids: list[int], remote: dict[str, Any] | None = None) -> None:
+    """Tell the watchdog which processes belong to the cluster and how to end its engines
+    on other hosts (``{"phases": [[argv, ...], ...], "dirs": [...]}``); atomic replace."""
     path = Path(run_dir) / _PIDFILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(sorted(set(pids))))
+    tmp.write_text(json.dumps({"pids": sorted(set(pids)), "remote": remote or {}}))
     os.replace(tmp, path)
 
 
@@ -76,11 +84,51 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def _read_pids(run_dir: Path) -> list[int]:
+def _read(run_dir: Path) -> tuple[list[int], dict[str, Any] | None]:
+    """The pids and the remote commands; (``[]``, None) while the file cannot be read (a
+    None keeps the commands read before)."""
     try:
-        return [int(p) for p in json.loads((run_dir / _PIDFILE).read_text())]
-    except (OSError, ValueError, TypeError):
-        return []
+        data = json.loads((run_dir / _PIDFILE).read_text())
+        return [int(p) for p in data["pids"]], dict(data.get("remote") or {})
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return [], None
+
+
+def _start_phase(commands: list[list[str]]) -> list[subprocess.Popen[bytes]]:
+    procs = []
+    for argv in commands:
+        try:
+            procs.append(
+                subprocess.Popen(
+                    [str(a) for a in argv],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    close_fds=True,
+                )
+            )
+        except OSError:  # e.g. no scancel here: nothing else can be done about it
+            continue
+    return procs
+
+
+def _wait_phase(procs: list[subprocess.Popen[bytes]], deadline: float) -> None:
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()  # our own child: its pid is ours
+            proc.wait()
+
+
+def _end_remote(remote: dict[str, Any], first: list[subprocess.Popen[bytes]]) -> None:
+    """Wait for the first phase (started already), run the others, remove the dirs."""
+    phases = list(remote.get("phases") or [])
+    _wait_phase(first, time.monotonic() + REMOTE_S)
+    for phase in phases[1:]:
+        _wait_phase(_start_phase(phase), time.monotonic() + REMOTE_S)
+    for d in remote.get("dirs") or []:
+        shutil.rmtree(str(d), ignore_errors=True)
 
 
 def _remember(known: dict[int, psutil.Process], pids: list[int]) -> None:
@@ -138,10 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook's interrupt is not for us
     known: dict[int, psutil.Process] = {}
+    remote: dict[str, Any] = {}
     while not stopping:
-        _remember(known, _read_pids(run_dir))
+        pids, ends = _read(run_dir)
+        _remember(known, pids)
+        remote = remote if ends is None else ends
         if _gone(parent):
+            # the other hosts' engines first (an ssh round trip), the local ones meanwhile
+            phases = list(remote.get("phases") or [])
+            first = _start_phase(phases[0]) if phases else []
             _terminate(known)
+            _end_remote(remote, first)
             shutil.rmtree(run_dir, ignore_errors=True)
             return 0
         time.sleep(POLL_S)

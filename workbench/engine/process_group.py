@@ -116,6 +116,27 @@ def _join_store(assignment: dict[str, Any], timeout_s: float) -> Any:
     )
 
 
+def _export_rank_environment(assignment: dict[str, Any]) -> None:
+    """The torchrun-style variables a user's code (and torch) reads on this rank."""
+    os.environ.update(
+        {
+            "RANK": str(assignment["rank"]),
+            "WORLD_SIZE": str(assignment["world_size"]),
+            "LOCAL_RANK": str(assignment["local_rank"]),
+            "LOCAL_WORLD_SIZE": str(assignment["local_world_size"]),
+            "GROUP_RANK": str(assignment["node_rank"]),
+            "MASTER_ADDR": assignment["master_addr"],
+            "MASTER_PORT": str(assignment["master_port"]),
+        }
+    )
+    if assignment["master_addr"] == LOOPBACK:
+        # One host: gloo's and NCCL's own connections listen on loopback too (by default
+        # they bind the address the host name resolves to, which may face the network).
+        loopback = _loopback_interface()
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback
+        os.environ["NCCL_SOCKET_IFNAME"] = loopback
+
+
 def setup_rank(
     assignment: dict[str, Any],
     timeout_s: float,
@@ -134,23 +155,7 @@ def setup_rank(
     from workbench.trace import Clock
 
     teardown_rank()  # a re-init (restart, new port) starts from a clean slate
-    os.environ.update(
-        {
-            "RANK": str(assignment["rank"]),
-            "WORLD_SIZE": str(assignment["world_size"]),
-            "LOCAL_RANK": str(assignment["local_rank"]),
-            "LOCAL_WORLD_SIZE": str(assignment["local_world_size"]),
-            "GROUP_RANK": str(assignment["node_rank"]),
-            "MASTER_ADDR": assignment["master_addr"],
-            "MASTER_PORT": str(assignment["master_port"]),
-        }
-    )
-    if assignment["master_addr"] == LOOPBACK:
-        # One host: gloo's and NCCL's own connections listen on loopback too (by default
-        # they bind the address the host name resolves to, which may face the network).
-        loopback = _loopback_interface()
-        os.environ["GLOO_SOCKET_IFNAME"] = loopback
-        os.environ["NCCL_SOCKET_IFNAME"] = loopback
+    _export_rank_environment(assignment)
     torch.set_num_threads(int(assignment["threads"]))
     device = torch.device(assignment["device"])
     if device.type == "cuda":
