@@ -1,0 +1,53 @@
+"""The house size rules, read statically: no module over 400 lines, no function over 60,
+except the ones listed here with the reason (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+# "path::qualified name" -> why it may be longer
+LONG_FUNCTIONS_ALLOWED = {
+    "cluster/cluster.py::Cluster.__init__": (
+        "the declaration of a cluster's state: one attribute per line, each with the "
+        "comment that says why it exists"
+    ),
+}
+
+
+def _functions(tree: ast.AST, prefix: str = "") -> list[tuple[str, int]]:
+    out = []
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.ClassDef):
+            out += _functions(node, f"{prefix}{node.name}.")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out.append((f"{prefix}{node.name}", node.end_lineno - node.lineno + 1))  # type: ignore[operator]
+            out += _functions(node, f"{prefix}{node.name}.")
+    return out
+
+
+def test_no_module_over_400_lines() -> None:
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES
+    }
+    assert long == {}
+
+
+def test_no_function_over_60_lines_unless_listed_with_a_reason() -> None:
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        for name, lines in _functions(ast.parse(path.read_text())):
+            key = f"{path.relative_to(PACKAGE)}::{name}"
+            if lines > MAX_FUNCTION_LINES and key not in LONG_FUNCTIONS_ALLOWED:
+                long[key] = lines
+    assert long == {}
+    # the allowance list names only functions that exist and are still long
+    for key in LONG_FUNCTIONS_ALLOWED:
+        path, name = key.split("::")
+        sizes = dict(_functions(ast.parse((PACKAGE / path).read_text())))
+        assert sizes.get(name, 0) > MAX_FUNCTION_LINES, key
