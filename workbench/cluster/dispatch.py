@@ -91,13 +91,23 @@ class RankDispatch:
             self._ensure_free(wanted)
         return [self.ranks[r] for r in sorted(set(wanted))]
 
-    def _view(self, engine_id: int) -> Any:
+    def view(self, engine_id: int) -> Any:
         """The engine's DirectView, made once per client (making one costs ~0.2 ms, as
-        much as sending the request; a cell sends one per rank). Call after ``_targets``."""
+        much as sending the request; a cell sends one per rank). Call after ``_targets``.
+
+        An engine can leave the controller between the liveness check and this call (a
+        kill just before a step): that is ``EngineDied`` naming the rank, like any death,
+        not ipyparallel's "No such engine"."""
         client = self._client
         view = self._views.get(engine_id)
         if view is None or view.client is not client:
-            view = self._views[engine_id] = client[engine_id]
+            try:
+                view = self._views[engine_id] = client[engine_id]
+            except IndexError:
+                self.ensure_alive()  # raises EngineDied for every rank already gone
+                lost = [r.rank for r in self.ranks if r.engine_id == engine_id]
+                self.state = "degraded"
+                raise self._lost_error(lost) from None
         return view
 
     def _ensure_free(self, ranks: Sequence[int]) -> None:
@@ -146,7 +156,7 @@ class RankDispatch:
         """
         validate.seconds("timeout", timeout, none_means="no limit")  # before any work is sent
         targets = self._targets(ranks)
-        futures = [self._view(r.engine_id).apply_async(fn, *args, **kwargs) for r in targets]
+        futures = [self.view(r.engine_id).apply_async(fn, *args, **kwargs) for r in targets]
         return self.collect(targets, futures, timeout)
 
     def ensure_alive(self, ranks: Sequence[int] | None = None) -> None:
@@ -315,9 +325,7 @@ class RankDispatch:
         """
         validate.seconds("timeout", timeout, none_means="no limit")  # before any work is sent
         targets = self._targets(ranks)
-        futures = [
-            self._view(r.engine_id).execute(code, silent=False, block=False) for r in targets
-        ]
+        futures = [self.view(r.engine_id).execute(code, silent=False, block=False) for r in targets]
         self._wait_all(targets, futures, timeout)
         for r, future in zip(targets, futures, strict=True):
             # A reply can arrive before the engine's last stdout/display messages.

@@ -343,15 +343,17 @@ class TrainingSession:
             )
         ranks = sorted(self._state.status) or list(range(self.cluster.world_size))
         cursors = {r: self._state.cursors.get(r, 0) for r in ranks}
-        client = self.cluster.client
-        try:
+        self.cluster.client  # noqa: B018  (fails fast when the controller died or stopped)
+        try:  # a dead engine, also one that died after ensure_alive looked, is EngineDied
             self.cluster.ensure_alive()
+            futures = [
+                self.cluster.view(self.cluster.ranks[r].engine_id).apply_async(
+                    fn, *args, cursors[r]
+                )
+                for r in ranks
+            ]
         except EngineDied as exc:
             raise type(exc)(f"{exc}\n{where_the_run_was(self)}", ranks=exc.ranks) from None
-        futures = [
-            client[self.cluster.ranks[r].engine_id].apply_async(fn, *args, cursors[r])
-            for r in ranks
-        ]
         targets = [self.cluster.ranks[r] for r in ranks]
         try:
             wait_unless_a_rank_failed(self.cluster, targets, futures, self.timeout)
