@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 import workbench
 from workbench.errors import WorkbenchError
-from workbench.trace.collectives import OpInfo, group_size, op_bytes
+from workbench.trace.c10d_ops import OpInfo, group_size, op_bytes
 from workbench.trace.events import CommEvent, Event, PhaseSpan
 from workbench.trace.intercept import add_listener, looking_away, remove_listener
 from workbench.trace.recorder import Recorder

@@ -2,7 +2,7 @@
 
 Every collective reaches the PyTorch dispatcher as a ``c10d::*`` or ``_c10d_functional::*``
 op (``torch.distributed`` calls, DDP's reducer, FSDP2, DTensor redistributions, functional
-collectives); the op tables come from ``collectives``. Instead of a ``TorchDispatchMode``
+collectives); the op tables come from ``c10d_ops``. Instead of a ``TorchDispatchMode``
 (which routes *every* op of the program through Python: about 9 us per op here, +27% on a
 small transformer step), a Python kernel is registered for just these ops at the
 ``BackendSelect`` dispatch key, which every call passes before its backend kernel. The
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from workbench.trace.collectives import OpInfo, overloads
+from workbench.trace.c10d_ops import OpInfo, overloads
 
 __all__ = ["Listener", "add_listener", "intercepted_ops", "looking_away", "remove_listener"]
 
