@@ -19,10 +19,9 @@ from typing import Any
 from workbench.cluster import Cluster
 from workbench.engine.equivalence import compare_with_reference
 from workbench.parallel.models import get_config, planner_model
+from workbench.parallel.run_plan import LOCAL_CPU
 from workbench.parallel.spec import RunSpec
 from workbench.planner import (
-    HardwareSpec,
-    LinkSpec,
     ParallelSpec,
     TrainingSpec,
     evaluate,
@@ -95,17 +94,6 @@ class StrategyResult:
         }
 
 
-_CPU = HardwareSpec(
-    name="cpu",
-    memory=24 * 2**30,
-    peak_flops=5e10,
-    intra=LinkSpec(bandwidth=1e9, latency=1e-4),
-    inter=LinkSpec(bandwidth=1e9, latency=1e-4),
-    gpus_per_node=2,
-    kind="cpu",
-)
-
-
 def _validation(result: StrategyResult, spec: RunSpec) -> dict[str, Any]:
     pipelined = spec.strategy == "pp"
     layout = ParallelSpec(
@@ -121,7 +109,7 @@ def _validation(result: StrategyResult, spec: RunSpec) -> dict[str, Any]:
         optimizer=planner_name("optimizer", spec.optimizer),
         dropout=False,
     )
-    plan = evaluate(planner_model(spec.model), training, layout, _CPU)
+    plan = evaluate(planner_model(spec.model), training, layout, LOCAL_CPU)
     return validate(result.events, plan, rank=0).as_dict()
 
 
