@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from tests.browser.session import browser_missing
 
 __all__ = [
     "CELLS",
@@ -139,3 +145,18 @@ def widget(page: Any) -> Any:
     """The output area that holds the stepper widget (for element screenshots)."""
     phase = page.get_by_role("button", name="Phase ▶", exact=True)
     return page.locator(".jp-OutputArea-output").filter(has=phase)
+
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
+VIEWPORT = {"width": 1400, "height": 1900}
+
+
+def fresh_notebook(name: str, cells: list[str] | None = None) -> Iterator[Path]:
+    """A stepper notebook in a temporary directory, for a fixture to yield (skips the test
+    when no browser is installed)."""
+    reason = browser_missing()
+    if reason:
+        pytest.skip(reason)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="wb-browser-") as root:
+        yield write_notebook(Path(root) / name, cells)

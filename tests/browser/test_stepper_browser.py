@@ -12,7 +12,6 @@ a clean shutdown; stragglers are killed either way and fail the test.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,28 +19,20 @@ from typing import Any
 import pytest
 
 from tests.browser import stepper_page as sp
-from tests.browser.session import BrowserSession, browser_missing, open_notebook
+from tests.browser.session import BrowserSession, open_notebook
 
 pytestmark = pytest.mark.browser
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
-VIEWPORT = {"width": 1400, "height": 1900}
 
 
 @pytest.fixture
 def notebook() -> Iterator[Path]:
-    reason = browser_missing()
-    if reason:
-        pytest.skip(reason)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="wb-browser-nb-") as root:
-        yield sp.write_notebook(Path(root) / "stepper.ipynb")
+    yield from sp.fresh_notebook("stepper.ipynb")
 
 
 @pytest.mark.timeout(240)
 def test_stepper_widget_drives_the_cluster_from_the_browser(notebook: Path) -> None:
     with open_notebook(
-        notebook, viewport=VIEWPORT, failure_shot=ARTIFACTS / "failure.png"
+        notebook, viewport=sp.VIEWPORT, failure_shot=sp.ARTIFACTS / "failure.png"
     ) as session:
         _drive(session)
     assert not session.leftovers, f"processes left after a clean shutdown: {session.leftovers}"
@@ -122,4 +113,4 @@ def _assert_fills(figure: dict[str, Any]) -> None:
 
 
 def _shot(target: Any, name: str) -> None:
-    target.screenshot(path=str(ARTIFACTS / f"{name}.png"), animations="disabled")
+    target.screenshot(path=str(sp.ARTIFACTS / f"{name}.png"), animations="disabled")

@@ -5,7 +5,6 @@ under FSDP; the drawn figures gain memory samples, FSDP collectives and losses."
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,28 +12,20 @@ from typing import Any
 import pytest
 
 from tests.browser import stepper_page as sp
-from tests.browser.session import BrowserSession, browser_missing, open_notebook
+from tests.browser.session import BrowserSession, open_notebook
 
 pytestmark = pytest.mark.browser
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
-VIEWPORT = {"width": 1400, "height": 1900}
 
 
 @pytest.fixture
 def notebook() -> Iterator[Path]:
-    reason = browser_missing()
-    if reason:
-        pytest.skip(reason)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="wb-browser-user-") as root:
-        yield sp.write_notebook(Path(root) / "user_model.ipynb", sp.USER_CELLS)
+    yield from sp.fresh_notebook("user_model.ipynb", sp.USER_CELLS)
 
 
 @pytest.mark.timeout(240)
 def test_stepper_widget_steps_a_model_defined_in_the_notebook(notebook: Path) -> None:
     with open_notebook(
-        notebook, viewport=VIEWPORT, failure_shot=ARTIFACTS / "user-failure.png"
+        notebook, viewport=sp.VIEWPORT, failure_shot=sp.ARTIFACTS / "user-failure.png"
     ) as session:
         _drive(session)
     assert not session.leftovers, f"processes left after a clean shutdown: {session.leftovers}"
@@ -88,4 +79,4 @@ def _drive(session: BrowserSession) -> None:
 
 
 def _shot(target: Any, name: str) -> None:
-    target.screenshot(path=str(ARTIFACTS / f"{name}.png"), animations="disabled")
+    target.screenshot(path=str(sp.ARTIFACTS / f"{name}.png"), animations="disabled")
