@@ -95,19 +95,16 @@ def cpu_profile(
     )
     if ddp_step_s is None and ddp_micro_batch is None and ddp_cpu_s is None:
         return profile
-    if ddp_cpu_s is not None:
-        if ddp_step_s is not None:
-            raise ConfigError(
-                f"ddp_step_s={ddp_step_s!r} and ddp_cpu_s={ddp_cpu_s!r}: give the DDP step "
-                "as wall seconds or as CPU seconds, not both"
-            )
-        comm_cpu = _ddp_comm_cpu(
-            profile, model, training, seq, ddp_cpu_s, ddp_micro_batch, ddp_ranks, cpu=True
+    if ddp_cpu_s is not None and ddp_step_s is not None:
+        raise ConfigError(
+            f"ddp_step_s={ddp_step_s!r} and ddp_cpu_s={ddp_cpu_s!r}: give the DDP step "
+            "as wall seconds or as CPU seconds, not both"
         )
-    else:
-        comm_cpu = _ddp_comm_cpu(
-            profile, model, training, seq, ddp_step_s, ddp_micro_batch, ddp_ranks
-        )
+    cpu = ddp_cpu_s is not None
+    measured = ddp_cpu_s if cpu else ddp_step_s
+    comm_cpu = _ddp_comm_cpu(
+        profile, model, training, seq, measured, ddp_micro_batch, ddp_ranks, cpu=cpu
+    )
     return profile.with_(comm_cpu=comm_cpu)
 
 
