@@ -122,27 +122,38 @@ async def _interrupt(cluster: Cluster, ranks: list[int]) -> None:
     await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGINT) for r in ranks))
 
 
+def _leave_group(cluster: Cluster, rank: int) -> Any:
+    """Tear the group down on ``rank`` and cut its connections (``teardown_rank(sever=True)``):
+    a rank blocked in a collective with it fails at once, whoever still holds the group."""
+    client = cluster.client_unchecked()
+    return client[cluster.ranks[rank].engine_id].apply_async(process_group.teardown_rank, True)
+
+
 async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport) -> list[int]:
     """Free stuck ranks; returns the ranks whose engines had to be killed."""
     client = cluster.client_unchecked()
     stuck = {r: f for r, f in cluster._stuck.items() if r not in dead}
     if not stuck:
         return []
-    healthy = [r for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
+    healthy = [r.rank for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
     await _interrupt(cluster, sorted(stuck))  # frees ranks busy in Python code
-    if healthy:
-        try:
-            await _gather(
-                [client[r.engine_id].apply_async(process_group.teardown_rank) for r in healthy],
-                timeout=15,
-            )
-        except Exception as exc:  # then the stuck ranks are killed below
-            cluster_log(f"teardown on healthy ranks failed: {exc!r}")
+    leaving = {r: _leave_group(cluster, r) for r in healthy}
     deadline = time.monotonic() + FREE_GRACE_S
-    while time.monotonic() < deadline and not all(f.ready() for f in stuck.values()):
+    while True:
+        # A stuck rank that comes back leaves the group at once too: another stuck rank may
+        # be blocked on *it* (a chain), and its own failure does not close its connections.
+        for r in sorted(stuck):
+            if stuck[r].ready() and r not in leaving:
+                leaving[r] = _leave_group(cluster, r)
+        if all(f.ready() for f in stuck.values()) or time.monotonic() >= deadline:
+            break
         await asyncio.sleep(0.02)
     killed = [r for r, f in sorted(stuck.items()) if not f.ready()]
     report.freed = [r for r in sorted(stuck) if r not in killed]
+    try:  # every rank that stays has left the old group before the new one is made
+        await _gather(list(leaving.values()), timeout=15)
+    except Exception as exc:  # setup_rank tears down again before it joins
+        cluster_log(f"leaving the old group failed: {exc!r}")
     # killed on the engine's own host, through its nanny
     await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGKILL) for r in killed))
     # wait until the controller has noticed (the nanny reports it)
