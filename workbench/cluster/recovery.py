@@ -5,11 +5,13 @@
    blocked in a collective with them fails at once and is freed in step 1 instead of being
    replaced too. Engines on other hosts are never signalled from here.
 1. Stuck ranks (left busy by a timeout, an interrupt or a peer's death) are interrupted
-   (frees Python code) and the process group is torn down on the healthy ranks: when that
-   destroys their group objects, the sockets close and a blocked collective fails at once.
-   (A group still referenced on a healthy rank, e.g. by a training run's device mesh, may
-   keep its sockets open.) A rank still busy after ``FREE_GRACE_S`` has its engine killed
-   and replaced like a dead one.
+   (frees Python code) and the healthy ranks leave the process group: the group is torn
+   down and its TCP connections are cut at the socket (``engine/group_sockets.py``), so a
+   rank blocked in a collective with them fails at once, even where the group is still
+   held (on torch 2.13 a DDP model keeps its gloo group and connections alive after
+   ``destroy_process_group``). Each stuck rank that comes back leaves the group the same
+   way at once, which frees a rank blocked on *it* (a chain). A rank still busy after
+   ``FREE_GRACE_S`` has its engine killed and replaced like a dead one.
 2. Dead engines are replaced by new ones started through the same ipyparallel cluster;
    each new engine takes the dead rank's number. Surviving engines keep their rank and
    their namespace (but their training run, bound to the old process group, is closed).
