@@ -204,6 +204,7 @@ def test_parameter_bytes_follow_fsdp_unshard_and_reshard() -> None:
         assert resharded[0] == resharded[1] == full // 2
 
 
+@pytest.mark.engines  # forks a child process
 def test_process_rss_after_a_fork_is_the_childs() -> None:
     process_rss()  # the parent's /proc/self/statm is open now
     read, write = os.pipe()
