@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import ipyparallel as ipp
 
 from workbench.cluster import launchers, rendezvous
+from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
@@ -39,6 +40,7 @@ __all__ = [
     "open_store",
     "start_engines",
     "wait_for_engines",
+    "watch_engines",
 ]
 
 MULTI_NODE = frozenset({"mpi", "ssh", "slurm"})
@@ -74,7 +76,12 @@ def local_settings(start_timeout: float) -> dict[str, Any]:
     # the workbench.cluster package first, i.e. ipyparallel's client side, before the thread
     # importing torch could start.
     cfg.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-P", boot.__file__]
-    cfg.LocalEngineSetLauncher.engine_args = [f"--IPEngine.wait_for_url_file={start_timeout}"]
+    cfg.LocalEngineSetLauncher.engine_args = [
+        f"--IPEngine.wait_for_url_file={start_timeout}",
+        # No nanny (one more interpreter per engine, waited for while it registers): the
+        # kernel watches and signals its local engines itself (engine_watch.py).
+        "--IPEngine.enable_nanny=False",
+    ]
     return {"config": cfg, "send_engines_connection_env": False}
 
 
@@ -140,6 +147,8 @@ async def start_engines(cluster: Cluster) -> None:
         cluster._write_pidfile()
         cluster._client = await ipp_cluster.connect_client()
         profile.mark("client connected")
+        if c.launcher == "local":  # its engines have no nanny: see local_settings
+            cluster._engine_watch = EngineWatch.for_client(cluster._client)
     else:
         cluster._client = ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "")
     await wait_for_engines(cluster)
@@ -237,7 +246,20 @@ async def engine_infos(cluster: Cluster) -> tuple[list[int], list[dict[str, Any]
     }
     if cluster._ipp is not None:
         attach_nannies(cluster._ipp, dict(zip(ids, infos, strict=True)))
+    watch_engines(cluster, list(zip(ids, infos, strict=True)))
     return ids, list(infos)
+
+
+def watch_engines(cluster: Cluster, engines: list[tuple[int, dict[str, Any]]]) -> None:
+    """Have the kernel report these engines' deaths (a local cluster's engines have no
+    nanny to do it; ``engines`` are (engine id, the facts it reported))."""
+    watch = cluster._engine_watch
+    if watch is None:
+        return
+    here = local_pid_space()
+    for eid, info in engines:
+        if info.get("pid_space") == here:
+            watch.watch(eid, int(info["pid"]))
 
 
 def _engine_info(engine_id: int, info: dict[str, Any]) -> EngineInfo:
