@@ -16,6 +16,7 @@ from jupyter_client.session import Session
 from tests.processes import BOUND_S
 from workbench.cluster import Cluster, signals
 from workbench.cluster.engine_watch import EngineWatch
+from workbench.cluster.fork_launcher import ForkEngineSetLauncher
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.start_sequence import make_ipp_cluster
@@ -95,8 +96,8 @@ def test_an_already_gone_process_is_reported_at_once() -> None:
 def test_local_engines_start_without_a_nanny_and_ranks_here_are_signalled_by_pid(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    args = make_ipp_cluster(Cluster(n=2)).config.LocalEngineSetLauncher.engine_args
-    assert "--IPEngine.enable_nanny=False" in args
+    config = make_ipp_cluster(Cluster(n=2)).config
+    assert "--IPEngine.enable_nanny=False" in ForkEngineSetLauncher(config=config).engine_args
     proc = _sleeper()
     try:
         rank = RankAssignment(
