@@ -4,13 +4,14 @@ Every engine needs torch, and ``import torch`` (with ipyparallel's engine) is ~2
 per process: on a small machine, n engines importing it side by side take n times that
 from the same cores. Here one process imports it, then forks the n engines, which share
 the imported modules (copy-on-write) and start registering at once. It runs as
-``python -P .../workbench/engine/zygote.py N <ipengine args>`` (as a file, like boot.py);
+``python -P .../workbench/engine/zygote.py N <ipengine args>``;
 ``workbench.cluster.fork_launcher`` launches it.
 
-Forking is safe at that point: nothing has started a thread (torch's thread pools start
-with the first parallel op, ipyparallel's threads with the engine) and no zmq context or
-event loop exists yet. Each engine reseeds Python's (and numpy's) global random state, so
-ranks do not share one random stream.
+Forking is safe at that point: no Python thread runs, no zmq context or event loop exists
+yet, torch's own thread pools start with the first parallel op, and the one native thread
+pool an import starts (numpy's OpenBLAS, unless OMP_NUM_THREADS=1) shuts itself down
+around a fork (pthread_atfork) and starts again in each engine when used. Each engine
+reseeds Python's (and numpy's) global random state, so ranks do not share one stream.
 
 This process stays until every engine it forked has exited (reaping them; exiting with the
 first non-zero status), and passes SIGTERM, SIGINT and SIGHUP on to them: to ipyparallel it
