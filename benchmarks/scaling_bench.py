@@ -17,7 +17,14 @@ all-reduce sweep only, never from the 2-engine run it predicts:
 - the DDP all-reduce's CPU cost: one DDP configuration at a smaller global batch
   (``CALIBRATION_BATCH``, not the one predicted): what its step took beyond the profile's
   compute and fixed time is gloo's work on the shared cores, charged per second of the
-  fitted all-reduce time (``HardwareSpec.comm_cpu``), never hidden.
+  fitted all-reduce time (``HardwareSpec.comm_cpu``), never hidden. It is measured in the
+  engines' CPU seconds (``cpu_profile(ddp_cpu_s=...)``), which the other processes' load
+  does not stretch.
+
+The three configurations run in rounds (rotating order); each round's 2-engine timing is
+predicted from that round's own 1-engine and calibration timings, which ran next to it
+under nearly the same load from the other processes on the host, and the verdict is on
+the medians over the rounds (the prediction from the pooled medians is printed beside it).
 
     .venv/bin/python -m benchmarks.scaling_bench [--quick]
 """
@@ -54,6 +61,7 @@ class OneEngine:
     cores: float  # the host's cores
     background: float  # other busy processes, in whole-core demands (see module doc)
     ddp_step_s: float | None = None  # a 2-engine DDP step at CALIBRATION_BATCH
+    ddp_cpu_s: float | None = None  # its CPU seconds per engine (used when given)
 
 
 def predict_speedup(
@@ -82,7 +90,8 @@ def predict_speedup(
             processes_per_node=2,
             cores=cores,
             background=background,
-            ddp_step_s=one.ddp_step_s,
+            ddp_step_s=one.ddp_step_s if one.ddp_cpu_s is None else None,
+            ddp_cpu_s=one.ddp_cpu_s,
             ddp_micro_batch=None if one.ddp_step_s is None else CALIBRATION_BATCH // 2,
         )
         t1 = step_time(model, train, ParallelSpec(dp=1), hw, seq=seq, micro_batches=1)
@@ -115,7 +124,7 @@ def run(quick: bool = False) -> BenchResult:
     from workbench.session.training import TrainingSession
 
     batch = BATCH
-    steps, repeats = (2, 1) if quick else (8, 3)
+    steps, repeats = (2, 1) if quick else (8, 5)
     single = RunSpec(model=MODEL, strategy="single", batch_size=batch, trace=False)
     dp = RunSpec(model=MODEL, strategy="dp", batch_size=batch, trace=False, overlap=True)
     dp_cal = RunSpec(
@@ -133,7 +142,7 @@ def run(quick: bool = False) -> BenchResult:
         engines = [psutil.Process(r.pid) for r in cluster.ranks]
         # CPU seconds each engine used per step, and the share of a core it got: on a busy
         # machine the second engine does not get a core of its own, and this shows it.
-        cpu: dict[str, list[list[float]]] = {"1 engine": [], "2 engines": []}
+        cpu: dict[str, list[list[float]]] = {"1 engine": [], "2 engines": [], "calibration": []}
 
         def cpu_now(procs: list[psutil.Process]) -> list[float]:
             return [sum(p.cpu_times()[:2]) for p in procs]
@@ -192,7 +201,7 @@ def run(quick: bool = False) -> BenchResult:
             {
                 "1 engine": one_engine,
                 "2 engines": lambda: ddp(dp, "2 engines"),
-                "2 engines, calibration batch": lambda: ddp(dp_cal, None),
+                "2 engines, calibration batch": lambda: ddp(dp_cal, "calibration"),
             },
             repeats,
         )
@@ -201,15 +210,23 @@ def run(quick: bool = False) -> BenchResult:
         cluster.stop_sync()
 
     t1, t2 = median(times["1 engine"]), median(times["2 engines"])
-    measured = t1 / t2
     one = OneEngine(
         step_s=t1,
         outside_s=min(median(outside), 0.9 * t1),  # medians of different timings
         cores=float(os.cpu_count() or 1),
         background=median(background),
         ddp_step_s=median(times["2 engines, calibration batch"]),
+        ddp_cpu_s=median([sum(c) / len(c) for c in cpu["calibration"]]),
     )
-    predicted, detail = predict_speedup(batch, seq, one, fit)
+    pooled, _ = predict_speedup(batch, seq, one, fit)
+    # Paired: each round's 2-engine timing is predicted from the 1-engine and calibration
+    # timings of the same round (run next to it, under the load it ran under).
+    rounds = [_round(times, outside, background, cpu, one.cores, k) for k in range(repeats)]
+    paired = [predict_speedup(batch, seq, r, fit) for r in rounds]
+    measured = median([times["1 engine"][k] / times["2 engines"][k] for k in range(repeats)])
+    predicted = median([p for p, _ in paired])
+    middle = sorted(range(repeats), key=lambda k: paired[k][0])[repeats // 2]
+    detail, mid = paired[middle][1], rounds[middle]  # the round the note describes
     error = abs(predicted / measured - 1)
     result = BenchResult(
         NAME,
@@ -222,7 +239,8 @@ def run(quick: bool = False) -> BenchResult:
         "calibrated to the 1-engine step (forward + backward from its phase spans, the rest "
         "a fixed per-step time), the cores shared with the other busy processes "
         f"measured during it, and the all-reduce's CPU cost from a 2-engine DDP run at "
-        f"global batch {CALIBRATION_BATCH} (not the predicted one)",
+        f"global batch {CALIBRATION_BATCH} (not the predicted one; its engines' CPU seconds), "
+        f"each of {repeats} rounds predicted from its own timings",
         details={
             "step_s": times,
             "fit": fit.as_dict(),
@@ -230,6 +248,11 @@ def run(quick: bool = False) -> BenchResult:
             "outside_s": outside,
             "background": background,
             "planner": detail,
+            "planner_pooled_speedup": pooled,
+            "paired": [
+                {"measured": times["1 engine"][k] / times["2 engines"][k], "predicted": p}
+                for k, (p, _) in enumerate(paired)
+            ],
         },
     )
     result.rows.append(
@@ -271,21 +294,48 @@ def run(quick: bool = False) -> BenchResult:
             target=PREDICTION.describe(),
             met=PREDICTION.check(error),
             samples=repeats,
-            note=f"planner: 2-engine step {detail['t2_planner_s'] * 1e3:.0f} ms = compute "
+            note="median round: planner 2-engine step "
+            f"{detail['t2_planner_s'] * 1e3:.0f} ms = compute "
             f"{detail['t2_compute_s'] * 1e3:.0f} ms + fixed {detail['t2_overhead_s'] * 1e3:.0f} "
             f"ms + all-reduce {detail['t2_dp_exposed_s'] * 1e3:.1f} ms (gloo's CPU work: "
             f"{detail['comm_cpu']:.2f} x the fitted {detail['t2_dp_comm_s'] * 1e3:.1f} ms, "
-            f"from the batch-{CALIBRATION_BATCH} DDP step {one.ddp_step_s * 1e3:.0f} ms, at "
+            f"from the batch-{CALIBRATION_BATCH} DDP step's {mid.ddp_cpu_s * 1e3:.0f} ms of CPU "
+            f"per engine ({mid.ddp_step_s * 1e3:.0f} ms wall), at "
             f"the share); calibrated on "
-            f"the 1-engine step {one.step_s * 1e3:.0f} ms (fixed {one.outside_s * 1e3:.0f} ms), "
-            f"{one.cores:g} cores, {one.background:.2f} other busy processes -> each of 2 "
+            f"the 1-engine step {mid.step_s * 1e3:.0f} ms (fixed {mid.outside_s * 1e3:.0f} ms), "
+            f"{mid.cores:g} cores, {mid.background:.2f} other busy processes -> each of 2 "
             f"engines gets {detail['share_2_planner']:.0%} of a core (measured: "
             + " / ".join(f"{c / t2:.0%}" for c in cpu2)
             + f"); with a dedicated core each the planner says "
-            f"{detail['speedup_dedicated_cores']:.2f}x",
+            f"{detail['speedup_dedicated_cores']:.2f}x; medians of {repeats} rounds, each "
+            f"predicted from its own round's calibration (from the pooled medians: "
+            f"{pooled:.2f}x)",
         )
     )
     return result
+
+
+def _round(
+    times: dict[str, list[float]],
+    outside: list[float],
+    background: list[float],
+    cpu: dict[str, list[list[float]]],
+    cores: float,
+    k: int,
+) -> OneEngine:
+    """Round k's calibration: its 1-engine timing (step, fixed part, other processes)
+    and its calibration-batch DDP timing, in wall seconds and in CPU seconds per engine
+    (the CPU seconds calibrate the all-reduce's CPU cost: they do not move with the
+    load, see ``planner.cpu_profile``)."""
+    step = times["1 engine"][k]
+    return OneEngine(
+        step_s=step,
+        outside_s=min(outside[k], 0.9 * step),
+        cores=cores,
+        background=background[k],
+        ddp_step_s=times["2 engines, calibration batch"][k],
+        ddp_cpu_s=sum(cpu["calibration"][k]) / len(cpu["calibration"][k]),
+    )
 
 
 if __name__ == "__main__":

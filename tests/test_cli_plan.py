@@ -328,3 +328,15 @@ def test_fp8_and_offload_switches_reach_the_plan(capsys):
     rc = main(["plan", "--model", "llama2-7b", "--gpu", "a100-80gb", "--fp8"])
     assert rc == 2
     assert "has no FP8 peak" in capsys.readouterr().err
+
+
+def test_zero3_prefetch_module_is_deepspeeds_slower_zero3(capsys):
+    argv = ["plan", "--model", "llama2-70b", "--gpu", "a100-80gb", "--gpus", "512",
+            "--zero", "3", "--recompute", "full", "--json"]  # fmt: skip
+    steps = {}
+    for mode in ("layer", "module"):
+        assert main([*argv, "--zero3-prefetch", mode]) == 0
+        steps[mode] = json.loads(capsys.readouterr().out)["time"]["step_s"]
+    assert steps["module"] > steps["layer"]
+    assert main([*argv, "--zero3-prefetch", "fsdp"]) == 2
+    assert "layer" in capsys.readouterr().err

@@ -262,22 +262,20 @@ print("cluster state:", cluster.state, "  stuck ranks:", cluster.stuck_ranks)
 # 32 bytes is the tensor of eight float32 ones. Rank 0 is *stuck*: its engine is alive but
 # blocked inside gloo, and it cannot even answer the controller. `%wb restart` recovers in
 # two stages. First it tries to **free** the stuck rank without losing its engine: it
-# interrupts the rank and tears the process group down on the healthy rank, which should
-# close the sockets so that the blocked all-reduce fails. If the rank is still blocked two
-# seconds later, it **kills and replaces** that engine, exactly like a dead one. Either
-# way the process group is then re-created on a fresh port.
-#
-# In this notebook the second stage is what happens: after a training run has used this
-# process group, tearing it down on rank 1 does not release rank 0's blocked all-reduce
-# (on a freshly created group it does, and both engines are kept). That is a current
-# limitation of the workbench's recovery, not of the idea; the fallback is what keeps
-# the cluster usable.
+# interrupts the rank, and the healthy rank leaves the process group: it tears the group
+# down and cuts the group's connections at the socket, so the blocked all-reduce fails at
+# once ("connection closed by peer"). Cutting the sockets is what works here: the training
+# run above wrapped its model in DDP, and DDP keeps a gloo group, and its connections,
+# alive after the group is destroyed, so destroying it alone would leave rank 0 waiting
+# until the group's timeout. Only a rank still blocked ten seconds later has its engine
+# **killed and replaced**, exactly like a dead one. Either way the process group is then
+# re-created on a fresh port.
 
 # %%
 %wb restart
 
 # %%
-print("rank 0 has a new engine:", cluster.ranks[0].pid != pids_before_hang[0])
+print("rank 0 kept its engine:", cluster.ranks[0].pid == pids_before_hang[0])
 print("rank 1 kept its engine:", cluster.ranks[1].pid == pids_before_hang[1])
 print("cluster state:", cluster.state, "  stuck ranks:", cluster.stuck_ranks)
 

@@ -1,5 +1,6 @@
 """Faults with real engines: a killed engine mid-step and mid-save, recovered and resumed to
-the same losses and parameters as an uninterrupted run. Every test that kills an engine
+the same losses and parameters as an uninterrupted run, and with 4 ranks a death that
+leaves a survivor blocked costs only the dead engine. Every test that kills an engine
 starts its own cluster (never the shared session fixture) and always stops it."""
 
 from __future__ import annotations
@@ -138,4 +139,34 @@ def test_kill_during_checkpoint_save_keeps_the_previous_one(
     session.run(1)
     assert session.step_index == 3
     assert abs(_losses(session)[-1] - expected_step3) <= 1e-6
+    session.close()
+
+
+def test_a_survivor_blocked_by_the_death_is_freed_not_replaced(
+    own_four_ranks: Cluster, tmp_path: Path
+) -> None:
+    """4 ranks, DDP, rank 3 killed mid-step: a survivor is left blocked in the all-reduce
+    (its ring neighbour failed out of the collective, but DDP keeps that neighbour's group
+    and connections alive); recovery must free it, not replace it after ``FREE_GRACE_S``."""
+    victim = 3
+    spec = RunSpec(model="mlp-tiny", strategy="dp", batch_size=8)
+    expected, _ = _uninterrupted(own_four_ranks, spec)
+    session = TrainingSession(
+        own_four_ranks, spec, timeout=60, checkpoint_dir=tmp_path, checkpoint_every=3
+    )
+    session.run(3)
+    before = [(r.engine_id, r.pid) for r in own_four_ranks.ranks]
+    own_four_ranks.run(_die_in_forward, ranks=[victim])
+    with pytest.raises(EngineDied) as info:
+        session.step()
+    assert info.value.ranks == [victim]
+    # the case this test is about: a survivor still waits in the all-reduce
+    assert own_four_ranks.stuck_ranks, "no survivor was left blocked: the case did not occur"
+    report = session.recover()
+    assert "were stuck" not in report, report
+    after = [(r.engine_id, r.pid) for r in own_four_ranks.ranks]
+    assert [rank for rank in range(4) if after[rank] != before[rank]] == [victim], report
+    session.run(STEPS - 3)
+    losses = _losses(session)
+    assert max(abs(a - b) for a, b in zip(losses, expected, strict=True)) <= 1e-6
     session.close()

@@ -101,3 +101,24 @@ def test_interrupt_stops_a_running_cell_and_leaves_the_cluster_usable(
     assert own_cluster.state == "running" and own_cluster.stuck_ranks == []
     results = own_cluster.execute(TOGETHER, timeout=30)
     assert all(r.ok for r in results)
+
+
+def test_a_rank_blocked_after_a_ddp_run_is_freed_not_replaced(own_cluster: Cluster) -> None:
+    """DDP keeps its gloo group and connections alive after the group is destroyed, so the
+    healthy rank's teardown alone left rank 0 blocked until the group's timeout, and
+    recovery replaced its engine (notebook 06 showed it); cutting the connections frees it."""
+    from workbench.parallel import RunSpec
+    from workbench.session.training import TrainingSession
+
+    session = TrainingSession(own_cluster, RunSpec(model="mlp-tiny", strategy="dp"), timeout=60)
+    session.run(2)
+    session.close()
+    with pytest.raises(CollectiveTimeout):
+        own_cluster.execute(ALONE, timeout=TIMEOUT)
+    assert own_cluster.stuck_ranks == [0]
+    pids = [r.pid for r in own_cluster.ranks]
+    recovery = own_cluster.recover_sync()
+    assert recovery.freed == [0] and recovery.replaced == {} and recovery.killed == []
+    assert [r.pid for r in own_cluster.ranks] == pids
+    results = own_cluster.execute(TOGETHER, timeout=30)
+    assert [r.execute_result["data"]["text/plain"] for r in results] == ["2.0", "2.0"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from tests.multinode.bed import Bed
@@ -74,15 +73,12 @@ def replaced_only_the_dead_engine(run: dict[str, Any]) -> None:
         )
         assert not r["local_pid"]
     assert after[victim]["engine"] != before[victim]["engine"]
-    # Only the dead engine is replaced, and any other rank the report names as stuck. (On
-    # gloo a survivor can stay blocked until the group's timeout: a peer that failed out of
-    # the collective still has bucket all-reduces pending on its worker threads, which keep
-    # its sockets open through destroy/shutdown/abort; recovery then replaces it after
-    # FREE_GRACE_S, and says so. Measured on the bed: rank 1 freed itself only after 60 s.)
+    # Only the dead engine is replaced. A survivor left blocked in the all-reduce (its
+    # neighbour failed out of the collective, but DDP keeps that neighbour's gloo group and
+    # connections alive) is freed by recovery cutting those connections, not replaced.
     replaced = [r for r in after if after[r]["engine"] != before[r]["engine"]]
-    stuck = re.search(r"ranks \[([0-9, ]*)\] were stuck", fault["report"])
-    named = {int(x) for x in stuck.group(1).split(",")} if stuck else set()
-    assert set(replaced) == {victim} | named, (replaced, fault["report"])
+    assert set(replaced) == {victim}, (replaced, fault["report"])
+    assert "were stuck" not in fault["report"], fault["report"]
     env = fault["env_after"]
     assert [e["hostname"] for e in env] == [after[r]["host"] for r in sorted(after)]
     assert [e["LOCAL_RANK"] for e in env] == [str(after[r]["local_rank"]) for r in sorted(after)]

@@ -155,6 +155,7 @@ def _training(cluster: Any, out: dict[str, Any], home: Path) -> None:
         fault["error"] = None
     except EngineDied as exc:
         fault.update(error=str(exc), ranks=exc.ranks, detect_s=time.perf_counter() - started)
+    fault["stuck"] = cluster.stuck_ranks  # survivors left blocked in the collective
     started = time.perf_counter()
     fault["report"] = str(session.recover())
     fault["recover_s"] = time.perf_counter() - started

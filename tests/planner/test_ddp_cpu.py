@@ -89,9 +89,31 @@ def test_a_ddp_step_faster_than_compute_charges_nothing():
     assert hw.comm_cpu == 0.0
 
 
+def test_a_ddp_step_in_cpu_seconds_calibrates_the_same_whatever_the_load():
+    # The same DDP step measured as one rank's CPU seconds: 20 ms beyond the profile's
+    # compute and fixed time at a whole core. CPU time does not stretch with the other
+    # processes' load, so comm_cpu must not depend on the share the planner assumes for
+    # the 2 calibration ranks. Backgrounds 0 and 1 on 2 cores leave the 1-rank profile
+    # alike (a whole core either way) and change only that 2-rank share (1 vs 2/3).
+    bare = _two(_profile(cores=None).with_(comm_cpu=0.0), 4)  # a whole core each
+    cpu_s = bare.total + 0.020
+    by_load = [
+        _profile(background=b, ddp_cpu_s=cpu_s, ddp_micro_batch=4).comm_cpu for b in (0.0, 1.0)
+    ]
+    assert by_load == pytest.approx([0.020 / bare.dp_comm] * 2, rel=1e-12)
+    # The wall-time form of a calibration divides by that assumed share, so it moves.
+    walls = [
+        _profile(background=b, ddp_step_s=0.08, ddp_micro_batch=4).comm_cpu for b in (0.0, 1.0)
+    ]
+    assert walls[0] != pytest.approx(walls[1])
+
+
 @pytest.mark.parametrize(
     ("kw", "match"),
     [
+        ({"ddp_cpu_s": 0.05, "ddp_step_s": 0.05, "ddp_micro_batch": 4}, "not both"),
+        ({"ddp_cpu_s": math.nan, "ddp_micro_batch": 4}, "ddp_cpu_s=nan"),
+        ({"ddp_cpu_s": 0.05}, "ddp_cpu_s=0.05, ddp_micro_batch=None"),
         ({"ddp_step_s": 0.05}, "ddp_micro_batch=None"),
         ({"ddp_micro_batch": 4}, "ddp_step_s=None"),
         ({"ddp_step_s": math.nan, "ddp_micro_batch": 4}, "ddp_step_s=nan"),

@@ -85,3 +85,12 @@ def test_fp8_and_offload_controls_reach_the_plan():
     w.offload_act.value = True
     t = w.state.training()
     assert t.fp8 and t.offload_optimizer and t.offload_activations
+
+
+def test_zero3_fetch_dropdown_switches_to_deepspeeds_module_by_module_zero3():
+    w = PlannerWidget(model="llama2-70b", gpus=512, zero=3, recompute="full")
+    layer = w.plan.time.total
+    w.zero3_prefetch.value = "module"
+    assert w.state.zero3_prefetch == "module"
+    assert w.plan.training.zero3_prefetch == "module"
+    assert w.plan.time.total > layer

@@ -129,6 +129,7 @@ def _training(args: argparse.Namespace) -> TrainingSpec:
         fp32_grads=args.fp32_grads,
         grads=args.grads,
         grad_sync=args.grad_sync,
+        zero3_prefetch=args.zero3_prefetch,
         flash_attention=args.flash_attention,
         fused_swiglu=args.fused_swiglu,
         selective_overhead=args.selective_overhead,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from workbench.cli.numbers import count, real
 from workbench.planner import GPUS, LINKS, MODELS, OPTIMIZERS, PRECISIONS, RECOMPUTE
-from workbench.planner.specs import GRAD_DTYPES, GRAD_SYNC, NORMS, SCHEDULES
+from workbench.planner.specs import GRAD_DTYPES, GRAD_SYNC, NORMS, SCHEDULES, ZERO3_PREFETCH
 
 __all__ = ["add_plan_arguments"]
 
@@ -85,6 +85,13 @@ def _training_args(p: argparse.ArgumentParser) -> None:
         choices=GRAD_SYNC,
         default="per_microbatch",
         help="ZeRO-2/3 gradient reduce-scatter: every micro-batch or once per step",
+    )
+    t.add_argument(
+        "--zero3-prefetch",
+        choices=ZERO3_PREFETCH,
+        default="layer",
+        help="ZeRO-3 weight gathers: a layer ahead, hidden per pass (FSDP), or one "
+        "sub-module ahead with a device sync per gather (DeepSpeed v0.3 ZeRO-3)",
     )
     t.add_argument(
         "--offload-optimizer",

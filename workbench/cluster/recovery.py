@@ -5,11 +5,13 @@
    blocked in a collective with them fails at once and is freed in step 1 instead of being
    replaced too. Engines on other hosts are never signalled from here.
 1. Stuck ranks (left busy by a timeout, an interrupt or a peer's death) are interrupted
-   (frees Python code) and the process group is torn down on the healthy ranks: when that
-   destroys their group objects, the sockets close and a blocked collective fails at once.
-   (A group still referenced on a healthy rank, e.g. by a training run's device mesh, may
-   keep its sockets open.) A rank still busy after ``FREE_GRACE_S`` has its engine killed
-   and replaced like a dead one.
+   (frees Python code) and the healthy ranks leave the process group: the group is torn
+   down and its TCP connections are cut at the socket (``engine/group_sockets.py``), so a
+   rank blocked in a collective with them fails at once, even where the group is still
+   held (on torch 2.13 a DDP model keeps its gloo group and connections alive after
+   ``destroy_process_group``). Each stuck rank that comes back leaves the group the same
+   way at once, which frees a rank blocked on *it* (a chain). A rank still busy after
+   ``FREE_GRACE_S`` has its engine killed and replaced like a dead one.
 2. Dead engines are replaced by new ones started through the same ipyparallel cluster;
    each new engine takes the dead rank's number. Surviving engines keep their rank and
    their namespace (but their training run, bound to the old process group, is closed).
@@ -122,27 +124,38 @@ async def _interrupt(cluster: Cluster, ranks: list[int]) -> None:
     await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGINT) for r in ranks))
 
 
+def _leave_group(cluster: Cluster, rank: int) -> Any:
+    """Tear the group down on ``rank`` and cut its connections (``teardown_rank(sever=True)``):
+    a rank blocked in a collective with it fails at once, whoever still holds the group."""
+    client = cluster.client_unchecked()
+    return client[cluster.ranks[rank].engine_id].apply_async(process_group.teardown_rank, True)
+
+
 async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport) -> list[int]:
     """Free stuck ranks; returns the ranks whose engines had to be killed."""
     client = cluster.client_unchecked()
     stuck = {r: f for r, f in cluster._stuck.items() if r not in dead}
     if not stuck:
         return []
-    healthy = [r for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
+    healthy = [r.rank for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
     await _interrupt(cluster, sorted(stuck))  # frees ranks busy in Python code
-    if healthy:
-        try:
-            await _gather(
-                [client[r.engine_id].apply_async(process_group.teardown_rank) for r in healthy],
-                timeout=15,
-            )
-        except Exception as exc:  # then the stuck ranks are killed below
-            cluster_log(f"teardown on healthy ranks failed: {exc!r}")
+    leaving = {r: _leave_group(cluster, r) for r in healthy}
     deadline = time.monotonic() + FREE_GRACE_S
-    while time.monotonic() < deadline and not all(f.ready() for f in stuck.values()):
+    while True:
+        # A stuck rank that comes back leaves the group at once too: another stuck rank may
+        # be blocked on *it* (a chain), and its own failure does not close its connections.
+        for r in sorted(stuck):
+            if stuck[r].ready() and r not in leaving:
+                leaving[r] = _leave_group(cluster, r)
+        if all(f.ready() for f in stuck.values()) or time.monotonic() >= deadline:
+            break
         await asyncio.sleep(0.02)
     killed = [r for r, f in sorted(stuck.items()) if not f.ready()]
     report.freed = [r for r in sorted(stuck) if r not in killed]
+    try:  # every rank that stays has left the old group before the new one is made
+        await _gather(list(leaving.values()), timeout=15)
+    except Exception as exc:  # setup_rank tears down again before it joins
+        cluster_log(f"leaving the old group failed: {exc!r}")
     # killed on the engine's own host: by pid here, else through its nanny (signals.py)
     await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGKILL) for r in killed))
     # wait until the controller has noticed (the kernel's engine watch or the nanny

@@ -13,6 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from workbench.engine import group_sockets
 from workbench.engine.state import engine_state, user_namespace
 
 __all__ = [
@@ -155,6 +156,9 @@ def setup_rank(
     from workbench.trace import Clock
 
     teardown_rank()  # a re-init (restart, new port) starts from a clean slate
+    pending = engine_state().get(_PENDING_STORE)
+    # what this engine had before its first group (the controller) is never cut by recovery
+    group_sockets.remember_engine_connections(set() if pending is None else {pending.port})
     _export_rank_environment(assignment)
     torch.set_num_threads(int(assignment["threads"]))
     device = torch.device(assignment["device"])
@@ -187,10 +191,15 @@ def setup_rank(
     return {"rank": assignment["rank"], "init_s": time.perf_counter() - started}
 
 
-def teardown_rank() -> None:
+def teardown_rank(sever: bool = False) -> int:
     """Close the training run and leave the process group (if any) so a new one can be
     created. Dropping every reference to the old groups closes their sockets, which is
-    also what frees a peer blocked in a collective with this rank (it fails at once)."""
+    also what frees a peer blocked in a collective with this rank (it fails at once).
+
+    But a group still held elsewhere keeps its sockets open (on torch 2.13 a DDP model
+    holds its group in C++ after it is gone, and ``shutdown()`` does not close gloo's
+    connections): with ``sever`` (recovery) they are cut at the socket as well
+    (``group_sockets``); returns how many were cut."""
     import gc
 
     import torch.distributed as dist
@@ -206,8 +215,9 @@ def teardown_rank() -> None:
     except Exception:  # a run broken by the failure being recovered from: drop it anyway
         engine_state().pop("run", None)
     if dist.is_available() and dist.is_initialized():
-        # shutdown() closes a group's connections even while a mesh, DDP or a user
-        # variable still holds the group object (destroy alone only forgets it).
+        # shutdown() ends what a group still runs (NCCL aborts its communicators) even
+        # while a mesh, DDP or a user variable still holds the group object (destroy alone
+        # only forgets it)
         for group in list(dist.distributed_c10d._world.pg_map):
             try:
                 group.shutdown()
@@ -216,3 +226,4 @@ def teardown_rank() -> None:
         dist.destroy_process_group()
     if held:
         gc.collect()
+    return group_sockets.sever_group_connections() if sever else 0

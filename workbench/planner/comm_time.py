@@ -5,7 +5,8 @@ dp/ZeRO   = over the dp·cp ranks that share parameters: ZeRO-0 all-reduce, ZeRO
             micro-batch's backward; ZeRO-2 reduce-scatters every micro-batch (DeepSpeed) or
             once per step (``grad_sync='per_step'``); ZeRO-3 gathers the weights for every
             forward and backward and hides each pass's traffic behind that pass only, the
-            first unit's gather never (it is needed before any compute starts).
+            first unit's gather never (it is needed before any compute starts); with
+            ``zero3_prefetch='module'``, DeepSpeed's first ZeRO-3 (``zero3_modules``).
 tp        = 4 all-reduces of s·b·h activations per layer per micro-batch (+2 under full
             recompute); sequence parallel swaps each for reduce-scatter + all-gather.
 cp        = ring attention: K and V gathered forward, their gradients reduce-scattered
@@ -24,6 +25,7 @@ from workbench.planner.comm import all_gather_time, all_reduce_time, group_link,
 from workbench.planner.compute_time import Compute
 from workbench.planner.params import largest_unit, stage_params
 from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, TrainingSpec
+from workbench.planner.zero3_modules import module_dp_time
 
 __all__ = ["StepInputs", "cp_time", "dp_time", "pp_time", "tp_time"]
 
@@ -69,6 +71,8 @@ def dp_time(step: StepInputs, work: Compute, overlap: float) -> tuple[float, flo
             0.0, rs + ag - overlap * bwd_micro
         )
         return syncs * rs + ag, exposed
+    if training.zero3_prefetch == "module":
+        return module_dp_time(step, work, dp_link)
     # ZeRO-3: every pass gathers the weights and hides that behind its own compute only;
     # the first unit's gather is never hidden.
     ag = all_gather_time(n_rank * d, group, dp_link)

@@ -92,6 +92,7 @@ class Compute:
     bwd_micro: float
     compute: float
     bubble: float
+    head_micro: float = 0.0  # of per_micro, the output head's share (busiest stage)
 
 
 def stage_compute(
@@ -114,6 +115,7 @@ def stage_compute(
     busiest = max(range(pp), key=lambda i: stage[i])
     scale = training.micro_batch * seq / (parallel.tp * parallel.cp * rate)
     per_micro = stage[busiest] * scale + layout[busiest] * traffic
+    head_micro = head_f * scale if busiest == pp - 1 else 0.0
     if training.recompute == "selective" and not training.flash_attention:
         # Recomputing softmax and dropout is memory-bound: Korthikanti et al. measured it
         # as a share of each layer's time, not as FLOPs.
@@ -126,6 +128,7 @@ def stage_compute(
         bwd_micro=per_micro * (1.0 - fwd_share),
         compute=m * per_micro,
         bubble=per_micro * (pp - 1) / parallel.virtual_stages if pp > 1 else 0.0,
+        head_micro=head_micro,
     )
 
 

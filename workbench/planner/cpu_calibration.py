@@ -22,7 +22,14 @@ that ``timing.step_time`` reads:
   compute and fixed time (at the ranks' share) is the CPU work of the gradient
   all-reduce, stored as ``comm_cpu`` = that work per second of the fitted all-reduce
   time, which ``step_time`` then charges every DP step (not hidden, stretched by
-  1/share). Measure it at another batch than the one to be predicted.
+  1/share). Measure it at another batch than the one to be predicted;
+- ``ddp_cpu_s`` instead of ``ddp_step_s``: the CPU seconds one rank used in that DDP step
+  (process CPU time per step). CPU time does not stretch with the load from other
+  processes, so comm_cpu = (ddp_cpu_s - the profile's compute and fixed time at a whole
+  core) / the fitted all-reduce time needs no assumption about the share the ranks got
+  while it was measured; the wall-time form divides out the share the planner predicts
+  for the calibration, and any load that came or went between the calibration and the
+  1-engine measurement lands in comm_cpu.
 
 The links come from ``calibrate``'s α-β fit of measured collectives.
 """
@@ -59,6 +66,7 @@ def cpu_profile(
     ddp_step_s: float | None = None,
     ddp_micro_batch: int | None = None,
     ddp_ranks: int = 2,
+    ddp_cpu_s: float | None = None,
 ) -> HardwareSpec:
     """A CPU hardware profile calibrated from one measured step (see the module
     docstring for what each measurement sets).
@@ -67,7 +75,8 @@ def cpu_profile(
     rank); ``outside_s`` the part of it outside forward and backward. ``allreduce_s`` and
     ``exposed_s`` (a DDP step's all-reduce and the part of it waited for) give the
     overlap; ``cores`` and ``background`` the host's cores and other busy processes;
-    ``ddp_step_s``, ``ddp_micro_batch`` and ``ddp_ranks`` one DDP step for ``comm_cpu``.
+    ``ddp_step_s`` (or ``ddp_cpu_s``), ``ddp_micro_batch`` and ``ddp_ranks`` one DDP step
+    for ``comm_cpu``.
     """
     _check_step_times(step_s, outside_s)
     overlap = _measured_overlap(allreduce_s, exposed_s)
@@ -84,13 +93,19 @@ def cpu_profile(
         max_overlap=overlap,
         step_overhead=float(outside_s) * share,
     )
-    if ddp_step_s is None and ddp_micro_batch is None:
+    if ddp_step_s is None and ddp_micro_batch is None and ddp_cpu_s is None:
         return profile
-    return profile.with_(
-        comm_cpu=_ddp_comm_cpu(
-            profile, model, training, seq, ddp_step_s, ddp_micro_batch, ddp_ranks
+    if ddp_cpu_s is not None and ddp_step_s is not None:
+        raise ConfigError(
+            f"ddp_step_s={ddp_step_s!r} and ddp_cpu_s={ddp_cpu_s!r}: give the DDP step "
+            "as wall seconds or as CPU seconds, not both"
         )
+    cpu = ddp_cpu_s is not None
+    measured = ddp_cpu_s if cpu else ddp_step_s
+    comm_cpu = _ddp_comm_cpu(
+        profile, model, training, seq, measured, ddp_micro_batch, ddp_ranks, cpu=cpu
     )
+    return profile.with_(comm_cpu=comm_cpu)
 
 
 def _check_step_times(step_s: float, outside_s: float) -> None:
@@ -112,30 +127,36 @@ def _ddp_comm_cpu(
     step_s: float | None,
     micro_batch: int | None,
     ranks: int,
+    *,
+    cpu: bool = False,
 ) -> float:
     """CPU seconds per second of fitted all-reduce time that one measured DDP step
-    spent beyond the profile's compute and fixed time (0 when it spent nothing more)."""
+    spent beyond the profile's compute and fixed time (0 when it spent nothing more).
+    ``step_s`` is the step's wall seconds, or with ``cpu`` one rank's CPU seconds."""
+    label = "ddp_cpu_s" if cpu else "ddp_step_s"
     if step_s is None or micro_batch is None:
         raise ConfigError(
-            f"ddp_step_s={step_s!r}, ddp_micro_batch={micro_batch!r}: a DDP calibration "
-            "needs both (the step's wall seconds and its samples per rank)"
+            f"{label}={step_s!r}, ddp_micro_batch={micro_batch!r}: a DDP calibration "
+            "needs both (the step's seconds and its samples per rank)"
         )
     if not isinstance(step_s, int | float) or not math.isfinite(step_s) or step_s <= 0:
-        raise ConfigError(f"ddp_step_s={step_s!r} is not valid; it must be seconds > 0")
+        raise ConfigError(f"{label}={step_s!r} is not valid; it must be seconds > 0")
     for label, value in (("ddp_micro_batch", micro_batch), ("ddp_ranks", ranks)):
         low = 2 if label == "ddp_ranks" else 1
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 2**20:
             raise ConfigError(f"{label}={value!r} is not valid; it must be an integer >= {low}")
-    # The same step without the collective's CPU work (comm_cpu = 0), at the ranks' share.
+    # The same step without the collective's CPU work (comm_cpu = 0): at the ranks' share
+    # for a wall time, at a whole core (what CPU time counts) for CPU seconds.
+    hw = profile.with_(comm_cpu=0.0, cores=None) if cpu else profile.with_(comm_cpu=0.0)
     bare = step_time(
         model,
         training.with_(micro_batch=micro_batch),
         ParallelSpec(dp=ranks),
-        profile.with_(comm_cpu=0.0),
+        hw,
         seq=seq,
         micro_batches=1,
     )
-    share = profile.core_share(min(ranks, profile.gpus_per_node))
+    share = 1.0 if cpu else profile.core_share(min(ranks, profile.gpus_per_node))
     return max(0.0, (step_s - bare.total) * share / bare.dp_comm)
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
+    "ZERO3_PREFETCH",
     "HardwareSpec",
     "LinkSpec",
     "ModelSpec",
@@ -45,6 +46,10 @@ GRAD_DTYPES = ("auto", "bf16", "fp32", "bf16+fp32")
 # When ZeRO-2/3 (FSDP) reduce-scatters gradients: after every micro-batch (DeepSpeed) or
 # once per step after accumulating unsharded gradients (FSDP without gradient sync).
 GRAD_SYNC = ("per_microbatch", "per_step")
+# How ZeRO-3 gathers weights: a layer at a time, each pass's gathers hidden behind that
+# pass (FSDP), or one sub-module (weight matrix) ahead with the device synchronized before
+# every gather (DeepSpeed's ZeRO-3 as first released, v0.3.13, 2021): ``zero3_modules``.
+ZERO3_PREFETCH = ("layer", "module")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -81,6 +86,7 @@ class TrainingSpec:
     fused_swiglu: bool = False  # SwiGLU saves gate, up and the product (3 tensors, not 4)
     grads: str = "auto"  # see GRAD_DTYPES
     grad_sync: str = "per_microbatch"  # see GRAD_SYNC
+    zero3_prefetch: str = "layer"  # see ZERO3_PREFETCH
     selective_overhead: float = 0.05  # selective recompute: extra share of layer compute
     # FP8 matmuls (Transformer Engine style): matmuls at the GPU's FP8 peak, an FP8 copy of
     # the weights (1 byte/param) beside the bf16 ones, linear-layer inputs saved in 1 byte.
@@ -123,6 +129,8 @@ class TrainingSpec:
             raise ConfigError(f"grads={self.grads!r} needs precision='bf16-mixed'")
         if self.grad_sync not in GRAD_SYNC:
             raise choices_error("grad_sync", self.grad_sync, GRAD_SYNC)
+        if self.zero3_prefetch not in ZERO3_PREFETCH:
+            raise choices_error("zero3_prefetch", self.zero3_prefetch, ZERO3_PREFETCH)
         check_float(
             "selective_overhead", self.selective_overhead, low=0.0, high=1.0, low_open=False
         )

@@ -31,7 +31,7 @@ from workbench.planner import (
     model_preset,
     recommend,
 )
-from workbench.planner.specs import GRAD_DTYPES, GRAD_SYNC
+from workbench.planner.specs import GRAD_DTYPES, GRAD_SYNC, ZERO3_PREFETCH
 from workbench.planner.sweep import scaling
 from workbench.plots.planner import MEMORY_PARTS, memory_breakdown_figure, scaling_figure
 
@@ -61,6 +61,7 @@ class PlannerState:
     fused_swiglu: bool = False
     grads: str = "auto"
     grad_sync: str = "per_microbatch"
+    zero3_prefetch: str = "layer"
     fp8: bool = False
     offload_optimizer: bool = False
     offload_activations: bool = False
@@ -82,6 +83,7 @@ class PlannerState:
             fused_swiglu=self.fused_swiglu,
             grads=self.grads,
             grad_sync=self.grad_sync,
+            zero3_prefetch=self.zero3_prefetch,
             fp8=self.fp8,
             offload_optimizer=self.offload_optimizer,
             offload_activations=self.offload_activations,
@@ -188,6 +190,9 @@ class PlannerWidget:
                                       description="grads")  # fmt: skip
         self.grad_sync = widgets.Dropdown(options=list(GRAD_SYNC), value=s.grad_sync,
                                           description="grad sync")  # fmt: skip
+        self.zero3_prefetch = widgets.Dropdown(options=list(ZERO3_PREFETCH),
+                                               value=s.zero3_prefetch,
+                                               description="ZeRO-3 fetch")  # fmt: skip
         self.fp8 = widgets.Checkbox(value=s.fp8, description="FP8 matmuls")
         self.offload_opt = widgets.Checkbox(value=s.offload_optimizer,
                                             description="offload optimizer")  # fmt: skip
@@ -208,6 +213,7 @@ class PlannerWidget:
             "fused_swiglu": self.fused,
             "grads": self.grads,
             "grad_sync": self.grad_sync,
+            "zero3_prefetch": self.zero3_prefetch,
             "fp8": self.fp8,
             "offload_optimizer": self.offload_opt,
             "offload_activations": self.offload_act,
@@ -221,7 +227,8 @@ class PlannerWidget:
                               widgets.VBox([self.zero, self.tp, self.pp, self.recompute,
                                             self.precision, self.recommend_button]),
                               widgets.VBox([self.flash, self.fused, self.grads,
-                                            self.grad_sync, self.fp8, self.offload_opt,
+                                            self.grad_sync, self.zero3_prefetch, self.fp8,
+                                            self.offload_opt,
                                             self.offload_act])]),
                 self.verdict,
                 widgets.HBox([self.memory_fig, self.scaling_fig]),

@@ -1,0 +1,115 @@
+"""On the engines: cut the process group's TCP connections at the socket itself.
+
+Why: destroying a gloo process group closes its connections only when nothing holds the
+group any more, and on torch 2.13 a ``DistributedDataParallel`` model keeps its group alive
+in C++ after the model, the run and the group are gone from Python (measured: with DDP,
+``destroy_process_group`` + ``gc.collect()`` leaves every gloo connection open, and
+``ProcessGroup.shutdown()`` does not close them either). A peer blocked in a collective
+with this rank then waits until the group's timeout. ``socket.shutdown(SHUT_RDWR)`` acts on
+the connection whoever holds the descriptor: the peer's blocked read ends at once
+("Connection closed by peer"), and this rank's own gloo threads see the same error they
+see when a peer dies (Python ignores SIGPIPE, so a write to the cut socket is an error,
+not a signal). The descriptors themselves stay with their owner; only the connection ends.
+
+Which connections: every TCP connection of this engine process except those it had when it
+first joined a group (its connections to the controller, made at boot), any later one to
+the same endpoints (a reconnect to the controller), and the rendezvous store's (which
+``fail_together`` reads after a failure). So a connection a user's cell opened after the
+first group was made is cut too; recovery, the only caller, rebuilds everything anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+__all__ = ["remember_engine_connections", "sever_group_connections"]
+
+
+@dataclass(slots=True)
+class _EngineConnections:
+    """What this engine had before its first process group: never cut."""
+
+    inodes: set[int] = field(default_factory=set)
+    remotes: set[tuple[str, int]] = field(default_factory=set)
+
+
+# Per engine process (one process = one rank), kept across groups: the engine state dict
+# is cleared by every setup_rank, and what it held before its first group does not change.
+_before_first_group: _EngineConnections | None = None
+
+
+def _inode(fd: int) -> int | None:
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:  # closed since it was listed
+        return None
+
+
+def _tcp_connections() -> list[tuple[int, tuple[str, int], tuple[str, int], str]]:
+    """(fd, local, remote, status) of this process's connected TCP sockets."""
+    import psutil
+
+    out = []
+    for c in psutil.Process().net_connections(kind="tcp"):
+        if c.fd is None or c.fd < 0 or not c.raddr or c.status == psutil.CONN_LISTEN:
+            continue
+        out.append((c.fd, (c.laddr.ip, c.laddr.port), (c.raddr.ip, c.raddr.port), c.status))
+    return out
+
+
+def remember_engine_connections(store_ports: set[int]) -> None:
+    """Before the first ``init_process_group`` of this engine: note what is not the group's
+    (leaving out connections to ``store_ports``: peers that already reached rank 0's new
+    store). Later calls (re-created groups) keep the first record."""
+    global _before_first_group
+    if _before_first_group is not None:
+        return
+    own = _EngineConnections()
+    for fd, local, remote, _status in _tcp_connections():
+        if store_ports & {local[1], remote[1]}:
+            continue
+        inode = _inode(fd)
+        if inode is not None:
+            own.inodes.add(inode)
+        own.remotes.add(remote)
+    _before_first_group = own
+
+
+def _store_ports() -> set[int]:
+    """Ports of the rendezvous store this rank uses or serves (left open: see above)."""
+    ports = set()
+    if (port := os.environ.get("MASTER_PORT", "")).isdigit():
+        ports.add(int(port))
+    return ports
+
+
+def sever_group_connections() -> int:
+    """Shut down (both directions) every connection of the process group(s) this engine
+    joined; returns how many. Nothing before the first group was joined."""
+    own = _before_first_group
+    if own is None:
+        return 0
+    keep_ports = _store_ports()
+    cut = 0
+    for fd, local, remote, _status in _tcp_connections():
+        if remote in own.remotes or keep_ports & {local[1], remote[1]}:
+            continue
+        inode = _inode(fd)
+        if inode is None or inode in own.inodes:
+            continue
+        try:
+            dup = os.dup(fd)
+        except OSError:
+            continue
+        # A private duplicate: closing it below leaves the owner's descriptor as it was.
+        with socket.socket(fileno=dup) as sock:
+            if _inode(dup) != inode:  # the number was reused meanwhile: not ours to cut
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+            except OSError:  # already shut down or reset by the peer
+                continue
+    return cut
