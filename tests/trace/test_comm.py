@@ -301,3 +301,25 @@ def test_cuda_collectives_timed_with_cuda_events() -> None:
     model_bytes = sum(p.numel() * 4 for p in make_mlp(64, 256, 8).parameters())
     assert sum(e.bytes for e in buckets) == model_bytes
     assert all(e.end > e.start for e in events)
+
+
+def test_a_backend_select_kernel_registered_by_someone_else_is_left_alone() -> None:
+    name = "c10d::barrier"
+    op = torch.ops.c10d.barrier.default
+    below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+
+    def theirs(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        return op.redispatch(keyset & below, *args, **kwargs)
+
+    with CommTracer(Recorder()):  # the interception's op list is known from here on
+        assert name in intercepted_ops()
+    library = torch.library.Library("c10d", "IMPL")
+    library.impl("barrier", theirs, "BackendSelect", with_keyset=True)
+    try:
+        with CommTracer(Recorder()):
+            assert name not in intercepted_ops()  # theirs stays; barrier goes untraced
+            assert "c10d::allreduce_" in intercepted_ops()
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
+    finally:
+        library._destroy()
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")

@@ -84,3 +84,38 @@ def test_ddp_buckets_are_seen_in_a_traced_loop() -> None:
         # Every gradient is all-reduced once per step, in backward: 2 steps x 4 bytes each.
         assert r["bucket_bytes"] == 2 * 4 * r["n_params"]
         assert r["phases"] == ["backward"]
+
+
+def _ddp_block_per_step(rank: int, world: int) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workbench.trace.ddp_hook import _HOOKS
+
+    model = DistributedDataParallel(um.make_model())
+    opt = um.sgd(model.parameters())
+    rec = Recorder(rank)
+    x = um.make_data().x[rank * 4 : rank * 4 + 4]
+    for _ in range(3):  # a new block, with a new CommTracer, every step
+        with Traced(model, opt, recorder=rec) as t:
+            loss = um.lm_loss(model(x), (x + 1) % um.VOCAB)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    comm = [e for e in rec.events if isinstance(e, CommEvent)]
+    return {
+        "bucket_bytes": sum(e.bytes for e in comm if e.source == "ddp-bucket"),
+        "other_all_reduces": [e for e in comm if e.op == "all_reduce" and e.source != "ddp-bucket"],
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "hook_tracer_after": _HOOKS[model].tracer,
+        "tracer_after": t.comm_tracer,
+    }
+
+
+@pytest.mark.engines
+def test_ddp_buckets_are_seen_by_every_block_of_a_loop_traced_step_by_step() -> None:
+    for r in run_ranks(_ddp_block_per_step, timeout=120):
+        # DDP keeps the comm hook of the first block; every later block's tracer records
+        # the buckets through it (not as plain all-reduces seen at the dispatcher).
+        assert r["bucket_bytes"] == 3 * 4 * r["n_params"]
+        assert r["other_all_reduces"] == []
+        assert r["hook_tracer_after"] is None and r["tracer_after"] is None

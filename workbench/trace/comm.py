@@ -2,10 +2,10 @@
 
 Two hook points, no double counting:
 
-* DDP gradient buckets go through an averaging comm hook (``attach_ddp``), which records
-  each bucket all-reduce with ``source="ddp-bucket"``. The hook issues its own all-reduce
-  inside ``intercept.looking_away()`` so the dispatcher interception does not count it
-  again.
+* DDP gradient buckets go through an averaging comm hook (``attach_ddp``, see
+  ``ddp_hook``), which records each bucket all-reduce with ``source="ddp-bucket"``. The
+  hook issues its own all-reduce inside ``intercept.looking_away()`` so the dispatcher
+  interception does not count it again.
 * Everything else - ``torch.distributed`` calls, DTensor redistributions, FSDP2 gathers,
   functional collectives - is seen at the dispatcher (see ``intercept``: a kernel at the
   ``BackendSelect`` key of the collective ops only, so other ops cost nothing). The source
@@ -40,7 +40,7 @@ import workbench
 from workbench.errors import WorkbenchError
 from workbench.trace.c10d_ops import OpInfo, group_size, op_bytes
 from workbench.trace.events import CommEvent, Event, PhaseSpan
-from workbench.trace.intercept import add_listener, looking_away, remove_listener
+from workbench.trace.intercept import add_listener, remove_listener
 from workbench.trace.recorder import Recorder
 from workbench.trace.storage import StorageKey, storage_key
 
@@ -147,7 +147,7 @@ class CommTracer:
         self._waiting: dict[StorageKey, _Flight] = {}  # functional ops, by output storage
         self._cuda: list[_Flight] = []  # completed on the host, GPU time not yet known
         self._unsubscribe: Any = None
-        self._attached: set[int] = set()
+        self._attached: list[Any] = []  # ddp_hook.HookState of each DDP model attached
 
     def __repr__(self) -> str:
         return (
@@ -165,6 +165,8 @@ class CommTracer:
         if self._active:
             return self
         self._active = True
+        for state in self._attached:  # restarted: the DDP models attached before
+            state.tracer = self
         self._unsubscribe = self.recorder.subscribe(self._on_event)
         add_listener(self)
         return self
@@ -174,6 +176,9 @@ class CommTracer:
             return
         remove_listener(self)
         self._active = False
+        for state in self._attached:  # the hooks stay (DDP keeps them); not pointing here
+            if state.tracer is self:
+                state.tracer = None
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -201,18 +206,21 @@ class CommTracer:
     def attach_ddp(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
         """Register the averaging all-reduce comm hook that records each bucket.
 
-        Call before the first backward; DDP accepts one comm hook per model.
+        Call before the first backward. DDP accepts one comm hook per model: the first
+        attach registers it (a RuntimeError if the user registered their own), later ones,
+        by this or another tracer, point the same hook at the tracer attaching.
         """
         if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
             raise WorkbenchError(
                 f"attach_ddp needs a DistributedDataParallel model, got "
                 f"{type(ddp_model).__name__}; wrap it with DistributedDataParallel first"
             )
-        if id(ddp_model) in self._attached:
-            return
-        group = ddp_model.process_group
-        ddp_model.register_comm_hook((self, group), _traced_allreduce_hook)
-        self._attached.add(id(ddp_model))
+        from workbench.trace.ddp_hook import hook_state
+
+        state = hook_state(ddp_model)
+        state.tracer = self
+        if state not in self._attached:
+            self._attached.append(state)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -366,27 +374,3 @@ def _leaves(tree: Any) -> list[Any]:
     from torch.utils._pytree import tree_leaves
 
     return tree_leaves(tree)
-
-
-# No annotations on purpose: DDP compares ``bucket``/return annotations with its own
-# types, and postponed (string) annotations would fail that check.
-def _traced_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
-    """DDP's default semantics (divide by the group size, then sum-all-reduce), recorded."""
-    tracer, group = state
-    group = group if group is not None else dist.group.WORLD
-    buffer = bucket.buffer()
-    size = group.size()
-    buffer.div_(size)
-    if not tracer.active:
-        work = dist.all_reduce(buffer, group=group, async_op=True)
-        return work.get_future().then(lambda fut: fut.value()[0])
-    flight = _Flight("all_reduce", buffer.numel() * buffer.element_size(), size, "ddp-bucket")
-    tracer._begin(flight, cuda=buffer.is_cuda)
-    with looking_away():
-        work = dist.all_reduce(buffer, group=group, async_op=True)
-
-    def done(fut):  # type: ignore[no-untyped-def]
-        tracer._complete(flight)
-        return fut.value()[0]
-
-    return work.get_future().then(done)

@@ -108,25 +108,45 @@ def _wait_kernel(op: Any, below: Any) -> Callable[..., Any]:
     return kernel
 
 
-def _register() -> None:
-    below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
-    libraries: dict[str, Any] = {}
-    targets: list[tuple[Any, Callable[..., Any]]] = [
-        (op, _collective_kernel(op, info, below)) for op, info in overloads().items()
-    ]
-    wait = getattr(torch.ops._c10d_functional, "wait_tensor", None)
-    if wait is not None:
-        targets += [
-            (getattr(wait, n), _wait_kernel(getattr(wait, n), below)) for n in wait.overloads()
+# (qualified op name, kernel) for every op to intercept: built on first use and kept, so
+# that a traced block entered every step pays only for the registrations themselves.
+_TARGETS: list[tuple[str, Callable[..., Any]]] = []
+
+
+def _targets() -> list[tuple[str, Callable[..., Any]]]:
+    if not _TARGETS:
+        below = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+        targets: list[tuple[Any, Callable[..., Any]]] = [
+            (op, _collective_kernel(op, info, below)) for op, info in overloads().items()
         ]
-    for op, kernel in targets:
-        qualified = op.name()  # "ns::op" or "ns::op.overload"
-        if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "BackendSelect"):
-            continue  # an existing BackendSelect kernel must not be replaced: leave untraced
+        wait = getattr(torch.ops._c10d_functional, "wait_tensor", None)
+        if wait is not None:
+            targets += [
+                (getattr(wait, n), _wait_kernel(getattr(wait, n), below)) for n in wait.overloads()
+            ]
+        _TARGETS.extend(
+            (op.name(), kernel)  # "ns::op" or "ns::op.overload"
+            for op, kernel in targets
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "BackendSelect")
+        )
+    return _TARGETS
+
+
+def _register() -> None:
+    libraries: dict[str, Any] = {}
+    for qualified, kernel in _targets():
         namespace, name = qualified.split("::", 1)
         if namespace not in libraries:
             libraries[namespace] = torch.library.Library(namespace, "IMPL")
-        libraries[namespace].impl(name, kernel, "BackendSelect", with_keyset=True)
+        try:
+            # An existing BackendSelect kernel must not be replaced (the op is then left
+            # untraced): one registered in C++ is found once, in _targets; one registered
+            # from Python since is refused here.
+            libraries[namespace].impl(
+                name, kernel, "BackendSelect", with_keyset=True, allow_override=False
+            )
+        except RuntimeError:
+            continue
         _registered.append(qualified)
     _libraries.extend(libraries.values())
 

@@ -19,11 +19,11 @@ import torch
 
 from workbench.errors import WorkbenchError
 from workbench.trace.events import MemorySample
+from workbench.trace.memory_cache import optimizer_cache, parameter_cache
 from workbench.trace.recorder import Recorder
 from workbench.trace.storage import (
     StorageKey,
     local_tensors,
-    optimizer_bytes_split,
     process_rss,
     storage_bytes,
     storage_key,
@@ -34,20 +34,37 @@ __all__ = ["MemoryTracer"]
 _CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "allocator")
 
 
-class _Saved:
-    """What autograd stores instead of a saved tensor while the tracer counts it."""
+def _is_parameter(t: torch.Tensor) -> bool:
+    """``isinstance(t, nn.Parameter)``, whose metaclass check runs Python code, skipped for
+    the two exact types every saved tensor has in practice."""
+    kind = type(t)
+    if kind is torch.nn.Parameter:
+        return True
+    return kind is not torch.Tensor and isinstance(t, torch.nn.Parameter)
 
-    __slots__ = ("__weakref__", "keys", "owner", "tensor")
 
-    def __init__(self, tensor: torch.Tensor, keys: tuple[StorageKey, ...], owner: Any) -> None:
-        self.tensor = tensor
-        self.keys = keys
-        self.owner = owner  # weakref.ref to the tracer: handles must not keep it alive
+class _Saved(tuple):  # type: ignore[type-arg]
+    """What autograd stores instead of a saved tensor while the tracer counts it:
+    ``(tensor, storage keys, weakref to the tracer)``. A tuple, built in C: one is made for
+    every saved tensor. The tracer is held weakly: handles must not keep it alive."""
+
+    __slots__ = ()
 
     def __del__(self) -> None:
-        tracer = self.owner()
-        if tracer is not None:
-            tracer._release(self.keys)
+        tracer = self[2]()
+        if tracer is None:
+            return
+        # Uncount the storages (the handle's last reference is gone: autograd freed it).
+        with tracer._lock:
+            live = tracer._live
+            for key in self[1]:
+                entry = live.get(key)
+                if entry is None:
+                    continue
+                entry[0] -= 1
+                if entry[0] == 0:
+                    del live[key]
+                    tracer._live_bytes -= entry[1]
 
 
 class MemoryTracer:
@@ -82,7 +99,11 @@ class MemoryTracer:
         self._window_high_t = 0
         self._last_activations = 0
         self._peaks: dict[int, MemorySample] = {}
-        self._param_keys: set[StorageKey] = set()
+        # Parameter and optimizer-state bytes, counted again only when they may have
+        # changed (see memory_cache); the pack hook reads the parameter keys.
+        self._params = parameter_cache(model)
+        self._optimizer = optimizer_cache(optimizer)
+        self._param_keys: frozenset[StorageKey] = frozenset()
         self._hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._self_ref = weakref.ref(self)
@@ -106,9 +127,7 @@ class MemoryTracer:
         self._refresh_param_keys()
         # Runs before every forward so parameters re-materialised between steps (e.g. by
         # FSDP) are still recognised and excluded from activations.
-        self._handles.append(
-            self.model.register_forward_pre_hook(lambda _m, _a: self._refresh_param_keys())
-        )
+        self._handles.append(self.model.register_forward_pre_hook(self._before_forward))
         if self.per_module:
             for name, module in self.model.named_modules():
                 label = name or type(module).__name__
@@ -140,6 +159,7 @@ class MemoryTracer:
 
     def set_optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
         self.optimizer = optimizer
+        self._optimizer = optimizer_cache(optimizer)
 
     # -- measuring ---------------------------------------------------------------------
 
@@ -150,7 +170,11 @@ class MemoryTracer:
 
     def allocator_bytes(self) -> int:
         """torch.cuda.memory_allocated for a model on CUDA, else the process RSS."""
-        device = self._device()
+        self._params.refresh()
+        return self._allocator_bytes()
+
+    def _allocator_bytes(self) -> int:
+        device = self._params.device  # as of the last refresh
         if device is not None and device.type == "cuda":
             return int(torch.cuda.memory_allocated(device))
         return process_rss()
@@ -159,21 +183,21 @@ class MemoryTracer:
         """Measure now, tag with the recorder's rank/step/phase, emit and return."""
         rec = self.recorder
         # One walk over the parameters per sample (FSDP swaps unsharded ones in and out, so
-        # the list is not kept between samples); every count below reads it.
-        params = list(self.model.parameters())
-        self._refresh_param_keys(params)
-        optimizer, counters = optimizer_bytes_split(self.optimizer)
+        # the list is not kept between samples); their storages are counted again only when
+        # it differs from the last one. Gradients change every step: always counted.
+        params = self._refresh_param_keys()
+        optimizer, counters = self._optimizer.get() if self._optimizer is not None else (0, 0)
         sample = MemorySample(
             rank=rec.rank,
             step=rec.step,
             phase=rec.phase,
             t=rec.now(),
-            params=storage_bytes(params),
+            params=self._params.bytes,
             grads=storage_bytes([p.grad for p in params if p.grad is not None]),
             optimizer=optimizer,
             activations=self._live_bytes,
             other=counters,
-            allocator=self.allocator_bytes(),
+            allocator=self._allocator_bytes(),
             label=label,
         )
         with self._lock:
@@ -207,20 +231,13 @@ class MemoryTracer:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _device(self) -> torch.device | None:
-        for p in self.model.parameters():
-            for t in local_tensors(p):
-                return t.device
-        return None
+    def _before_forward(self, _module: torch.nn.Module, _args: Any) -> None:
+        self._refresh_param_keys()  # returns nothing: a pre-hook's result replaces the input
 
-    def _refresh_param_keys(self, params: list[torch.nn.Parameter] | None = None) -> None:
-        keys: set[StorageKey] = set()
-        for p in self.model.parameters() if params is None else params:
-            for t in local_tensors(p):
-                key = storage_key(t)
-                if key is not None:
-                    keys.add(key)
-        self._param_keys = keys
+    def _refresh_param_keys(self) -> list[torch.nn.Parameter]:
+        params = self._params.refresh()
+        self._param_keys = self._params.keys
+        return params
 
     def _update_peak(self, s: MemorySample) -> None:
         with self._lock:
@@ -237,27 +254,28 @@ class MemoryTracer:
 
         return hook
 
-    def _is_parameter(self, t: torch.Tensor) -> bool:
-        if isinstance(t, torch.nn.Parameter):
-            return True
-        base = t._base
-        return base is not None and isinstance(base, torch.nn.Parameter)
+    @staticmethod
+    def _is_parameter(t: torch.Tensor) -> bool:
+        return _is_parameter(t) or (t._base is not None and _is_parameter(t._base))
 
     def _pack(self, t: torch.Tensor) -> Any:
         # Runs for every tensor autograd saves: plain tensors take a short path.
-        if type(t) is torch.Tensor:
+        kind = type(t)
+        if kind is torch.Tensor:
             base = t._base
-            if base is not None and isinstance(base, torch.nn.Parameter):
+            if base is not None and _is_parameter(base):
                 return t
             storage = t.untyped_storage()
             ptr = storage.data_ptr()
             if ptr == 0:
                 return t
-            key = (t.device.type, t.get_device(), ptr)
+            key = ("cpu" if t.is_cpu else t.device.type, t.get_device(), ptr)
             if key in self._param_keys:
                 return t
             keys: tuple[StorageKey, ...] = (key,)
             sizes: tuple[int, ...] = (storage.nbytes(),)
+        elif kind is torch.nn.Parameter:
+            return t
         else:
             if self._is_parameter(t):
                 return t
@@ -272,31 +290,22 @@ class MemoryTracer:
             sizes = tuple(n for _, n in found)
         step = self.recorder.step
         with self._lock:
+            live = self._live
             for key, size in zip(keys, sizes, strict=True):
-                entry = self._live.get(key)
+                entry = live.get(key)
                 if entry is None:
-                    self._live[key] = [1, size]
+                    live[key] = [1, size]
                     self._live_bytes += size
                 else:
                     entry[0] += 1
-            if self._live_bytes > self._high.get(step, 0):
-                self._high[step] = self._live_bytes
-            if self._live_bytes > self._window_high:
-                self._window_high = self._live_bytes
+            live_bytes = self._live_bytes
+            if live_bytes > self._high.get(step, 0):
+                self._high[step] = live_bytes
+            if live_bytes > self._window_high:
+                self._window_high = live_bytes
                 self._window_high_t = self.recorder.now()
-        return _Saved(t, keys, self._self_ref)
+        return _Saved((t, keys, self._self_ref))
 
     @staticmethod
     def _unpack(packed: Any) -> torch.Tensor:
-        return packed.tensor if isinstance(packed, _Saved) else packed
-
-    def _release(self, keys: tuple[StorageKey, ...]) -> None:
-        with self._lock:
-            for key in keys:
-                entry = self._live.get(key)
-                if entry is None:
-                    continue
-                entry[0] -= 1
-                if entry[0] == 0:
-                    del self._live[key]
-                    self._live_bytes -= entry[1]
+        return packed[0] if type(packed) is _Saved else packed

@@ -8,6 +8,7 @@ here therefore unwraps tensor subclasses to the plain tensors that own memory an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
@@ -19,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 __all__ = [
     "StorageKey",
+    "device_type",
     "gradient_bytes",
     "local_tensors",
     "optimizer_bytes",
@@ -28,6 +30,7 @@ __all__ = [
     "parameter_bytes",
     "process_rss",
     "storage_bytes",
+    "storage_entry",
     "storage_key",
 ]
 
@@ -53,25 +56,28 @@ def local_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
         yield t
 
 
-def _storage(t: torch.Tensor) -> tuple[StorageKey, int] | None:
+def device_type(t: torch.Tensor) -> str:
+    """``t.device.type``, without building a device object for the common CPU case (that
+    costs about a microsecond per tensor, and the memory tracer asks for every tensor
+    autograd saves and every parameter at every sample)."""
+    return "cpu" if t.is_cpu else t.device.type
+
+
+def storage_entry(t: torch.Tensor) -> tuple[StorageKey, int] | None:
     """(identity, bytes) of a plain tensor's storage, or None when it owns no real memory."""
-    device = t.device
-    if device.type == "meta":
-        return None
     try:
         storage = t.untyped_storage()
     except (RuntimeError, NotImplementedError):  # sparse or storage-less tensors
         return None
     ptr = storage.data_ptr()
-    if ptr == 0:
+    if ptr == 0:  # meta tensors, freed (resized-to-zero) storages, empty tensors
         return None
-    index = device.index if device.index is not None else -1
-    return (device.type, index, ptr), storage.nbytes()
+    return (device_type(t), t.get_device(), ptr), storage.nbytes()
 
 
 def storage_key(t: torch.Tensor) -> StorageKey | None:
     """Identity of a plain tensor's storage, or None when it owns no real memory."""
-    found = _storage(t)
+    found = storage_entry(t)
     return None if found is None else found[0]
 
 
@@ -82,7 +88,7 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     for tensor in tensors:
         inner = (tensor,) if type(tensor) in _PLAIN else local_tensors(tensor)
         for t in inner:
-            found = _storage(t)
+            found = storage_entry(t)
             if found is None or found[0] in seen:
                 continue
             seen.add(found[0])
@@ -149,12 +155,30 @@ def optimizer_counter_bytes(optimizer: torch.optim.Optimizer | None) -> int:
     return storage_bytes(_state_tensors(optimizer)[1])
 
 
+# /proc/self/statm, kept open: the memory tracer reads it at every sample, and a read at
+# offset 0 of an open /proc file is fresh each time. Keyed by pid: after a fork the inherited
+# descriptor would still describe the parent.
+_STATM: dict[int, int] = {}
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _statm_fd() -> int:
+    pid = os.getpid()
+    fd = _STATM.get(pid)
+    if fd is None:
+        for stale in _STATM.values():  # the parent's, inherited through a fork
+            with contextlib.suppress(OSError):
+                os.close(stale)
+        _STATM.clear()
+        fd = _STATM[pid] = os.open("/proc/self/statm", os.O_RDONLY)
+    return fd
+
+
 def process_rss() -> int:
     """Resident set size of this process in bytes (current on Linux, peak elsewhere)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            resident_pages = int(f.read().split()[1])
-        return resident_pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        resident_pages = int(os.pread(_statm_fd(), 128, 0).split()[1])
+        return resident_pages * _PAGE_SIZE
+    except (OSError, ValueError, IndexError, AttributeError):
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024

@@ -73,6 +73,7 @@ class Traced:
         self.memory_tracer: Any | None = None
         self.comm_tracer: Any | None = None
         self._span: contextlib.AbstractContextManager[None] | None = None
+        self._entered = False  # on_enter ran: on_exit is owed
 
     def __repr__(self) -> str:
         return (
@@ -83,9 +84,18 @@ class Traced:
     def __enter__(self) -> Traced:
         if self._span is not None:
             raise WorkbenchError("this traced block is already active; it cannot be re-entered")
-        if self._on_enter is not None:
-            self._on_enter()
         try:
+            # This block's CommTracer starts before ``on_enter`` pauses the engine's cell
+            # tracer (and stops after ``on_exit`` resumes it), so the dispatcher
+            # interception stays installed throughout instead of being removed and
+            # installed again twice per block.
+            if self.comm:
+                from workbench.trace.comm import CommTracer
+
+                self.comm_tracer = CommTracer(self.recorder).start()
+            if self._on_enter is not None:
+                self._on_enter()
+                self._entered = True
             if self.model is not None:
                 from workbench.trace.memory import MemoryTracer
 
@@ -93,10 +103,6 @@ class Traced:
                     _inner(self.model), self.optimizer, self.recorder, per_module=self.per_module
                 ).start()
                 self.memory_tracer.sample(label="start")
-            if self.comm:
-                from workbench.trace.comm import CommTracer
-
-                self.comm_tracer = CommTracer(self.recorder).start()
             self._attach_ddp()
             self._span = self.recorder.phase_span(self.name)
             self._span.__enter__()
@@ -126,12 +132,19 @@ class Traced:
             self._stop()
 
     def _stop(self) -> None:
-        for tracer in (self.memory_tracer, self.comm_tracer):
-            if tracer is not None:
-                tracer.stop()
+        memory, comm = self.memory_tracer, self.comm_tracer
         self.memory_tracer = self.comm_tracer = None
-        if self._on_exit is not None:
-            self._on_exit()
+        entered, self._entered = self._entered, False
+        try:
+            if memory is not None:
+                memory.stop()
+        finally:
+            try:
+                if entered and self._on_exit is not None:
+                    self._on_exit()
+            finally:
+                if comm is not None:
+                    comm.stop()
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
