@@ -22,6 +22,8 @@ The tools and what a user types (see each ``*_cells`` function):
 With ``WB_BENCH_BASELINE=DIR`` (a directory holding another version's ``workbench`` package,
 e.g. ``git archive main workbench | tar -x -C DIR``) that version runs too, as
 "workbench (baseline)", in the same interleaved run: before/after numbers for a change.
+``WB_BENCH_REPEATS=N`` takes N cold starts per tool and size instead of 3 (a busy machine's
+spread needs more).
 
 nbdistributed is stopped with ``%unload_ext nbdistributed`` (its graceful path):
 ``%dist_shutdown`` runs ``pkill -f`` on patterns that match other people's processes.
@@ -239,8 +241,17 @@ def render_table(details: dict, tools: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _repeats(default: int) -> int:
+    text = os.environ.get("WB_BENCH_REPEATS", "")
+    if not text:
+        return default
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise ValueError(f"WB_BENCH_REPEATS={text!r} must be a whole number from 1 to 100")
+    return int(text)
+
+
 def run(quick: bool = False) -> BenchResult:
-    sizes, repeats, cells = ((2,), 1, 5) if quick else ((2, 4), 3, 20)
+    sizes, repeats, cells = ((2,), 1, 5) if quick else ((2, 4), _repeats(3), 20)
     tools, missing = available(_tools())
     kernels = str(spec_dir(_specs(sizes)))
     try:

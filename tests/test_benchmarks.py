@@ -191,3 +191,18 @@ def test_markdown_appends_a_benchmarks_own_table() -> None:
     }
     md = render_markdown(report)
     assert "## peers: P" in md and "| | a |" in md and "[1.0, 2.0]" in md
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "three", "1e3", "101", "nan"])
+def test_peers_repeats_from_the_environment_are_checked(
+    bad: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.peers_bench import _repeats
+
+    monkeypatch.setenv("WB_BENCH_REPEATS", bad)
+    with pytest.raises(ValueError, match=f"WB_BENCH_REPEATS={bad!r} must be a whole number"):
+        _repeats(3)
+    monkeypatch.setenv("WB_BENCH_REPEATS", "7")
+    assert _repeats(3) == 7
+    monkeypatch.delenv("WB_BENCH_REPEATS")
+    assert _repeats(3) == 3

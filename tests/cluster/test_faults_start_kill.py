@@ -57,16 +57,17 @@ def test_kernel_killed_while_engines_register_leaves_nothing() -> None:
         assert kernel.stdout is not None
         line = kernel.stdout.readline()
         assert line.startswith("REGISTERING"), f"the start did not get to the engines: {line!r}"
-        # The engines' nannies start a moment after the engines: wait until they are there.
+        # The forking process and both engines it forked (their command line is its own;
+        # a local engine has no nanny) are there.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             seen.update(_descendants(kernel.pid))
-            if sum("ipyparallel.engine.nanny" in c for c in seen.values()) >= 2:
+            if sum("workbench/engine/zygote.py" in c for c in seen.values()) >= 3:
                 break
             time.sleep(0.2)
         assert any("workbench/cluster/watchdog.py" in c for c in seen.values()), seen
         assert any("ipyparallel.controller" in c for c in seen.values()), seen
-        assert sum("ipyparallel.engine" in c for c in seen.values()) >= 2, seen
+        assert sum("workbench/engine/zygote.py" in c for c in seen.values()) >= 3, seen
         os.kill(kernel.pid, signal.SIGKILL)
         kernel.wait(30)
         deadline = time.monotonic() + 30  # generous: the machine may be busy

@@ -1,6 +1,7 @@
 """The start/stop speed-ups that only a local cluster may use, and that the multi-node
-launchers must not get: engines launched beside the controller (engine/boot.py, waiting for
-its connection file themselves), the 100 ms heartbeat, engines ending with ``os._exit``
+launchers must not get: engines forked beside the controller from one process that imports
+torch once (engine/zygote.py; they wait for its connection file themselves, and have no
+nanny), the 100 ms heartbeat, engines ending with ``os._exit``
 and processes ended by local pid at stop."""
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any
 import pytest
 
 from workbench.cluster import Cluster, RankAssignment, fast_stop, shutdown
+from workbench.cluster.fork_launcher import ForkEngineSetLauncher
 from workbench.cluster.start_sequence import controller_args, make_ipp_cluster
-from workbench.engine import boot, process_group
+from workbench.engine import boot, process_group, zygote
 
 
 def _engine_cmd(cluster: Cluster) -> Any:
@@ -21,9 +23,13 @@ def _engine_cmd(cluster: Cluster) -> Any:
     return ipp_cluster, ipp_cluster.config.LocalEngineSetLauncher.get("engine_cmd")
 
 
-def test_local_cluster_launches_engine_boot_without_waiting_for_the_controller() -> None:
-    ipp_cluster, cmd = _engine_cmd(Cluster(n=2))
-    assert cmd is not None and cmd[-1] == boot.__file__
+def test_local_cluster_forks_its_engines_without_waiting_for_the_controller() -> None:
+    ipp_cluster = make_ipp_cluster(Cluster(n=2))
+    assert ipp_cluster.engine_launcher_class is ForkEngineSetLauncher
+    launcher = ForkEngineSetLauncher(config=ipp_cluster.config, n=2)
+    assert launcher.engine_cmd[-1] == zygote.__file__
+    args = launcher.find_args()
+    assert args[3] == "2" and "--IPEngine.enable_nanny=False" in args
     assert ipp_cluster.send_engines_connection_env is False
     assert "--HeartMonitor.period=100" in ipp_cluster.controller_args
     assert ipp_cluster.controller_ip == "127.0.0.1"  # still loopback only

@@ -14,7 +14,16 @@ def test_table_lists_stages_in_time_order_with_increments_and_each_engine() -> N
     profile.stages.update({"process group formed": 3.0, "controller started": 0.5})
     profile.notes["%load_ext workbench: imports"] = 0.25
     profile.engine(1, registered=1.5, answered=2.5, joined=3.0)
-    profile.engine_facts(1, {"startup": {"process_created_wall": 1000.75, "torch_import_s": 0.8}})
+    profile.engine_facts(
+        1,
+        {
+            "startup": {
+                "process_created_wall": 1000.75,
+                "forked_wall": 1001.0,
+                "torch_import_s": 0.8,
+            }
+        },
+    )
     profile.engine(0, registered=1.25)
     lines = profile.table().splitlines()
     assert lines[1].split() == ["%load_ext", "workbench:", "imports", "0.25", "s"]
@@ -22,8 +31,8 @@ def test_table_lists_stages_in_time_order_with_increments_and_each_engine() -> N
     assert lines[3].split() == ["process", "group", "formed", "3.00", "(+2.50)"]
     assert lines[4].split()[0] == "engine"
     # engine rows in id order; a milestone not reached shows as "-"
-    assert lines[5].split() == ["0", "-", "1.25", "-", "-", "-"]
-    assert lines[6].split() == ["1", "0.75", "1.50", "0.80", "2.50", "3.00"]
+    assert lines[5].split() == ["0", "-", "-", "1.25", "-", "-", "-"]
+    assert lines[6].split() == ["1", "0.75", "1.00", "1.50", "0.80", "2.50", "3.00"]
 
 
 def test_marks_are_seconds_since_the_start() -> None:

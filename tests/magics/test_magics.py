@@ -146,7 +146,7 @@ def test_start_and_stop_through_magics(ipython_shell: Any, capsys: Any) -> None:
         ]
         assert stages == sorted(stages, key=out.index) and len(stages) == 3
         rows = [ln.split() for ln in out.splitlines() if ln.strip()[:1].isdigit()]
-        assert len(rows) == 2 and all(len(r) == 6 and "-" not in r for r in rows), out
+        assert len(rows) == 2 and all(len(r) == 7 and "-" not in r for r in rows), out
         started = [p.pid for p in me.children(recursive=True) if p.pid not in before]
         with pytest.raises(UsageError, match="already running"):
             ipython_shell.run_line_magic("wb", "start -n 2")

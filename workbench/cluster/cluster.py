@@ -23,6 +23,7 @@ import psutil
 from workbench.cluster import launchers, rendezvous
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
+from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import async_first, sync_twin
 from workbench.cluster.ranks import RankAssignment
@@ -117,6 +118,7 @@ class Cluster(ProcessTracking, RankDispatch):
         self._address_futures: dict[int, Any] = {}
         self._engine_ids: list[int] = []  # the engines that get ranks, chosen at start
         self._nanny_pids: set[int] = set()
+        self._engine_watch: EngineWatch | None = None  # reports local engines' deaths
         # Out-of-band status files of the engines (see flight.py) and the orphan watchdog.
         self.run_dir: str | None = None
         self._watchdog: Any | None = None

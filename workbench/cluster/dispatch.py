@@ -372,7 +372,7 @@ class RankDispatch:
         if self._ipp is None:
             return
         targets = self._targets(ranks, blocked_ok=True)
-        for r in targets:  # through the engine's nanny, on the engine's own host
+        for r in targets:  # on the engine's own host (signals.py)
             signal_rank_sync(self.client, r, signal.SIGINT)
 
     def status(self) -> list[dict[str, Any]]:

@@ -36,7 +36,7 @@ from workbench.cluster.ranks import relocalize
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.ssh_launcher import attach_nannies
-from workbench.cluster.start_sequence import open_store
+from workbench.cluster.start_sequence import open_store, watch_engines
 from workbench.engine import process_group
 from workbench.errors import ClusterError
 
@@ -156,9 +156,10 @@ async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport)
         await _gather(list(leaving.values()), timeout=15)
     except Exception as exc:  # setup_rank tears down again before it joins
         cluster_log(f"leaving the old group failed: {exc!r}")
-    # killed on the engine's own host, through its nanny
+    # killed on the engine's own host: by pid here, else through its nanny (signals.py)
     await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGKILL) for r in killed))
-    # wait until the controller has noticed (the nanny reports it)
+    # wait until the controller has noticed (the kernel's engine watch or the nanny
+    # reports it)
     ids = {cluster.ranks[r].engine_id for r in killed}
     deadline = time.monotonic() + 15
     while ids & set(client.ids) and time.monotonic() < deadline:
@@ -251,6 +252,7 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
             cluster.ranks = [replace(r, master_addr=info["address"]) for r in cluster.ranks]
     if cluster.ipp_cluster is not None:
         attach_nannies(cluster.ipp_cluster, dict(new))
+    watch_engines(cluster, new)
     # a replacement on another host changes who is local to whom (LOCAL_RANK, devices)
     cluster.ranks = relocalize(cluster.ranks)
 

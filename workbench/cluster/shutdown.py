@@ -41,6 +41,9 @@ def terminate(processes: list[psutil.Process]) -> None:
 async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
     # Snapshot every process first: once engines exit, their nannies are orphans.
     processes = cluster._process_tree()
+    watch, cluster._engine_watch = cluster._engine_watch, None
+    if watch is not None:  # the engines' exits that follow are this stop's own
+        await asyncio.to_thread(watch.close)
     # Without a controller no request reaches the engines: stop them by pid below.
     lost = cluster.controller_lost()
     fast = cluster.config.launcher == "local" and cluster._owns_engines

@@ -1,10 +1,10 @@
 """Signalling an engine on its own host.
 
-Every ipyparallel engine has a nanny: a small process beside it, on the same host, that
-relays control messages and can signal the engine (``Client.send_signal``). That path
-works for local and remote engines alike. A local ``os.kill`` is used only as a fallback
-for an engine in this very PID namespace (``hosts.pid_space``); a remote pid is never
-signalled here, where it may name an unrelated process.
+An engine in this very PID namespace (``hosts.pid_space``) is signalled here, by pid: at
+once, and a local cluster's engines have no nanny (engine_watch.py). Any other engine is
+signalled through its ipyparallel nanny, a small process beside it on its own host that
+relays control messages (``Client.send_signal``); a remote pid is never signalled here,
+where it may name an unrelated process.
 """
 
 from __future__ import annotations
@@ -36,14 +36,17 @@ def _check(replies: Any) -> None:
             raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
 
 
-def _local_fallback(rank: RankAssignment, sig: signal.Signals, why: object) -> bool:
+def _by_pid(rank: RankAssignment, sig: signal.Signals) -> bool | None:
+    """Signal a rank of this PID namespace by pid: True when delivered, False when the
+    process is gone; None for another host's rank (or one not ours to signal)."""
     if rank.pid_space != local_pid_space():
-        log.debug("could not signal rank %s on %s: %s", rank.rank, rank.host, why)
-        return False
+        return None
     try:
         os.kill(rank.pid, sig)
-    except OSError:
+    except ProcessLookupError:
         return False
+    except OSError:  # e.g. another user's engine of an external cluster: its nanny may
+        return None
     return True
 
 
@@ -51,11 +54,15 @@ async def signal_rank(
     client: Any, rank: RankAssignment, sig: signal.Signals, timeout: float = _REPLY_S
 ) -> bool:
     """Send ``sig`` to ``rank``'s engine on its host; True when it was delivered."""
+    here = _by_pid(rank, sig)
+    if here is not None:
+        return here
     try:
         future = _via_nanny(client, rank, sig)
         _check(await asyncio.wait_for(asyncio.wrap_future(future), timeout))
     except Exception as exc:  # engine (and nanny) gone, or no reply in time
-        return _local_fallback(rank, sig, exc)
+        log.debug("could not signal rank %s on %s: %s", rank.rank, rank.host, exc)
+        return False
     return True
 
 
@@ -63,8 +70,12 @@ def signal_rank_sync(
     client: Any, rank: RankAssignment, sig: signal.Signals, timeout: float = _REPLY_S
 ) -> bool:
     """``signal_rank`` for synchronous callers (``Cluster.interrupt``)."""
+    here = _by_pid(rank, sig)
+    if here is not None:
+        return here
     try:
         _check(_via_nanny(client, rank, sig).result(timeout))
     except Exception as exc:
-        return _local_fallback(rank, sig, exc)
+        log.debug("could not signal rank %s on %s: %s", rank.rank, rank.host, exc)
+        return False
     return True

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import ipyparallel as ipp
 
 from workbench.cluster import launchers, rendezvous
+from workbench.cluster.engine_watch import EngineWatch
+from workbench.cluster.fork_launcher import ForkEngineSetLauncher
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
@@ -39,6 +40,7 @@ __all__ = [
     "open_store",
     "start_engines",
     "wait_for_engines",
+    "watch_engines",
 ]
 
 MULTI_NODE = frozenset({"mpi", "ssh", "slurm"})
@@ -57,25 +59,30 @@ def controller_args(launcher: str) -> list[str]:
 
 
 def local_settings(start_timeout: float) -> dict[str, Any]:
-    """``ipyparallel.Cluster`` settings for a local cluster: engines start at once, beside
-    the controller, and import torch meanwhile.
+    """``ipyparallel.Cluster`` settings for a local cluster: one process imports torch and
+    forks every engine, beside the controller's start.
 
     By default ipyparallel hands the engines the controller's connection info, so it waits
-    for the controller before it launches any engine, then launches them 0.1 s apart. Here
-    every engine is launched at once and waits for the connection file itself
-    (``wait_for_url_file``, on the same disk), while ``workbench.engine.boot`` imports torch: the
-    controller's start, the engines' start and their torch imports overlap.
+    for the controller before it launches any engine, then launches them 0.1 s apart, and
+    each engine imports torch itself. Here the engines' process starts at once, imports
+    torch (and ipyparallel's engine) once while the controller starts, forks the n engines
+    (``workbench.engine.zygote``), and each waits for the connection file itself
+    (``wait_for_url_file``, on the same disk).
     """
     from traitlets.config import Config
 
     cfg = Config()
-    cfg.LocalEngineSetLauncher.delay = 0.0
-    # Run as a file (-P: its directory stays off sys.path), not with -m: that would import
-    # the workbench.cluster package first, i.e. ipyparallel's client side, before the thread
-    # importing torch could start.
-    cfg.LocalEngineSetLauncher.engine_cmd = [sys.executable, "-P", boot.__file__]
-    cfg.LocalEngineSetLauncher.engine_args = [f"--IPEngine.wait_for_url_file={start_timeout}"]
-    return {"config": cfg, "send_engines_connection_env": False}
+    cfg.ForkEngineSetLauncher.engine_args = [
+        f"--IPEngine.wait_for_url_file={start_timeout}",
+        # No nanny (one more interpreter per engine, waited for while it registers): the
+        # kernel watches and signals its local engines itself (engine_watch.py).
+        "--IPEngine.enable_nanny=False",
+    ]
+    return {
+        "config": cfg,
+        "send_engines_connection_env": False,
+        "engines": ForkEngineSetLauncher,
+    }
 
 
 def make_ipp_cluster(cluster: Cluster) -> ipp.Cluster:
@@ -124,7 +131,7 @@ async def start_engines(cluster: Cluster) -> None:
             profile.mark("launcher checked")
         ipp_cluster = cluster._ipp = make_ipp_cluster(cluster)
         # Locally this only spawns the controller: the engines wait for its connection
-        # file themselves (local_settings), so they are launched right after it.
+        # file themselves (local_settings), so their process is launched right after it.
         await ipp_cluster.start_controller()
         profile.mark("controller started")
         cluster._write_pidfile()
@@ -140,6 +147,8 @@ async def start_engines(cluster: Cluster) -> None:
         cluster._write_pidfile()
         cluster._client = await ipp_cluster.connect_client()
         profile.mark("client connected")
+        if c.launcher == "local":  # its engines have no nanny: see local_settings
+            cluster._engine_watch = EngineWatch.for_client(cluster._client)
     else:
         cluster._client = ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "")
     await wait_for_engines(cluster)
@@ -208,6 +217,8 @@ def engines_exited(cluster: Cluster) -> bool:
         # a set started as one process (mpiexec, a batch job) ends as a whole
         if getattr(engine_set, "state", "running") == "after":
             return True
+        if isinstance(engine_set, ForkEngineSetLauncher) and engine_set.engine_exited():
+            return True
         for launcher in getattr(engine_set, "launchers", {}).values():
             # ipyparallel launchers move from "running" to "after" when the process exits
             if getattr(launcher, "state", "running") == "after":
@@ -237,7 +248,20 @@ async def engine_infos(cluster: Cluster) -> tuple[list[int], list[dict[str, Any]
     }
     if cluster._ipp is not None:
         attach_nannies(cluster._ipp, dict(zip(ids, infos, strict=True)))
+    watch_engines(cluster, list(zip(ids, infos, strict=True)))
     return ids, list(infos)
+
+
+def watch_engines(cluster: Cluster, engines: list[tuple[int, dict[str, Any]]]) -> None:
+    """Have the kernel report these engines' deaths (a local cluster's engines have no
+    nanny to do it; ``engines`` are (engine id, the facts it reported))."""
+    watch = cluster._engine_watch
+    if watch is None:
+        return
+    here = local_pid_space()
+    for eid, info in engines:
+        if info.get("pid_space") == here:
+            watch.watch(eid, int(info["pid"]))
 
 
 def _engine_info(engine_id: int, info: dict[str, Any]) -> EngineInfo:

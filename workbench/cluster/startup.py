@@ -2,8 +2,9 @@
 
 ``Cluster.start`` marks its stages on a ``StartupProfile`` (seconds since the start
 request); each engine reports (``workbench.engine.boot.timed_engine_info``) when its
-process began and how long its ``import torch`` took, and the kernel notes when it
-registered, answered and joined the process group. ``%wb start
+process began, when it was forked from the process that imported torch for it (a local
+cluster: engine/zygote.py) and how long its own ``import torch`` took, and the kernel notes
+when it registered, answered and joined the process group. ``%wb start
 --profile-startup`` prints ``profile.table()`` after the start. Marks cost a clock read
 and a dict write, so the profile is always collected (``cluster.startup``).
 """
@@ -51,8 +52,11 @@ class StartupProfile:
         facts = info.get("startup") or {}
         created = facts.get("process_created_wall")
         values: dict[str, float] = {"torch_import_s": float(facts.get("torch_import_s", 0.0))}
+        forked = facts.get("forked_wall")
         if created is not None and same_clock:
             values["process_started"] = float(created) - self.t0_wall
+        if forked is not None and same_clock:
+            values["forked"] = float(forked) - self.t0_wall
         self.engine(engine_id, **values)
 
     def table(self) -> str:
@@ -66,6 +70,7 @@ class StartupProfile:
             previous = at
         columns = [
             ("process_started", "started"),
+            ("forked", "forked"),
             ("registered", "registered"),
             ("torch_import_s", "torch import"),
             ("answered", "torch ready"),

@@ -97,6 +97,11 @@ class ProcessTracking:
         if proc is not None:
             pids.append(proc.pid)
         for engine_set in getattr(self._ipp, "engines", {}).values():
+            # a set that is one process (the local engines' forking one, mpiexec), or ...
+            proc = getattr(engine_set, "process", None)
+            if proc is not None:
+                pids.append(proc.pid)
+            # ... one launcher per engine
             for launcher in getattr(engine_set, "launchers", {}).values():
                 proc = getattr(launcher, "process", None)
                 if proc is not None:

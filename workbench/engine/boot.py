@@ -1,49 +1,34 @@
-"""A local engine's first and last instants: its entry point (ipyparallel's engine, with
-torch imported meanwhile), its start-up facts for the profile, and its fast exit.
+"""A local engine's first and last instants: its start-up facts for the profile, and its
+fast exit.
 
-``Cluster`` launches local engines as ``python -P .../workbench/engine/boot.py
-<ipengine args>`` (as a file: importing the ``workbench`` package and its parents would
-come first). Every engine needs torch before it can take a rank, and
-``import torch`` is the longest single step of a start (seconds). Here it runs on a
-thread from the first instant, while the main thread imports ipyparallel, waits for the
-controller's connection file and registers; those waits release the GIL, so the import
-fills them. When the kernel then asks the engine for its facts (``engine_info`` imports
-torch), the import is done or finishing: Python's import lock makes that call wait for
-this thread, never import twice.
+A local cluster's engines are forked from one process that imported torch for all of them
+(``workbench.engine.zygote``); it tells each engine when that process began and when the
+engine was forked (``STARTED_ENV``, ``FORKED_ENV``), which ``timed_engine_info`` reports
+with the seconds the engine itself still spent importing torch (0 when it was imported
+before the fork). ``exit_now`` is how a local engine ends at a stop.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
-__all__ = ["ENGINE_EXIT_DELAY_S", "STARTED_ENV", "exit_now", "main", "preload", "timed_engine_info"]
+__all__ = [
+    "ENGINE_EXIT_DELAY_S",
+    "FORKED_ENV",
+    "STARTED_ENV",
+    "exit_now",
+    "timed_engine_info",
+]
 
 # This process's start (wall clock) for the start-up profile; psutil's process creation
 # time is only as exact as the kernel's boot time in /proc/stat (whole seconds).
 STARTED_ENV = "WORKBENCH_ENGINE_STARTED"
+# When an engine forked from the process that imported torch for it (engine/zygote.py).
+FORKED_ENV = "WORKBENCH_ENGINE_FORKED"
 # Long enough for the request's reply to leave the engine (zmq sends from its own thread).
 ENGINE_EXIT_DELAY_S = 0.02
-
-
-def preload() -> None:
-    """Import what every rank needs before it can join a process group."""
-    try:
-        import torch
-        import torch.distributed
-    except Exception:  # the engine's own call repeats the import and reports the error
-        return
-    del torch
-
-
-def main() -> None:
-    os.environ[STARTED_ENV] = repr(time.time())
-    threading.Thread(target=preload, name="workbench-preload-torch", daemon=True).start()
-    from ipyparallel.engine.app import main as engine_main
-
-    engine_main()
 
 
 def timed_engine_info() -> dict[str, Any]:
@@ -61,7 +46,7 @@ def timed_engine_info() -> dict[str, Any]:
     torch_s = 0.0 if had_torch else time.perf_counter() - started
     info = engine_info()
     created: float | None = None
-    booted = os.environ.get(STARTED_ENV)  # set by engine_boot in this process
+    booted = os.environ.get(STARTED_ENV)  # set by engine/zygote.py in this process
     if booted is not None:
         created = float(booted)
     else:
@@ -71,7 +56,12 @@ def timed_engine_info() -> dict[str, Any]:
             created = psutil.Process(os.getpid()).create_time()
         except Exception:  # psutil missing or no /proc: the milestone is left out
             created = None
-    info["startup"] = {"process_created_wall": created, "torch_import_s": torch_s}
+    forked = os.environ.get(FORKED_ENV)
+    info["startup"] = {
+        "process_created_wall": created,
+        "forked_wall": None if forked is None else float(forked),
+        "torch_import_s": torch_s,
+    }
     return info
 
 
@@ -94,7 +84,3 @@ def exit_now(delay: float = ENGINE_EXIT_DELAY_S) -> int:
 
     threading.Timer(delay, _exit).start()
     return os.getpid()
-
-
-if __name__ == "__main__":
-    main()

@@ -104,8 +104,9 @@ def wait_unless_a_rank_failed(
     if not failures:  # an engine died meanwhile: collect() reports it
         return
     # "connection closed by peer" on a survivor is also what a killed engine looks like:
-    # give the controller time to hear of a death (from the dead engine's nanny, on its
-    # own host, across the network) so that the error names the dead engine
+    # give the controller time to hear of a death (from the kernel's engine watch for a
+    # local engine, from the dead engine's nanny on another host) so that the error names
+    # the dead engine
     lost = any(m in f for f in failures.values() for m in _LOST_PEER)
     notice = time.monotonic() + (DEATH_NOTICE_S if lost else 0.0)
     while time.monotonic() < notice:

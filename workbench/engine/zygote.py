@@ -1,0 +1,107 @@
+"""A local cluster's engines, forked from one process that imported torch once.
+
+Every engine needs torch, and ``import torch`` (with ipyparallel's engine) is ~2.5 s of CPU
+per process: on a small machine, n engines importing it side by side take n times that
+from the same cores. Here one process imports it, then forks the n engines, which share
+the imported modules (copy-on-write) and start registering at once. It runs as
+``python -P .../workbench/engine/zygote.py N <ipengine args>``;
+``workbench.cluster.fork_launcher`` launches it.
+
+Forking is safe at that point: no Python thread runs, no zmq context or event loop exists
+yet, torch's own thread pools start with the first parallel op, and the one native thread
+pool an import starts (numpy's OpenBLAS, unless OMP_NUM_THREADS=1) shuts itself down
+around a fork (pthread_atfork) and starts again in each engine when used. Each engine
+reseeds Python's (and numpy's) global random state, so ranks do not share one stream.
+
+This process stays until every engine it forked has exited (reaping them; exiting with the
+first non-zero status), and passes SIGTERM, SIGINT and SIGHUP on to them: to ipyparallel it
+is one launcher holding n engines, as mpiexec is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from workbench.engine.boot import FORKED_ENV, STARTED_ENV
+
+__all__ = ["FORWARDED", "main"]
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _preload() -> None:
+    import ipyparallel.engine.app  # noqa: F401
+    import torch
+    import torch.distributed
+
+    import workbench.engine.process_group  # noqa: F401  (the first request imports it)
+
+    del torch
+
+
+def _reseed() -> None:
+    """A forked engine's own random streams (a fork copies the parent's state)."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _engine(started: float, args: list[str]) -> None:
+    """In a forked child: become an engine (never returns to the forking loop)."""
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ[STARTED_ENV] = repr(started)  # when the process this engine runs in began
+    os.environ[FORKED_ENV] = repr(time.time())  # torch imported, the engine starts now
+    _reseed()
+    sys.argv = [sys.argv[0], *args]
+    from ipyparallel.engine.app import main as engine_main
+
+    engine_main()
+    sys.exit(0)
+
+
+def main() -> None:
+    started = time.time()
+    n, args = int(sys.argv[1]), sys.argv[2:]
+    _preload()
+    children: set[int] = set()
+    me = os.getpid()
+
+    def forward(sig: int, _frame: object) -> None:
+        if os.getpid() != me:  # a child between its fork and its own handlers
+            return
+        for pid in list(children):
+            try:
+                os.kill(pid, sig)
+            except OSError:  # exited meanwhile
+                continue
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            _engine(started, args)
+        children.add(pid)
+    code = 0
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        children.discard(pid)
+        exit_code = os.waitstatus_to_exitcode(status)
+        if exit_code and not code:
+            code = exit_code if exit_code > 0 else 128 - exit_code
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
