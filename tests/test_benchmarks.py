@@ -206,3 +206,30 @@ def test_peers_repeats_from_the_environment_are_checked(
     assert _repeats(3) == 7
     monkeypatch.delenv("WB_BENCH_REPEATS")
     assert _repeats(3) == 3
+
+
+def test_a_peers_failed_start_is_recorded_and_taken_again_but_never_the_workbenchs() -> None:
+    from benchmarks.peers_bench import PEER_RETRIES, retrying
+
+    calls: list[int] = []
+
+    def flaky() -> float:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("store: Expected 28879, Got 255")
+        return 2.5
+
+    failures: dict[str, list[str]] = {}
+    assert retrying("jupyter-distributed", flaky, failures)() == 2.5
+    assert failures == {"jupyter-distributed": ["RuntimeError: store: Expected 28879, Got 255"]}
+
+    def broken() -> float:
+        raise RuntimeError("never starts")
+
+    with pytest.raises(RuntimeError, match="never starts"):
+        retrying("nbdistributed", broken, failures)()
+    assert len(failures["nbdistributed"]) == PEER_RETRIES + 1
+    calls.clear()
+    with pytest.raises(RuntimeError, match="Expected 28879"):  # no second try
+        retrying("workbench", flaky, failures)()
+    assert "workbench" not in failures
