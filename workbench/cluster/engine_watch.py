@@ -24,6 +24,8 @@ import psutil
 import zmq
 from ipyparallel.util import connect
 
+from workbench.cluster.processes import running
+
 __all__ = ["EngineWatch"]
 
 log = logging.getLogger("workbench.cluster")
@@ -109,7 +111,7 @@ class EngineWatch:
                     self._report(key.data)
                 self._take_added(selector)
                 for engine_id, proc in list(self._polled.items()):
-                    if not _running(proc):
+                    if not running(proc):
                         del self._polled[engine_id]
                         self._report(engine_id)
         except Exception:  # a broken watch must not take the kernel with it
@@ -145,10 +147,3 @@ class EngineWatch:
             log.debug("reporting engine %s's exit failed", engine_id, exc_info=True)
         finally:
             sock.close()
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

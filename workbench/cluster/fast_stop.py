@@ -19,6 +19,8 @@ import time
 
 import psutil
 
+from workbench.cluster.processes import running
+
 __all__ = ["end"]
 
 
@@ -28,7 +30,7 @@ def end(processes: list[psutil.Process], grace: float = 0.5) -> list[psutil.Proc
     alive = []
     for proc in processes:
         try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+            if running(proc):
                 proc.terminate()
                 alive.append(proc)
         except psutil.Error:
@@ -36,17 +38,10 @@ def end(processes: list[psutil.Process], grace: float = 0.5) -> list[psutil.Proc
     deadline = time.monotonic() + grace
     while alive and time.monotonic() < deadline:
         time.sleep(0.01)
-        alive = [p for p in alive if _running(p)]
+        alive = [p for p in alive if running(p)]
     for proc in alive:
         try:
             proc.kill()
         except psutil.Error:
             continue
     return alive
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

@@ -16,6 +16,7 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher
 from traitlets import default
 
+from workbench.cluster.processes import running
 from workbench.engine import zygote
 
 __all__ = ["ForkEngineSetLauncher"]
@@ -52,10 +53,4 @@ class ForkEngineSetLauncher(LocalEngineLauncher):
                 self._seen.setdefault(child.pid, child)
         except psutil.Error:  # the forking process itself is gone: its state says so
             pass
-        for child in self._seen.values():
-            try:
-                if not child.is_running() or child.status() == psutil.STATUS_ZOMBIE:
-                    return True
-            except psutil.Error:
-                return True
-        return False
+        return not all(running(child) for child in self._seen.values())

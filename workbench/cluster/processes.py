@@ -12,11 +12,29 @@ import time
 
 import psutil
 
-__all__ = ["FROZEN", "GONE", "is_local", "local_state", "reap", "signal_local", "started_for"]
+__all__ = [
+    "FROZEN",
+    "GONE",
+    "is_local",
+    "local_state",
+    "reap",
+    "running",
+    "signal_local",
+    "started_for",
+]
 
 GONE = "gone"
 # Process states in which an engine cannot answer at all (SIGSTOP / a debugger's stop).
 FROZEN = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
+
+
+def running(proc: psutil.Process) -> bool:
+    """Still the process that was started (pid and start time) and not exited; a zombie
+    has exited (its reaping belongs to its parent)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def is_local(host: str) -> bool:
@@ -54,13 +72,6 @@ def reap(processes: list[psutil.Process], grace: float = 1.0) -> None:
     By then the engines have left the process group and exited. A zombie counts as gone:
     it has exited, and its reaping belongs to whoever its parent now is.
     """
-
-    def running(proc: psutil.Process) -> bool:
-        try:
-            return proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
     deadline = time.monotonic() + grace
     alive = [p for p in processes if running(p)]
     while alive and time.monotonic() < deadline:

@@ -18,7 +18,7 @@ import psutil
 
 from workbench.cluster import watchdog
 from workbench.cluster.hosts import local_pid_space
-from workbench.cluster.processes import is_local
+from workbench.cluster.processes import is_local, running
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.remote_ends import remote_ends
 
@@ -28,14 +28,6 @@ log = logging.getLogger("workbench.cluster")
 
 # How often a starting cluster records its new processes for the orphan watchdog.
 _TRACK_S = 0.1
-
-
-def _running(proc: psutil.Process) -> bool:
-    """Still this process (pid and start time) and not exited."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 class ProcessTracking:
@@ -57,10 +49,7 @@ class ProcessTracking:
         proc = self._controller_process()
         if proc is None:
             return False
-        try:
-            return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return True
+        return not running(proc)
 
     def _controller_process(self) -> psutil.Process | None:
         if not self._owns_engines or self._ipp is None:
@@ -84,7 +73,7 @@ class ProcessTracking:
                 self._known.setdefault(child.pid, child)
             if pid in engine_pids:  # an engine's children are its nanny
                 self._nanny_pids.update(c.pid for c in children)
-        return [p for p in self._known.values() if _running(p)]
+        return [p for p in self._known.values() if running(p)]
 
     def pids(self) -> list[int]:
         """Process ids (on this host) of the controller, engines and their nannies started
