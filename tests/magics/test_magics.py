@@ -41,6 +41,14 @@ def test_cell_on_a_subset(attached: Any, capsys: Any) -> None:
     assert capsys.readouterr().out == "plain\n"
 
 
+def test_cell_via_the_controller(attached: Any, capsys: Any) -> None:
+    with mock.patch.object(Cluster, "execute", wraps=Cluster.latest().execute) as execute:
+        attached.run_cell_magic("wb", "--ranks 0 --no-labels --via-controller", "print(rank)")
+        attached.run_cell_magic("wb", "--ranks 0 --no-labels", "print(rank)")
+    assert [c.kwargs["direct"] for c in execute.call_args_list] == [False, True]
+    assert capsys.readouterr().out == "0\n0\n"
+
+
 def test_errors_fail_the_cell_grouped_by_rank(attached: Any) -> None:
     result = attached.run_cell("%%wb\nraise ValueError('same everywhere')")
     assert isinstance(result.error_in_exec, RankError)

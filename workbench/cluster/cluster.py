@@ -22,6 +22,7 @@ import psutil
 
 from workbench.cluster import launchers, rendezvous
 from workbench.cluster.connection import find_connection_file
+from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.hosts import local_pid_space
@@ -111,6 +112,7 @@ class Cluster(ProcessTracking, RankDispatch):
         self._ipp: ipp.Cluster | None = None
         self._client: ipp.Client | None = None
         self._views: dict[int, Any] = {}  # per-engine DirectViews of _client (dispatch.py)
+        self._direct: DirectCells | None = None  # cells straight to local engines (dispatch.py)
         self._owns_engines = profile is None and cluster_id is None
         # engine id -> its pending facts (engine_info; rendezvous.engine_address), asked
         # for as it registers (start_sequence.py)

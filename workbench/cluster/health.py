@@ -12,8 +12,12 @@ from workbench.cluster.ranks import RankAssignment
 __all__ = ["status_rows"]
 
 
-def status_rows(ranks: list[RankAssignment], client: Any) -> list[dict[str, Any]]:
-    """One row per rank: rank, engine id, host, pid, device, backend, state."""
+def status_rows(
+    ranks: list[RankAssignment], client: Any, running_cells: set[int] | None = None
+) -> list[dict[str, Any]]:
+    """One row per rank: rank, engine id, host, pid, device, backend, state.
+    ``running_cells``: engines running a cell sent to them directly (the controller's
+    queues do not see those)."""
     rows = []
     alive: set[int] = set()
     queues: dict[int, Any] = {}
@@ -32,6 +36,7 @@ def status_rows(ranks: list[RankAssignment], client: Any) -> list[dict[str, Any]
         else:
             q = queues.get(r.engine_id, {}) if isinstance(queues, dict) else {}
             busy = isinstance(q, dict) and (q.get("queue", 0) or q.get("tasks", 0))
+            busy = busy or r.engine_id in (running_cells or set())
             state = "busy" if busy else "idle"
         rows.append(
             {

@@ -29,6 +29,7 @@ __all__ = [
     "interface_of",
     "is_loopback",
     "local_pid_space",
+    "net_space",
     "pid_space",
     "resolve",
     "route_source",
@@ -40,13 +41,24 @@ _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
 def pid_space() -> str:
     """An id shared by exactly the processes that can signal each other's pids."""
+    return _namespace_id("pid")
+
+
+def net_space() -> str | None:
+    """An id shared by exactly the processes whose 127.0.0.1 is the same (one machine, one
+    network namespace); None where that cannot be told (not Linux)."""
+    ident = _namespace_id("net")
+    return None if ident.endswith("/0") else ident
+
+
+def _namespace_id(kind: str) -> str:
     try:
         with open(_BOOT_ID) as f:
             boot = f.read().strip()
     except OSError:  # not Linux: the hostname is the best available machine identity
         boot = socket.gethostname()
     try:
-        ns = os.stat("/proc/self/ns/pid").st_ino
+        ns = os.stat(f"/proc/self/ns/{kind}").st_ino
     except OSError:
         ns = 0
     return f"{boot}/{ns}"

@@ -82,6 +82,9 @@ async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
     cluster.ranks = []
     cluster._stuck = {}
     cluster._views = {}
+    direct, cluster._direct = cluster._direct, None
+    if direct is not None:
+        direct.close()
     ssh_dir, cluster._ssh_dir = cluster._ssh_dir, None
     if ssh_dir is not None:
         await launchers.close_ssh(cluster.config.hosts, cluster.launcher_options, ssh_dir)

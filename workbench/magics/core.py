@@ -43,6 +43,12 @@ def _cell_parser() -> MagicParser:
         help="seconds before giving up",
     )
     p.add_argument("--no-labels", action="store_true", help="do not prefix output with [rank N]")
+    p.add_argument(
+        "--via-controller",
+        action="store_true",
+        help="send the cell through the ipyparallel controller, not straight to the engines "
+        "(for widgets created on the engines)",
+    )
     return p
 
 
@@ -105,13 +111,14 @@ class WorkbenchMagics(Magics):
         if cluster.group_closed:  # a failed run closed the process group on every rank
             cluster.recover_sync()  # (that failure was reported when it happened)
         ranks = parse_ranks(args.ranks, cluster.world_size)
+        direct = not args.via_controller
         log = getattr(self, "trace_log", None)  # %wb trace on: the cell is one traced span
         if log is not None and log.cells and log.cluster is cluster:
             log.begin_cell("cell")
             try:
-                results = cluster.execute(cell, ranks=ranks, timeout=args.timeout)
+                results = cluster.execute(cell, ranks=ranks, timeout=args.timeout, direct=direct)
             finally:
                 log.end_cell()
         else:
-            results = cluster.execute(cell, ranks=ranks, timeout=args.timeout)
+            results = cluster.execute(cell, ranks=ranks, timeout=args.timeout, direct=direct)
         show_results(results, label_single=not args.no_labels)

@@ -1,0 +1,146 @@
+"""``%%wb`` cells sent straight to local engines (engine/direct_cells.py): the same results
+as through the controller, loopback only, signed, and never confused by a late reply."""
+
+from __future__ import annotations
+
+import re
+
+import psutil
+import pytest
+import zmq
+from jupyter_client.session import Session
+
+from workbench.cluster import Cluster
+from workbench.cluster.direct_channel import open_if_same_network
+from workbench.cluster.hosts import net_space
+from workbench.cluster.results import CellResult
+from workbench.engine.direct_cells import REPLY_TYPE, REQUEST_TYPE
+
+CELLS = [
+    "print('out', rank)\nimport sys\nprint('err', rank, file=sys.stderr)\nrank * 10",
+    "from IPython.display import HTML, display\ndisplay(HTML(f'<b>{rank}</b>'))",
+    "import torch, torch.distributed as dist\nt = torch.ones(2) * (rank + 1)\n"
+    "dist.all_reduce(t)\nprint(t.tolist())",
+    "print('before')\nraise KeyError(f'bad {rank}')",
+    "def f(:\n    pass",  # a SyntaxError: the cell never starts
+]
+
+
+def _comparable(result: CellResult) -> CellResult:
+    # The two runs differ only in the engine's cell number (In[7], Out[7]).
+    if result.traceback is not None:
+        result.traceback = re.sub(r"In\[\d+\]", "In[n]", result.traceback)
+    if result.execute_result is not None:
+        result.execute_result.pop("execution_count")
+    return result
+
+
+@pytest.mark.parametrize("code", CELLS)
+def test_direct_cell_results_equal_the_controllers(cluster: Cluster, code: str) -> None:
+    direct = cluster.execute(code)
+    assert all(cluster._direct.port(r.engine_id) for r in cluster.ranks)  # it was direct
+    via_controller = cluster.execute(code, direct=False)
+    if direct[0].execute_result is not None:  # one history: the next cell's number
+        counts = [r.execute_result["execution_count"] for r in (direct[0], via_controller[0])]
+        assert counts[1] == counts[0] + 1
+    assert [_comparable(r) for r in direct] == [_comparable(r) for r in via_controller]
+
+
+def test_outputs_and_failures_are_each_ranks_own(cluster: Cluster) -> None:
+    ok, failed = cluster.execute(CELLS[0]), cluster.execute(CELLS[3])
+    assert [(r.stdout, r.stderr) for r in ok] == [("out 0\n", "err 0\n"), ("out 1\n", "err 1\n")]
+    assert [r.execute_result["data"]["text/plain"] for r in ok] == ["0", "10"]
+    assert [r.ename for r in failed] == ["KeyError", "KeyError"]
+    assert [r.stdout for r in failed] == ["before\n", "before\n"]
+    assert "bad 1" in failed[1].traceback and "bad 0" not in failed[1].traceback
+
+
+def test_state_is_shared_with_the_controller_path(cluster: Cluster) -> None:
+    cluster.execute("shared_value = rank + 100")
+    assert cluster.execute("shared_value", direct=False)[1].execute_result["data"] == {
+        "text/plain": "101"
+    }
+    cluster.execute("shared_value += 1", direct=False)
+    assert cluster.execute("shared_value")[0].execute_result["data"] == {"text/plain": "101"}
+
+
+def test_cell_sockets_listen_on_loopback_only(cluster: Cluster) -> None:
+    cluster.execute("1")
+    for r in cluster.ranks:
+        port = cluster._direct.port(r.engine_id)
+        listening = [
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.Process(r.pid).net_connections(kind="inet")
+            if c.status == "LISTEN"
+        ]
+        assert ("127.0.0.1", port) in listening, (port, listening)
+
+
+def test_engines_elsewhere_open_no_socket(cluster: Cluster) -> None:
+    assert cluster.run(open_if_same_network, "another-machine/4026531840") == [None, None]
+    assert cluster.run(open_if_same_network, None) == [None, None]
+    same = cluster.run(open_if_same_network, net_space())
+    assert same == [cluster._direct.port(r.engine_id) for r in cluster.ranks]
+
+
+def test_unsigned_or_foreign_cells_are_refused(cluster: Cluster) -> None:
+    cluster.execute("forged = False")
+    port = cluster._direct.port(cluster.ranks[0].engine_id)
+    key = cluster.client.session.key
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        for session in (Session(key=b"not-the-cluster-key"), Session(key=b"")):
+            session.send(sock, REQUEST_TYPE, {"code": "forged = True"})
+        assert not sock.poll(1000)  # no reply: the engine dropped them
+        signed = Session(key=key, signature_scheme=cluster.client.session.signature_scheme)
+        sent = signed.send(sock, REQUEST_TYPE, {"code": "'signed'"})
+        assert sock.poll(30_000)
+        _, body = signed.feed_identities(sock.recv_multipart())
+        reply = signed.deserialize(body)
+        assert reply["header"]["msg_type"] == REPLY_TYPE
+        assert reply["parent_header"]["msg_id"] == sent["header"]["msg_id"]
+    finally:
+        sock.close()
+    assert cluster.execute("forged", ranks=[0])[0].execute_result["data"]["text/plain"] == "False"
+
+
+def test_a_late_reply_never_answers_a_later_cell(cluster: Cluster) -> None:
+    # rank 1 sleeps in Python past the timeout: the dispatcher interrupts it, and its
+    # (KeyboardInterrupt) reply must not be taken for the next cell's.
+    from workbench.errors import CollectiveTimeout
+
+    with pytest.raises(CollectiveTimeout):
+        cluster.execute("import time\nif rank == 1: time.sleep(60)\nrank", timeout=1.0)
+    results = cluster.execute("'next', rank")
+    assert [r.execute_result["data"]["text/plain"] for r in results] == [
+        "('next', 0)",
+        "('next', 1)",
+    ]
+    assert cluster._direct.busy() == set()
+
+
+def test_an_engine_killed_mid_cell_is_reported_and_replaced(own_cluster: Cluster) -> None:
+    # A direct cell's reply never comes from a dead engine: the death (seen by the
+    # kernel's engine watch) ends the wait, names the rank, and the replacement engine
+    # gets a channel of its own.
+    from workbench.errors import EngineDied
+
+    own_cluster.execute("1")  # the channels are open
+    old = own_cluster.ranks[1].engine_id
+    with pytest.raises(EngineDied, match=r"rank 1"):
+        own_cluster.execute(
+            "import os, signal, time\n"
+            "if rank == 1: os.kill(os.getpid(), signal.SIGKILL)\n"
+            "time.sleep(0.5)",
+            timeout=120,
+        )
+    own_cluster.recover_sync()
+    assert own_cluster.ranks[1].engine_id != old
+    results = own_cluster.execute(
+        "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
+    )
+    assert [r.execute_result["data"]["text/plain"] for r in results] == ["2.0", "2.0"]
+    assert own_cluster._direct.port(own_cluster.ranks[1].engine_id) is not None
+    assert not own_cluster._direct.known(old)

@@ -1,0 +1,192 @@
+"""The kernel's end of the direct cell path (``workbench.engine.direct_cells``).
+
+One DEALER socket per engine that opened its loopback cell socket; a cell sent on it
+returns a ``DirectReply``, which waits, reports and fails like the ipyparallel
+``AsyncResult`` it stands in for (``ready``, ``wait``, ``get``, ``metadata``), so the
+dispatcher's waiting, death detection, timeouts and stuck-rank bookkeeping treat both
+paths alike. Replies are matched to requests by message id: a late reply of a cell that
+was given up never answers a later one.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ipyparallel as ipp
+import zmq
+from jupyter_client.session import Session
+
+from workbench.cluster.hosts import net_space
+from workbench.engine.direct_cells import (
+    REPLY_TYPE,
+    REQUEST_TYPE,
+    json_session,
+    open_direct_cells,
+)
+
+__all__ = ["DirectCells", "DirectReply", "open_if_same_network"]
+
+# A send that cannot be queued (no pipe to the engine) within this long falls back to
+# the controller path; connect() creates the pipe at once, so this is a safety net.
+_SEND_TIMEOUT_MS = 1000
+
+
+def open_if_same_network(kernel_net_space: str | None) -> int | None:
+    """Runs on an engine: open its cell socket when its 127.0.0.1 is the kernel's (same
+    machine, same network namespace) and return the port; else None. An engine in another
+    namespace or on another host never listens for cells."""
+    if kernel_net_space is None or kernel_net_space != net_space():
+        return None
+    return open_direct_cells()
+
+
+class DirectReply:
+    """One cell's pending reply from one engine."""
+
+    def __init__(self, channel: _Channel, msg_id: str, engine_id: int) -> None:
+        self._channel = channel
+        self.msg_id = msg_id
+        self.engine_id = engine_id
+        self._content: dict[str, Any] | None = None
+        self.metadata: dict[str, Any] = {
+            "stdout": "",
+            "stderr": "",
+            "outputs": [],
+            "execute_result": None,
+        }
+
+    def _resolve(self, content: dict[str, Any]) -> None:
+        self._content = content
+        self.metadata = {
+            "stdout": content.get("stdout", ""),
+            "stderr": content.get("stderr", ""),
+            "outputs": list(content.get("outputs") or []),
+            "execute_result": content.get("execute_result"),
+        }
+
+    def ready(self) -> bool:
+        if self._content is None:
+            self._channel.drain(0)
+        return self._content is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._content is None:
+            self._channel.drain(timeout)
+        return self._content is not None
+
+    def wait_for_output(self, timeout: float | None = None) -> bool:
+        """The outputs travel in the reply: nothing more to wait for."""
+        return self.ready()
+
+    def get(self, timeout: float | None = None) -> Any:
+        if not self.wait(timeout):
+            raise ipp.error.TimeoutError("the cell's reply has not arrived")
+        content = self._content or {}
+        if content.get("status") == "error":
+            raise ipp.error.RemoteError(
+                content.get("ename", "Error"),
+                content.get("evalue", ""),
+                "\n".join(content.get("traceback") or []),
+                content.get("engine_info") or {},
+            )
+        return None
+
+
+class _Channel:
+    """The DEALER socket to one engine's cell socket, and the replies it awaits."""
+
+    def __init__(self, context: zmq.Context, session: Session, port: int, lock: Any) -> None:
+        self.session = session
+        self.port = port
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.sndtimeo = _SEND_TIMEOUT_MS
+        self.socket.connect(f"tcp://127.0.0.1:{port}")
+        self.pending: dict[str, DirectReply] = {}
+        self._lock = lock
+
+    def send(self, code: str, engine_id: int) -> DirectReply | None:
+        with self._lock:
+            try:
+                msg = self.session.send(self.socket, REQUEST_TYPE, {"code": code})
+            except zmq.Again:
+                return None
+        reply = DirectReply(self, msg["header"]["msg_id"], engine_id)
+        self.pending[reply.msg_id] = reply
+        return reply
+
+    def drain(self, timeout: float | None) -> None:
+        """Read every reply that arrived (waiting up to ``timeout`` seconds for one)."""
+        with self._lock:
+            ms = None if timeout is None else max(0, int(timeout * 1000))
+            if not self.socket.poll(ms):
+                return
+            while True:
+                try:
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                self._deliver(frames)
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        _, body = self.session.feed_identities(frames)
+        try:
+            msg = self.session.deserialize(body, content=True)
+        except Exception:  # not signed with our key: not from our engine
+            return
+        if msg["header"].get("msg_type") != REPLY_TYPE:
+            return
+        reply = self.pending.pop(msg["parent_header"].get("msg_id", ""), None)
+        if reply is not None:  # else the reply of a cell given up and forgotten
+            reply._resolve(msg["content"])
+
+    def close(self) -> None:
+        with self._lock:
+            self.socket.close(linger=0)
+
+
+class DirectCells:
+    """Every engine's direct channel, keyed by engine id (None: that engine has none)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client  # whose session key signs the messages (the cluster's)
+        self.session = json_session(client.session)
+        self._context = zmq.Context.instance()
+        self._lock = threading.Lock()  # one socket is never used by two threads at once
+        self._channels: dict[int, _Channel | None] = {}
+
+    def known(self, engine_id: int) -> bool:
+        return engine_id in self._channels
+
+    def add(self, engine_id: int, port: int | None) -> None:
+        old = self._channels.pop(engine_id, None)
+        if old is not None:
+            old.close()
+        self._channels[engine_id] = (
+            None if port is None else _Channel(self._context, self.session, port, self._lock)
+        )
+
+    def port(self, engine_id: int) -> int | None:
+        """The loopback port of the engine's cell socket (None: it has none)."""
+        channel = self._channels.get(engine_id)
+        return None if channel is None else channel.port
+
+    def send(self, engine_id: int, code: str) -> DirectReply | None:
+        """Send ``code``; None when this engine has no direct channel (use the controller)."""
+        channel = self._channels.get(engine_id)
+        return None if channel is None else channel.send(code, engine_id)
+
+    def keep_only(self, engine_ids: set[int]) -> None:
+        """Close the channels of engines that left (replaced, stopped)."""
+        for eid in [e for e in self._channels if e not in engine_ids]:
+            channel = self._channels.pop(eid)
+            if channel is not None:
+                channel.close()
+
+    def busy(self) -> set[int]:
+        """Engines with a cell sent on their channel and not answered yet."""
+        return {eid for eid, ch in self._channels.items() if ch is not None and ch.pending}
+
+    def close(self) -> None:
+        self.keep_only(set())

@@ -1,0 +1,192 @@
+"""A ``%%wb`` cell straight from the kernel to a local engine, without the controller hop.
+
+Through ipyparallel a cell travels kernel -> controller -> engine and its reply and every
+output back the same way, with a copy of each message for the hub; on a 2-core laptop
+that hop is a third of a small cell's round trip. An engine whose network stack is the
+kernel's (same machine, same network namespace: ``net_space``) can instead take cells on
+a socket of its own, bound to 127.0.0.1 only:
+
+- every message is signed with the cluster's session key (HMAC, as ipyparallel's own
+  messages are; replays are refused by the session) and carries JSON only: the cell's
+  source in, its outputs and error text out — nothing is unpickled;
+- the cell runs through the engine kernel's own ``do_execute``, on its main thread and
+  event loop, so it shares the namespace, history, interrupts (SIGINT) and error replies
+  of a cell sent through the controller, and is serialised with the controller's work;
+- its stdout / stderr, displays and ``Out`` value are captured on the engine and sent in
+  the one reply (a ``%%wb`` cell shows its outputs when every rank has finished anyway),
+  so the kernel waits for one message per rank instead of a reply plus an output stream.
+
+Not in the reply: what travels only on IOPub, the comm messages of a widget the cell
+creates; such a cell can run through the controller (``%%wb --via-controller``,
+``Cluster.execute(..., direct=False)``). (Output C code writes straight to file descriptor
+1 reaches neither path: it goes to the engine's log.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import sys
+from typing import Any
+
+__all__ = [
+    "REPLY_TYPE",
+    "REQUEST_TYPE",
+    "close_direct_cells",
+    "json_session",
+    "open_direct_cells",
+]
+
+log = logging.getLogger("workbench.engine")
+
+REQUEST_TYPE = "wb_cell_request"
+REPLY_TYPE = "wb_cell_reply"
+
+_SERVER: list[DirectCellServer] = []  # at most one per engine process
+
+
+def open_direct_cells() -> int | None:
+    """Open this engine's cell socket on 127.0.0.1 and return its port (runs on the
+    engine; opened once, later calls return the same port). None when its kernel cannot
+    capture outputs: the kernel then keeps sending cells through the controller. Only
+    asked of an engine that shares the kernel's network stack (``hosts.net_space``)."""
+    if _SERVER:
+        return _SERVER[0].port
+    kernel = _engine_kernel()
+    if kernel is None:
+        return None
+    server = DirectCellServer(kernel)
+    _SERVER.append(server)
+    return server.port
+
+
+def close_direct_cells() -> None:
+    """Close this engine's cell socket (runs on the engine)."""
+    while _SERVER:
+        _SERVER.pop().close()
+
+
+def json_session(cluster_session: Any) -> Any:
+    """A session signing with the cluster's key that packs JSON in both directions,
+    whatever the cluster's own packer: nothing on this path is ever unpickled."""
+    from jupyter_client.session import Session
+
+    return Session(
+        key=cluster_session.key,
+        signature_scheme=cluster_session.signature_scheme,
+        packer="json",
+        unpacker="json",
+        username="workbench",
+    )
+
+
+def _engine_kernel() -> Any:
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except Exception:
+        return None
+    kernel = getattr(shell, "kernel", None)
+    hooks = ("register_hook", "unregister_hook")
+    needed = ("do_execute", "pre_handler_hook", "post_handler_hook", "set_parent", "get_parent")
+    if kernel is None or not all(hasattr(kernel, name) for name in needed):
+        return None
+    for publisher in (shell.displayhook, shell.display_pub):  # ipykernel >= 7's capture hooks
+        if not all(hasattr(publisher, h) for h in hooks):
+            return None
+    return kernel
+
+
+class DirectCellServer:
+    """The engine's loopback ROUTER socket, served on the kernel's event loop."""
+
+    def __init__(self, kernel: Any) -> None:
+        import zmq
+        from zmq.eventloop.zmqstream import ZMQStream
+
+        self.kernel = kernel
+        self.session = json_session(kernel.session)
+        socket = zmq.Context.instance().socket(zmq.ROUTER)
+        socket.linger = 0
+        self.port = socket.bind_to_random_port("tcp://127.0.0.1")
+        self.stream = ZMQStream(socket)  # the current (kernel's) event loop: we run on it
+        self.stream.on_recv(self._on_recv, copy=True)
+        self._busy = asyncio.Lock()
+        self._tasks: set[asyncio.Future[None]] = set()  # held: the loop keeps weak references
+
+    def close(self) -> None:
+        self.stream.close(linger=0)
+
+    def _on_recv(self, frames: list[bytes]) -> None:
+        idents, body = self.session.feed_identities(frames, copy=True)
+        try:
+            msg = self.session.deserialize(body, content=True, copy=True)
+        except Exception as exc:  # a bad signature or a replay: not from our kernel
+            log.warning("refused a direct cell message: %s", exc)
+            return
+        if msg["header"].get("msg_type") != REQUEST_TYPE:
+            return
+        task = asyncio.ensure_future(self._run(idents, msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, idents: list[bytes], msg: dict[str, Any]) -> None:
+        async with self._busy:  # one cell at a time, like the kernel's own shell queue
+            try:
+                content = await run_captured(self.kernel, idents, msg)
+            except BaseException as exc:  # the kernel waits for one reply whatever happened
+                content = {
+                    "status": "error",
+                    "ename": type(exc).__name__,
+                    "evalue": str(exc),
+                    "traceback": [f"{type(exc).__name__}: {exc}"],
+                }
+            self.session.send(self.stream, REPLY_TYPE, content, parent=msg, ident=idents)
+
+
+async def run_captured(kernel: Any, idents: list[bytes], msg: dict[str, Any]) -> dict[str, Any]:
+    """Run ``msg``'s cell through ``kernel.do_execute`` with its outputs captured; the
+    reply content: do_execute's (status, ename, evalue, traceback, engine_info) plus
+    stdout, stderr, outputs (display_data contents) and execute_result."""
+    shell = kernel.shell
+    code = msg["content"]["code"]
+    outputs: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+
+    # The messages' contents, as ipyparallel would have collected them from IOPub; the
+    # hooks return None, so nothing goes out on IOPub: it is all in the reply.
+    def display_hook(out: dict[str, Any]) -> None:
+        outputs.append(dict(out["content"]))
+
+    def result_hook(out: dict[str, Any]) -> None:
+        results.append(dict(out["content"]))
+
+    old_ident = kernel._parent_ident.get("shell", b"")  # restored: the controller's next
+    old_parent = kernel.get_parent("shell")  # request sets its own anyway
+    kernel.set_parent(idents, msg, channel="shell")
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # what earlier work printed goes out as before, not into this cell
+    saved = sys.stdout, sys.stderr
+    out, err = io.StringIO(), io.StringIO()
+    shell.display_pub.register_hook(display_hook)
+    shell.displayhook.register_hook(result_hook)
+    sys.stdout, sys.stderr = out, err
+    kernel.pre_handler_hook()  # SIGINT interrupts the cell (the kernel ignores it in between)
+    try:
+        reply = await kernel.do_execute(code, silent=False, store_history=True)
+    finally:
+        kernel.post_handler_hook()
+        sys.stdout, sys.stderr = saved
+        shell.display_pub.unregister_hook(display_hook)
+        shell.displayhook.unregister_hook(result_hook)
+        kernel.set_parent(old_ident, old_parent, channel="shell")
+    reply = dict(reply)
+    reply.update(
+        stdout=out.getvalue(),
+        stderr=err.getvalue(),
+        outputs=outputs,
+        execute_result=results[-1] if results else None,
+    )
+    return reply
