@@ -4,6 +4,7 @@ as through the controller, loopback only, signed, and never confused by a late r
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import psutil
 import pytest
@@ -144,3 +145,29 @@ def test_an_engine_killed_mid_cell_is_reported_and_replaced(own_cluster: Cluster
     assert [r.execute_result["data"]["text/plain"] for r in results] == ["2.0", "2.0"]
     assert own_cluster._direct.port(own_cluster.ranks[1].engine_id) is not None
     assert not own_cluster._direct.known(old)
+
+
+def test_status_shows_a_rank_busy_with_a_direct_cell(cluster: Cluster, tmp_path: Any) -> None:
+    import threading
+    import time
+
+    release = tmp_path / "release"
+    cell = (
+        "import os, time\nend = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(release)!r}) and time.monotonic() < end:\n"
+        "    time.sleep(0.01)"
+    )
+    cluster.execute("1")  # the channels are open
+    runner = threading.Thread(target=cluster.execute, args=(cell,), kwargs={"ranks": [1]})
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not cluster._direct.busy() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        states = {row["rank"]: row["state"] for row in cluster.status()}
+        assert states[1] == "busy"
+    finally:
+        release.touch()
+        runner.join(90)
+    assert not runner.is_alive()
+    assert cluster._direct.busy() == set()

@@ -185,8 +185,13 @@ class DirectCells:
                 channel.close()
 
     def busy(self) -> set[int]:
-        """Engines with a cell sent on their channel and not answered yet."""
-        return {eid for eid, ch in self._channels.items() if ch is not None and ch.pending}
+        """Engines with a cell sent on their channel and not answered yet (replies that
+        arrived since anyone looked are read first: a cell given up may have ended)."""
+        channels = [(eid, ch) for eid, ch in self._channels.items() if ch is not None]
+        for _, channel in channels:
+            if channel.pending:
+                channel.drain(0)
+        return {eid for eid, ch in channels if ch.pending}
 
     def close(self) -> None:
         self.keep_only(set())
