@@ -118,6 +118,7 @@ class Cluster(ProcessTracking, RankDispatch):
         # for as it registers (start_sequence.py)
         self._info_futures: dict[int, Any] = {}
         self._address_futures: dict[int, Any] = {}
+        self._direct_port_futures: dict[int, Any] = {}  # open_if_same_network, at registration
         self._engine_ids: list[int] = []  # the engines that get ranks, chosen at start
         self._nanny_pids: set[int] = set()
         self._engine_watch: EngineWatch | None = None  # reports local engines' deaths

@@ -67,6 +67,7 @@ class RankDispatch:
     _state: str
     _views: dict[int, Any]  # engine id -> its DirectView (see _view)
     _direct: DirectCells | None  # cells straight to local engines (direct_channel.py)
+    _direct_port_futures: dict[int, Any]  # engine id -> its port, asked at registration
 
     def check_controller(self) -> None:  # implemented by Cluster
         raise NotImplementedError
@@ -402,9 +403,13 @@ class RankDispatch:
         cells.keep_only({r.engine_id for r in self.ranks})
         new = [r for r in targets if not cells.known(r.engine_id)]
         if new:
-            futures = [
-                self.view(r.engine_id).apply_async(open_if_same_network, net_space()) for r in new
-            ]
+            # asked at registration (start_sequence.py), else now
+            futures = []
+            for r in new:
+                future = self._direct_port_futures.pop(r.engine_id, None)
+                if future is None:
+                    future = self.view(r.engine_id).apply_async(open_if_same_network, net_space())
+                futures.append(future)
             try:
                 ports = self.collect(new, futures, timeout)
             except RankError as exc:  # e.g. an engine without ipykernel's capture hooks

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import ipyparallel as ipp
 
 from workbench.cluster import launchers, rendezvous
+from workbench.cluster.direct_channel import open_if_same_network
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.fork_launcher import ForkEngineSetLauncher
-from workbench.cluster.hosts import local_pid_space
+from workbench.cluster.hosts import local_pid_space, net_space
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.engine import boot, process_group
@@ -165,6 +166,7 @@ async def wait_for_engines(cluster: Cluster) -> None:
     seen = -1
     cluster._info_futures = {}
     cluster._address_futures = {}
+    cluster._direct_port_futures = {}
     while True:
         # One read of the ids per pass: an engine may register between two reads, and
         # every id counted must be one whose facts were asked for.
@@ -178,6 +180,10 @@ async def wait_for_engines(cluster: Cluster) -> None:
                 future.add_done_callback(lambda _f, eid=eid: profile.engine_now(eid, "answered"))
                 cluster._info_futures[eid] = future
                 cluster._address_futures[eid] = client[eid].apply_async(*cluster.address_call())
+                # its %%wb cell socket too (local engines), so the first cell sends at once
+                cluster._direct_port_futures[eid] = client[eid].apply_async(
+                    open_if_same_network, net_space()
+                )
         count = len(ids)
         if count != seen:
             cluster._report("engines", min(count, n), n)
@@ -314,11 +320,14 @@ async def init_process_group(cluster: Cluster) -> None:
     client = cluster.client_unchecked()
     config = cluster.config
     ids, infos = await engine_infos(cluster)
-    # Clock offsets to rank 0 from one quick round trip per engine (torch is loaded now).
-    sent = time.time_ns()
-    clocks = await asyncio.wrap_future(client[ids].apply_async(time.time_ns))
-    received = time.time_ns()
     engines = [_engine_info(eid, info) for eid, info in zip(ids, infos, strict=True)]
+    # Clock offsets to rank 0 from one quick round trip per engine (torch is loaded now);
+    # engines that all run on one host share its clock and need none.
+    sent = received = time.time_ns()
+    clocks = [sent] * len(ids)
+    if len({e.host for e in engines}) > 1:
+        clocks = await asyncio.wrap_future(client[ids].apply_async(time.time_ns))
+        received = time.time_ns()
     draft = assign_ranks(
         engines, backend=config.backend, threads_per_engine=config.threads_per_engine
     )
