@@ -17,6 +17,8 @@ from workbench.cluster.hosts import net_space
 from workbench.cluster.results import CellResult
 from workbench.engine.direct_cells import REPLY_TYPE, REQUEST_TYPE
 
+pytestmark = pytest.mark.engines
+
 CELLS = [
     "print('out', rank)\nimport sys\nprint('err', rank, file=sys.stderr)\nrank * 10",
     "from IPython.display import HTML, display\ndisplay(HTML(f'<b>{rank}</b>'))",
@@ -129,6 +131,14 @@ def test_an_engine_killed_mid_cell_is_reported_and_replaced(own_cluster: Cluster
     from workbench.errors import EngineDied
 
     own_cluster.execute("1")  # the channels are open
+    # Starting and the direct path ran cluster-package functions on the engines without
+    # loading the kernel-side stack there (workbench/cluster/__init__.py is lazy).
+    # (a cell, not a function of this module: importing it on an engine would load it)
+    loaded = own_cluster.execute(
+        "import sys\n[m in sys.modules for m in "
+        "('workbench.cluster.cluster', 'workbench.cluster.direct_channel')]"
+    )
+    assert [r.execute_result["data"]["text/plain"] for r in loaded] == ["[False, True]"] * 2
     old = own_cluster.ranks[1].engine_id
     with pytest.raises(EngineDied, match=r"rank 1"):
         own_cluster.execute(

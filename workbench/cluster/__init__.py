@@ -1,8 +1,30 @@
-"""Cluster lifecycle: ipyparallel engines, rank assignment, rendezvous, running code."""
+"""Cluster lifecycle: ipyparallel engines, rank assignment, rendezvous, running code.
 
-from workbench.cluster.cluster import Cluster, ProgressCallback
-from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
-from workbench.cluster.results import CellResult
+The names below load on first use: engines import modules of this package too (the
+functions the start sequence runs on them, e.g. ``rendezvous.engine_address``), and
+importing the whole kernel-side stack there cost every engine ~0.1 s of CPU on the start's
+critical path.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workbench.cluster.cluster import Cluster, ProgressCallback
+    from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
+    from workbench.cluster.results import CellResult
+
+# name -> module that defines it; resolved on first attribute access.
+_LAZY: dict[str, str] = {
+    "CellResult": "workbench.cluster.results",
+    "Cluster": "workbench.cluster.cluster",
+    "EngineInfo": "workbench.cluster.ranks",
+    "ProgressCallback": "workbench.cluster.cluster",
+    "RankAssignment": "workbench.cluster.ranks",
+    "assign_ranks": "workbench.cluster.ranks",
+}
 
 __all__ = [
     "CellResult",
@@ -12,3 +34,12 @@ __all__ = [
     "RankAssignment",
     "assign_ranks",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workbench.cluster' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

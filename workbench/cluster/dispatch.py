@@ -16,10 +16,10 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench import validate
-from workbench.cluster.direct_channel import DirectCells, open_if_same_network
+from workbench.cluster.cell_routes import send_cell
+from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.hang import describe_rank, hang_report, lost_engines_error, read_status
 from workbench.cluster.health import status_rows
-from workbench.cluster.hosts import net_space
 from workbench.cluster.processes import FROZEN, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import CellResult, format_remote
@@ -333,7 +333,7 @@ class RankDispatch:
         """
         validate.seconds("timeout", timeout, none_means="no limit")  # before any work is sent
         targets = self._targets(ranks)
-        futures = self._send_cell(code, targets, timeout, direct)
+        futures = send_cell(self, code, targets, timeout, direct)
         self._wait_all(targets, futures, timeout)
         for r, future in zip(targets, futures, strict=True):
             # A reply can arrive before the engine's last stdout/display messages.
@@ -374,50 +374,6 @@ class RankDispatch:
             self.state = "degraded"
             raise self._lost_error(dead)
         return out
-
-    def _send_cell(
-        self, code: str, targets: list[RankAssignment], timeout: float | None, direct: bool
-    ) -> list[Any]:
-        cells = self._direct_cells(targets, timeout) if direct else None
-        futures: list[Any] = []
-        for r in targets:
-            future = None if cells is None else cells.send(r.engine_id, code)
-            if future is None:
-                future = self.view(r.engine_id).execute(code, silent=False, block=False)
-            futures.append(future)
-        return futures
-
-    def _direct_cells(
-        self, targets: list[RankAssignment], timeout: float | None
-    ) -> DirectCells | None:
-        """The direct channels, opened on first use for engines that have none yet (one
-        request through the controller; engines replaced since get theirs the same way)."""
-        client = self._client
-        if client is None:
-            return None
-        cells = self._direct
-        if cells is None or cells.client is not client:
-            if cells is not None:
-                cells.close()
-            cells = self._direct = DirectCells(client)
-        cells.keep_only({r.engine_id for r in self.ranks})
-        new = [r for r in targets if not cells.known(r.engine_id)]
-        if new:
-            # asked at registration (start_sequence.py), else now
-            futures = []
-            for r in new:
-                future = self._direct_port_futures.pop(r.engine_id, None)
-                if future is None:
-                    future = self.view(r.engine_id).apply_async(open_if_same_network, net_space())
-                futures.append(future)
-            try:
-                ports = self.collect(new, futures, timeout)
-            except RankError as exc:  # e.g. an engine without ipykernel's capture hooks
-                log.warning("direct cell channels not opened, using the controller: %s", exc)
-                ports = [None] * len(new)
-            for r, port in zip(new, ports, strict=True):
-                cells.add(r.engine_id, port)
-        return cells
 
     def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Send SIGINT to the engines of ``ranks`` (default: all) to stop running code."""

@@ -79,12 +79,7 @@ async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
     ipp_cluster, cluster._ipp = cluster._ipp, None
     if ipp_cluster is not None:
         await _stop_ipyparallel(ipp_cluster, quiet=quiet)
-    cluster.ranks = []
-    cluster._stuck = {}
-    cluster._views = {}
-    direct, cluster._direct = cluster._direct, None
-    if direct is not None:
-        direct.close()
+    _forget_engines(cluster)
     ssh_dir, cluster._ssh_dir = cluster._ssh_dir, None
     if ssh_dir is not None:
         await launchers.close_ssh(cluster.config.hosts, cluster.launcher_options, ssh_dir)
@@ -100,6 +95,16 @@ async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
     run_dir, cluster.run_dir = cluster.run_dir, None
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _forget_engines(cluster: Cluster) -> None:
+    """Drop what the kernel holds per engine: ranks, stuck cells, views, cell sockets."""
+    cluster.ranks = []
+    cluster._stuck = {}
+    cluster._views = {}
+    direct, cluster._direct = cluster._direct, None
+    if direct is not None:
+        direct.close()
 
 
 async def _stop_ipyparallel(ipp_cluster: Any, *, quiet: bool) -> None:

@@ -35,7 +35,8 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def _preload() -> None:
     # Besides torch and ipyparallel's engine: what each engine imported after the fork on
     # its own, ~0.1 s of CPU each, the kernel's debugger support (ipykernel.debugger:
-    # debugpy, ~120 modules; no thread starts at import) and its history database (sqlite3).
+    # debugpy, ~120 modules; no thread starts at import), its history database (sqlite3),
+    # and the collective tracer that joining the process group starts.
     import sqlite3  # noqa: F401
 
     import ipykernel.debugger  # noqa: F401
@@ -43,7 +44,8 @@ def _preload() -> None:
     import torch
     import torch.distributed
 
-    import workbench.engine.process_group  # noqa: F401  (the first request imports it)
+    import workbench.engine.process_group  # (the first request imports it)
+    import workbench.trace.comm  # noqa: F401
 
     del torch
 

@@ -1,0 +1,76 @@
+"""Which way a ``%%wb`` cell goes to each rank: straight to the engine's loopback cell
+socket when it has one (``direct_channel.py``), else through the ipyparallel controller.
+
+An engine's socket is asked for once: as it registers (``start_sequence.py``), or at the
+first cell sent to it (an engine started by a recovery). An engine that cannot open one
+(another host or network namespace, a kernel without the capture hooks) gets None and
+its cells go through the controller.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from workbench.cluster.direct_channel import DirectCells, open_if_same_network
+from workbench.cluster.hosts import net_space
+from workbench.cluster.ranks import RankAssignment
+from workbench.errors import RankError
+
+if TYPE_CHECKING:
+    from workbench.cluster.dispatch import RankDispatch
+
+__all__ = ["send_cell"]
+
+log = logging.getLogger("workbench.cluster")
+
+
+def send_cell(
+    dispatch: RankDispatch,
+    code: str,
+    targets: list[RankAssignment],
+    timeout: float | None,
+    direct: bool,
+) -> list[Any]:
+    """Send ``code`` to every target rank; one future-like reply per rank, in order."""
+    cells = _direct_cells(dispatch, targets, timeout) if direct else None
+    futures: list[Any] = []
+    for r in targets:
+        future = None if cells is None else cells.send(r.engine_id, code)
+        if future is None:
+            future = dispatch.view(r.engine_id).execute(code, silent=False, block=False)
+        futures.append(future)
+    return futures
+
+
+def _direct_cells(
+    dispatch: RankDispatch, targets: list[RankAssignment], timeout: float | None
+) -> DirectCells | None:
+    """The direct channels, opened for target engines that have none yet."""
+    client = dispatch._client
+    if client is None:
+        return None
+    cells = dispatch._direct
+    if cells is None or cells.client is not client:
+        if cells is not None:
+            cells.close()
+        cells = dispatch._direct = DirectCells(client)
+    cells.keep_only({r.engine_id for r in dispatch.ranks})
+    new = [r for r in targets if not cells.known(r.engine_id)]
+    if not new:
+        return cells
+    futures = []
+    for r in new:
+        future = dispatch._direct_port_futures.pop(r.engine_id, None)
+        if future is None:
+            view = dispatch.view(r.engine_id)
+            future = view.apply_async(open_if_same_network, net_space())
+        futures.append(future)
+    try:
+        ports = dispatch.collect(new, futures, timeout)
+    except RankError as exc:  # e.g. an engine without ipykernel's capture hooks
+        log.warning("direct cell channels not opened, using the controller: %s", exc)
+        ports = [None] * len(new)
+    for r, port in zip(new, ports, strict=True):
+        cells.add(r.engine_id, port)
+    return cells
