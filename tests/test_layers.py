@@ -19,7 +19,16 @@ PACKAGE = ROOT / "workbench"
 
 # Top to bottom: a module may import its own layer and the layers listed before it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("workbench.errors", "workbench.config", "workbench.validate", "workbench.vocab")),
+    (
+        "base",
+        (
+            "workbench.errors",
+            "workbench.config",
+            "workbench.lazy",
+            "workbench.validate",
+            "workbench.vocab",
+        ),
+    ),
     ("trace", ("workbench.trace",)),
     ("planner", ("workbench.planner",)),
     ("parallel", ("workbench.parallel",)),

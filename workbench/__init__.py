@@ -7,7 +7,6 @@ layers (trace, planner, parallel) never pull in the notebook stack.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from workbench.errors import (
@@ -20,6 +19,7 @@ from workbench.errors import (
     RankError,
     WorkbenchError,
 )
+from workbench.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -57,13 +57,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def load_ipython_extension(ipython: Any) -> None:

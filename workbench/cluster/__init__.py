@@ -8,8 +8,9 @@ critical path.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from workbench.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from workbench.cluster.cluster import Cluster, ProgressCallback
@@ -36,10 +37,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'workbench.cluster' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -1,0 +1,26 @@
+"""Package attributes that load their module on first use (PEP 562 ``__getattr__``)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["lazy_getattr"]
+
+
+def lazy_getattr(
+    package: str, names: Mapping[str, str], namespace: dict[str, Any]
+) -> Callable[[str], Any]:
+    """A module ``__getattr__`` resolving ``names`` (attribute -> defining module) on first
+    access and caching the value in the package's ``namespace``."""
+
+    def __getattr__(name: str) -> Any:
+        module = names.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        namespace[name] = value
+        return value
+
+    return __getattr__
