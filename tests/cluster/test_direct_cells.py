@@ -181,3 +181,49 @@ def test_status_shows_a_rank_busy_with_a_direct_cell(cluster: Cluster, tmp_path:
         runner.join(90)
     assert not runner.is_alive()
     assert cluster._direct.busy() == set()
+
+
+AWAITING = "import asyncio\nawait asyncio.sleep(0.01)\nprint('awaited', rank)\nrank + 1"
+
+
+def test_a_top_level_await_cell_runs_on_the_direct_path(cluster: Cluster) -> None:
+    results = cluster.execute(AWAITING, timeout=60)
+    assert [(r.ename, r.stdout) for r in results] == [(None, "awaited 0\n"), (None, "awaited 1\n")]
+    assert [r.execute_result["data"]["text/plain"] for r in results] == ["1", "2"]
+    failed = cluster.execute("import asyncio\nawait asyncio.sleep(0)\nraise KeyError(rank)")
+    assert [r.ename for r in failed] == ["KeyError", "KeyError"]
+    assert "KeyError" in failed[0].traceback
+
+
+def test_an_awaiting_cell_is_interrupted_at_the_timeout(cluster: Cluster) -> None:
+    from workbench.errors import CollectiveTimeout
+
+    with pytest.raises(CollectiveTimeout, match="were interrupted"):
+        cluster.execute("import asyncio\nawait asyncio.sleep(600)", timeout=1.0)
+    assert cluster.execute("'free', rank")[1].execute_result["data"]["text/plain"] == "('free', 1)"
+
+
+def test_a_top_level_await_cell_is_refused_before_the_controller_path(cluster: Cluster) -> None:
+    # through the controller the engines' kernel would never answer it (a hang)
+    from workbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"top-level `await`, which ranks \[0, 1\]"):
+        cluster.execute(AWAITING, direct=False)
+    assert cluster.execute("await_test = 1", direct=False)[0].ok  # others still go
+
+
+@pytest.mark.parametrize(
+    ("code", "awaits"),
+    [
+        ("await x()", True),
+        ("async with lock:\n    pass", True),
+        ("async def f():\n    await g()", False),
+        ("%time x = 1\nawait y()", True),
+        ("print(1)", False),
+        ("def broken(:", False),
+    ],
+)
+def test_top_level_await_is_told_from_the_source(code: str, awaits: bool) -> None:
+    from workbench.cluster.cell_routes import top_level_await
+
+    assert top_level_await(code) is awaits

@@ -9,18 +9,20 @@ its cells go through the controller.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
 from workbench.cluster.direct_channel import DirectCells, open_if_same_network
 from workbench.cluster.hosts import net_space
 from workbench.cluster.ranks import RankAssignment
-from workbench.errors import RankError
+from workbench.errors import ConfigError, RankError
 
 if TYPE_CHECKING:
     from workbench.cluster.dispatch import RankDispatch
 
-__all__ = ["send_cell"]
+__all__ = ["send_cell", "top_level_await"]
 
 log = logging.getLogger("workbench.cluster")
 
@@ -34,6 +36,16 @@ def send_cell(
 ) -> list[Any]:
     """Send ``code`` to every target rank; one future-like reply per rank, in order."""
     cells = _direct_cells(dispatch, targets, timeout) if direct else None
+    via_controller = [r.rank for r in targets if cells is None or cells.port(r.engine_id) is None]
+    if via_controller and top_level_await(code):
+        raise ConfigError(
+            f"this cell uses top-level `await`, which ranks {via_controller} cannot run: "
+            "their cells go through the ipyparallel controller, where the engines' kernel "
+            "never answers such a cell. Run it on engines on this machine without "
+            "--via-controller, or put the awaiting code in an async function `main()` and "
+            "run it to completion in a thread: "
+            "`ThreadPoolExecutor().submit(asyncio.run, main()).result()`"
+        )
     futures: list[Any] = []
     for r in targets:
         future = None if cells is None else cells.send(r.engine_id, code)
@@ -41,6 +53,20 @@ def send_cell(
             future = dispatch.view(r.engine_id).execute(code, silent=False, block=False)
         futures.append(future)
     return futures
+
+
+def top_level_await(code: str) -> bool:
+    """Whether the cell (IPython syntax) awaits at top level; compiled here, never run."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    try:
+        source = TransformerManager().transform_cell(code)
+        compiled = compile(
+            source, "<cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
+        )
+    except (SyntaxError, ValueError):  # the engine reports its own SyntaxError
+        return False
+    return bool(compiled.co_flags & inspect.CO_COROUTINE)
 
 
 def _direct_cells(

@@ -30,6 +30,8 @@ import logging
 import sys
 from typing import Any
 
+from workbench.engine.await_cells import execute_cell
+
 __all__ = [
     "REPLY_TYPE",
     "REQUEST_TYPE",
@@ -147,7 +149,8 @@ class DirectCellServer:
 
 
 async def run_captured(kernel: Any, idents: list[bytes], msg: dict[str, Any]) -> dict[str, Any]:
-    """Run ``msg``'s cell through ``kernel.do_execute`` with its outputs captured; the
+    """Run ``msg``'s cell as the engine kernel does (``await_cells.execute_cell``) with
+    its outputs captured; the
     reply content: do_execute's (status, ename, evalue, traceback, engine_info) plus
     stdout, stderr, outputs (display_data contents) and execute_result."""
     shell = kernel.shell
@@ -175,14 +178,13 @@ async def run_captured(kernel: Any, idents: list[bytes], msg: dict[str, Any]) ->
     sys.stdout, sys.stderr = out, err
     kernel.pre_handler_hook()  # SIGINT interrupts the cell (the kernel ignores it in between)
     try:
-        reply = await kernel.do_execute(code, silent=False, store_history=True)
+        reply = await execute_cell(kernel, code)
     finally:
         kernel.post_handler_hook()
         sys.stdout, sys.stderr = saved
         shell.display_pub.unregister_hook(display_hook)
         shell.displayhook.unregister_hook(result_hook)
         kernel.set_parent(old_ident, old_parent, channel="shell")
-    reply = dict(reply)
     reply.update(
         stdout=out.getvalue(),
         stderr=err.getvalue(),
