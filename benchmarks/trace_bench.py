@@ -74,7 +74,7 @@ def run(quick: bool = False) -> BenchResult:
         ran=f"2 gloo ranks, 1 thread each, variants interleaved in rotating order, "
         f"{repeats} steps each after {warmup} warm-up: DP = DDP on trace_overhead's "
         f"'{dp_model}' model (6x1024 MLP, batch 256/rank) with MemoryTracer + CommTracer + "
-        f"DDP comm hook + phase spans; TP = the workbench TrainStep, strategy='tp', "
+        f"DDP attached + phase spans; TP = the workbench TrainStep, strategy='tp', "
         f"{tp_model}, global batch {tp_batch}, RunSpec(trace=True) vs trace=False; "
         "profiler = torch.profiler (CPU) with record_shapes + profile_memory",
     )

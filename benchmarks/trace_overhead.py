@@ -4,7 +4,7 @@ Each rank runs three copies of one DDP step side by side, interleaved in rotatin
 (so drift and neighbours' load hit all three alike):
 
 * untraced: plain DDP, nothing installed;
-* traced:   MemoryTracer + CommTracer started, DDP comm hook attached, phase spans and a
+* traced:   MemoryTracer + CommTracer started (DDP attached), phase spans and a
             memory sample at every phase boundary (what the workbench stepper does);
 * profiler: plain DDP inside an active ``torch.profiler.profile`` (CPU activities);
 * profiler+mem: the same with ``record_shapes`` and ``profile_memory``, the settings that

@@ -8,7 +8,7 @@ transformer defined here, not a workbench preset; or a Hugging Face tiny Llama w
 * untraced: the loop as the user wrote it;
 * traced: the same step inside ``with Traced(model, optimizer) as t:`` with the three
   phases marked (``t.phase``) and ``t.step(loss=...)``: MemoryTracer (saved-tensor hooks,
-  a memory sample per phase), CommTracer (dispatch-level + DDP comm hook) and spans. The
+  a memory sample per phase), CommTracer (dispatch-level, DDP's buckets included) and spans. The
   block is entered and left every step so the untraced steps run without tracers; that
   start/stop cost is included (a loop traced as a whole pays it once).
 

@@ -93,6 +93,49 @@ def test_ddp_buckets_traced_identical_and_sum_to_gradients() -> None:
             assert all(e.source == "ddp" and e.op == "broadcast" for e in others)
 
 
+def _bucket_rule_rank(rank: int, world_size: int) -> dict[str, Any]:
+    """DDP buckets without attach_ddp, next to an all-reduce the user issues inside
+    backward from Python (a gradient hook) and DDP's own integer all-reduce of which
+    parameters were used (``find_unused_parameters``), issued from C++ in backward."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = make_mlp(16, 32, 8, layers=3)
+    ddp = DDP(model, find_unused_parameters=True)
+    rec = Recorder(rank)
+    x = torch.randn(4, 16, requires_grad=True)
+
+    def user_hook(grad: torch.Tensor) -> torch.Tensor:
+        out = grad.clone()
+        dist.all_reduce(out)  # the user's own collective, issued inside backward
+        return out
+
+    x.register_hook(user_hook)
+    with CommTracer(rec), rec.phase_span("backward"):  # never attached to the DDP model
+        ddp(x).sum().backward()
+    comm = _comm(rec.events)
+    return {
+        "buckets": sum(e.bytes for e in comm if e.source == "ddp-bucket"),
+        "params": 4 * sum(p.numel() for p in model.parameters()),
+        "others": sorted((e.source, e.op, e.bytes) for e in comm if e.source != "ddp-bucket"),
+        "x_bytes": 4 * x.numel(),
+        "n_params": len(list(model.parameters())),
+    }
+
+
+@pytest.mark.engines
+def test_a_ddp_bucket_is_an_all_reduce_no_python_code_issued_in_backward() -> None:
+    for out in run_ranks(_bucket_rule_rank):
+        # Every gradient of the DDP model, as buckets, though the tracer was not attached.
+        assert out["buckets"] == out["params"]
+        # The user's all-reduce from a gradient hook (Python, inside backward) is the
+        # user's; DDP's used-parameter map (an int32 per parameter) is not a bucket.
+        assert [e for e in out["others"] if e[1] == "all_reduce"] == sorted(
+            [("user", "all_reduce", out["x_bytes"]), ("user", "all_reduce", 4 * out["n_params"])]
+        )
+
+
 def _collectives_rank(rank: int, world_size: int) -> dict[str, Any]:
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol

@@ -229,3 +229,67 @@ def test_an_activation_peak_inside_a_phase_becomes_its_own_sample() -> None:
     assert [s.label for s in samples] == ["peak", "end"]
     assert samples[0].activations == peak_live > 0 == end.activations
     assert samples[0].t <= end.t
+
+
+def test_gradient_bytes_of_counts_each_gradient_storage_once() -> None:
+    from workbench.trace.memory_cache import parameters_of
+    from workbench.trace.storage import gradient_bytes_of, storage_bytes
+
+    model = make_mlp(8, 16, 4, layers=3)
+    params = parameters_of(model)
+    assert gradient_bytes_of(params) == 0  # no gradients yet
+    model(torch.randn(3, 8)).sum().backward()
+    assert gradient_bytes_of(params) == gradient_bytes(model) == parameter_bytes(model)
+    # Gradients as views of one flat buffer (DDP's gradient_as_bucket_view): the buffer
+    # is counted once, whole, including bytes no gradient covers.
+    flat = torch.zeros(sum(p.numel() for p in params) + 5)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    params[0].grad = None
+    assert gradient_bytes_of(params) == flat.untyped_storage().nbytes()
+    assert gradient_bytes_of(params) == storage_bytes(p.grad for p in params if p.grad is not None)
+
+
+def test_peak_is_the_per_category_maximum_of_the_samples() -> None:
+    model = make_mlp(8, 16, 4, layers=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    rec = Recorder(rank=3)
+    with MemoryTracer(model, opt, rec) as tracer:
+        rec.step = 5
+        samples = [tracer.sample("start")]
+        loss = model(torch.randn(3, 8)).sum()
+        samples.append(tracer.sample("forward"))
+        loss.backward()
+        samples.append(tracer.sample("backward"))
+        opt.step()
+        opt.zero_grad()
+        samples.append(tracer.sample("optimizer"))
+    peak = tracer.peak()
+    assert peak is not None
+    assert (peak.rank, peak.step, peak.phase, peak.label) == (3, 5, "", "peak")
+    assert peak.t == samples[-1].t
+    for category in ("params", "grads", "optimizer", "activations", "other", "allocator"):
+        assert getattr(peak, category) == max(getattr(s, category) for s in samples)
+    # Each category peaks at a different sample: the peak is not any one sample.
+    assert peak.activations == samples[1].activations > samples[-1].activations
+    assert peak.optimizer == samples[-1].optimizer > samples[1].optimizer
+
+
+def test_a_view_of_another_models_parameter_is_not_an_activation() -> None:
+    """A frozen model the tracer was not given (a teacher): autograd saves views of its
+    parameters, which are parameters, not activations, though their storages are not
+    among the traced model's."""
+    teacher = nn.Linear(8, 8).requires_grad_(False)
+    student = make_mlp(8, 16, 8, layers=2)
+    x = torch.randn(4, 8, requires_grad=True)
+    with MemoryTracer(student, None, Recorder()) as tracer:
+        y = x @ teacher.weight.t()  # saves the transposed view of teacher.weight for x's grad
+        assert tracer.activation_bytes == 0
+        z = x @ teacher.weight.t().detach()  # a plain alias of its storage, not a view
+        assert tracer.activation_bytes == teacher.weight.untyped_storage().nbytes()
+        del z
+        assert tracer.activation_bytes == 0
+        y.sum().backward()
+    assert tracer.activation_bytes == 0

@@ -87,9 +87,8 @@ def test_ddp_buckets_are_seen_in_a_traced_loop() -> None:
 
 
 def _ddp_block_per_step(rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-
-    from workbench.trace.ddp_hook import _HOOKS
 
     model = DistributedDataParallel(um.make_model())
     opt = um.sgd(model.parameters())
@@ -102,20 +101,71 @@ def _ddp_block_per_step(rank: int, world: int) -> dict[str, Any]:
             opt.step()
             opt.zero_grad()
     comm = [e for e in rec.events if isinstance(e, CommEvent)]
+    tracer_after = t.comm_tracer
+
+    # Tracing registered nothing on the model: the user's own comm hook is still
+    # accepted (DDP takes one), runs, and its all-reduces are recorded as the user's.
+    calls: list[int] = []
+
+    def user_hook(_state, bucket):  # type: ignore[no-untyped-def]
+        calls.append(bucket.buffer().numel())
+        buffer = bucket.buffer().div_(world)
+        work = dist.all_reduce(buffer, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+
+    model.register_comm_hook(None, user_hook)
+    before = len(rec)
+    with Traced(model, opt, recorder=rec) as t:
+        um.lm_loss(model(x), (x + 1) % um.VOCAB).backward()
+    hooked = [e for e in rec.events[before:] if isinstance(e, CommEvent)]
     return {
         "bucket_bytes": sum(e.bytes for e in comm if e.source == "ddp-bucket"),
         "other_all_reduces": [e for e in comm if e.op == "all_reduce" and e.source != "ddp-bucket"],
         "n_params": sum(p.numel() for p in model.parameters()),
-        "hook_tracer_after": _HOOKS[model].tracer,
-        "tracer_after": t.comm_tracer,
+        "tracer_after": tracer_after,
+        "user_hook_calls": sum(calls),
+        "user_hook_events": sorted({(e.source, e.op) for e in hooked if e.op == "all_reduce"}),
+        "user_hook_bytes": sum(e.bytes for e in hooked if e.op == "all_reduce"),
     }
 
 
 @pytest.mark.engines
 def test_ddp_buckets_are_seen_by_every_block_of_a_loop_traced_step_by_step() -> None:
     for r in run_ranks(_ddp_block_per_step, timeout=120):
-        # DDP keeps the comm hook of the first block; every later block's tracer records
-        # the buckets through it (not as plain all-reduces seen at the dispatcher).
+        # Every block's tracer records DDP's buckets (as buckets, not plain all-reduces).
         assert r["bucket_bytes"] == 3 * 4 * r["n_params"]
         assert r["other_all_reduces"] == []
-        assert r["hook_tracer_after"] is None and r["tracer_after"] is None
+        assert r["tracer_after"] is None
+        # The user's comm hook, registered after tracing, ran over every gradient and its
+        # all-reduces were recorded with their bytes, as the user's, not as DDP buckets.
+        assert r["user_hook_calls"] == r["n_params"]
+        assert r["user_hook_events"] == [("user", "all_reduce")]
+        assert r["user_hook_bytes"] == 4 * r["n_params"]
+
+
+def _bucket_callback_race(rank: int, world: int) -> dict[str, Any]:
+    import sys
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    # The main thread keeps the GIL between blocking calls for up to this long: a bucket's
+    # completion callback (on gloo's thread) runs only when the main thread blocks.
+    sys.setswitchinterval(10.0)
+    model = DistributedDataParallel(um.make_model())
+    rec = Recorder(rank)
+    x = um.make_data().x[rank * 4 : rank * 4 + 4]
+    found = []
+    for _ in range(8):
+        with Traced(model, recorder=rec):
+            um.lm_loss(model(x), (x + 1) % um.VOCAB).backward()
+        # Read at once: DDP's backward returned as soon as its buckets were done, before
+        # the callbacks that record them had a chance to run.
+        found.append(sum(e.bytes for e in rec.events if getattr(e, "source", "") == "ddp-bucket"))
+        rec.clear()
+    return {"found": found, "n_params": sum(p.numel() for p in model.parameters())}
+
+
+@pytest.mark.engines
+def test_a_block_ends_with_its_buckets_recorded() -> None:
+    for r in run_ranks(_bucket_callback_race, timeout=120):
+        assert r["found"] == [4 * r["n_params"]] * 8

@@ -181,7 +181,7 @@ def _make_tracers(
     memory.start()
     comm.start()
     if isinstance(model, DistributedDataParallel) and model.require_backward_grad_sync:
-        comm.attach_ddp(model)  # overlapped DDP: see the buckets through a comm hook
+        comm.attach_ddp(model)  # overlapped DDP: its buckets, recorded at the dispatcher
     return memory, comm
 
 

@@ -1,7 +1,7 @@
 """Every collective the workbench issues itself goes through this module.
 
 DDP, FSDP2, DTensor and pipelining issue their own collectives (seen by the comm tracer
-through a DDP comm hook and dispatch-level capture). What remains is ours: the explicit
+through dispatch-level capture). What remains is ours: the explicit
 gradient all-reduce of DDP with ``overlap=False``, the Megatron f/g operators, the tied
 embedding gradient of a pipeline, the loss average for reporting and the gathers that
 assemble full parameters. Keeping them in one place gives tracing a single hook point

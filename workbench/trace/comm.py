@@ -1,17 +1,19 @@
 """Every collective of one rank, with its bytes and its issue-to-completion time.
 
-Two hook points, no double counting:
+One hook point, so nothing is counted twice:
 
-* DDP gradient buckets go through an averaging comm hook (``attach_ddp``, see
-  ``ddp_hook``), which records each bucket all-reduce with ``source="ddp-bucket"``. The
-  hook issues its own all-reduce inside ``intercept.looking_away()`` so the dispatcher
-  interception does not count it again.
-* Everything else - ``torch.distributed`` calls, DTensor redistributions, FSDP2 gathers,
-  functional collectives - is seen at the dispatcher (see ``intercept``: a kernel at the
-  ``BackendSelect`` key of the collective ops only, so other ops cost nothing). The source
-  (dtensor, fsdp, pipeline, ddp, zero, workbench, user) is read from the Python call stack
-  at issue time, unless the issuing code names it with ``labelled(source)`` (the loss
-  average is ``metrics``: reporting, not training traffic).
+* Every collective - ``torch.distributed`` calls, DDP's gradient buckets, DTensor
+  redistributions, FSDP2 gathers, functional collectives - is seen at the dispatcher
+  (see ``intercept``: a kernel at the ``BackendSelect`` key of the collective ops only,
+  so other ops cost nothing). The source (dtensor, fsdp, pipeline, ddp, zero,
+  workbench, user) is read from the Python call stack at issue time, unless the issuing
+  code names it with ``labelled(source)`` (the loss average is ``metrics``: reporting,
+  not training traffic).
+* DDP's reducer all-reduces its gradient buckets from C++, inside backward (DDP's default
+  comm hook, or a built-in C++ one): a floating-point ``all_reduce`` issued with no Python
+  frame between it and the autograd engine is one of those buckets (``source=
+  "ddp-bucket"``). Recording them here, not through a Python comm hook, leaves DDP on its
+  C++ path (no Python call per bucket) and leaves the model's one comm hook to the user.
 
 Completion: a ``c10d`` op returns a ``Work``; its future's callback marks completion (on
 gloo the callback runs before ``Work.wait()`` returns). A functional op completes when its
@@ -30,6 +32,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,26 +80,42 @@ def labelled(source: str) -> Iterator[None]:
         _LABEL.source = previous
 
 
-def _source() -> str:
+# The autograd engine's Python entry points: a collective whose innermost Python frame is
+# one of these was issued by C++ code running backward (DDP's reducer).
+_AUTOGRAD_ENGINE = tuple(
+    os.path.join(_TORCH_DIR, "autograd", name) for name in ("graph.py", "__init__.py")
+)
+
+
+def _source(ddp_bucket: bool = False) -> str:
     """Who issued the collective: a ``labelled`` block, else the first frame outside
-    torch's plumbing decides."""
+    torch's plumbing decides. ``ddp_bucket``: the collective may be a DDP gradient bucket
+    (a floating-point all-reduce); it is one when no Python code issued it inside
+    backward (the innermost frame is the autograd engine's entry, or there is no frame at
+    all: an autograd device thread)."""
     label = getattr(_LABEL, "source", None)
     if label is not None:
         return str(label)
     frame: Any = sys._getframe(1)
+    innermost = True
     while frame is not None:
         filename = frame.f_code.co_filename
+        if filename.startswith(_TRACE_DIR):
+            frame = frame.f_back
+            continue
+        if innermost and ddp_bucket and filename.startswith(_AUTOGRAD_ENGINE):
+            return "ddp-bucket"
+        innermost = False
         if filename.startswith(_TORCH_DIR):
             for prefix, name in _SOURCES:
                 if filename.startswith(prefix):
                     return name
         elif filename.startswith(_WORKBENCH_DIR):
-            if not filename.startswith(_TRACE_DIR):
-                return "workbench"
+            return "workbench"
         else:
             return "user"
         frame = frame.f_back
-    return "user"
+    return "ddp-bucket" if ddp_bucket and innermost else "user"
 
 
 class _Flight:
@@ -146,12 +165,15 @@ class CommTracer:
         self._lock = threading.Lock()
         self._waiting: dict[StorageKey, _Flight] = {}  # functional ops, by output storage
         self._cuda: list[_Flight] = []  # completed on the host, GPU time not yet known
+        # (a c10d op's future, the future of our completion callback on it), see _settle
+        self._callbacks: list[tuple[Any, Any]] = []
         self._unsubscribe: Any = None
-        self._attached: list[Any] = []  # ddp_hook.HookState of each DDP model attached
+        self._attached: list[weakref.ref[Any]] = []  # the DDP models attached
 
     def __repr__(self) -> str:
         return (
-            f"CommTracer(active={self.active}, ddp_models={len(self._attached)}, "
+            f"CommTracer(active={self.active}, "
+            f"ddp_models={sum(ref() is not None for ref in self._attached)}, "
             f"in_flight={len(self.recorder.in_flight)})"
         )
 
@@ -165,8 +187,6 @@ class CommTracer:
         if self._active:
             return self
         self._active = True
-        for state in self._attached:  # restarted: the DDP models attached before
-            state.tracer = self
         self._unsubscribe = self.recorder.subscribe(self._on_event)
         add_listener(self)
         return self
@@ -176,9 +196,6 @@ class CommTracer:
             return
         remove_listener(self)
         self._active = False
-        for state in self._attached:  # the hooks stay (DDP keeps them); not pointing here
-            if state.tracer is self:
-                state.tracer = None
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -188,6 +205,7 @@ class CommTracer:
             self._waiting.clear()
         for flight in unwaited:
             self._complete(flight)
+        self._settle()
         self.flush()
 
     def __enter__(self) -> CommTracer:
@@ -204,23 +222,20 @@ class CommTracer:
     # -- DDP ---------------------------------------------------------------------------
 
     def attach_ddp(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
-        """Register the averaging all-reduce comm hook that records each bucket.
+        """Say that ``ddp_model`` is traced by this tracer.
 
-        Call before the first backward. DDP accepts one comm hook per model: the first
-        attach registers it (a RuntimeError if the user registered their own), later ones,
-        by this or another tracer, point the same hook at the tracer attaching.
+        Its gradient buckets are recorded at the dispatcher (``source="ddp-bucket"``)
+        whenever a tracer is active, attached or not: nothing is registered on the model,
+        so the user's own comm hook still can be (one that issues its all-reduces from
+        Python is recorded as what it is, like any other collective).
         """
         if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
             raise WorkbenchError(
                 f"attach_ddp needs a DistributedDataParallel model, got "
                 f"{type(ddp_model).__name__}; wrap it with DistributedDataParallel first"
             )
-        from workbench.trace.ddp_hook import hook_state
-
-        state = hook_state(ddp_model)
-        state.tracer = self
-        if state not in self._attached:
-            self._attached.append(state)
+        if not any(ref() is ddp_model for ref in self._attached):
+            self._attached.append(weakref.ref(ddp_model))
 
     # -- internals ---------------------------------------------------------------------
 
@@ -294,7 +309,33 @@ class CommTracer:
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, PhaseSpan):
+            self._settle()
             self._poll_cuda()
+
+    def _settle(self) -> None:
+        """Let the completion callbacks of the collectives that have completed run.
+
+        A future releases its waiters before it runs its callbacks, so DDP's backward
+        (which waits on its buckets' futures) can return before our callback recorded the
+        bucket. At every phase boundary and at ``stop()``, the callback of each completed
+        collective is waited for (``wait`` releases the GIL it needs); collectives still in
+        flight are left to complete on their own.
+        """
+        if not self._callbacks:
+            return
+        with self._lock:
+            pending, self._callbacks = self._callbacks, []
+        keep: list[tuple[Any, Any]] = []
+        for future, callback in pending:
+            if callback.done():
+                continue
+            if future.done():
+                callback.wait()
+            else:
+                keep.append((future, callback))
+        if keep:
+            with self._lock:
+                self._callbacks[:0] = keep
 
     def _on_collective(self, info: OpInfo, call: Callable[[], Any], args: tuple) -> Any:
         """Called by the interception for one collective: time it, issue it, await it.
@@ -305,8 +346,14 @@ class CommTracer:
             self._poll_cuda()
             default_size = dist.get_world_size if dist.is_initialized() else (lambda: 1)
             size = group_size(info, args, default_size)
-            flight = _Flight(info.name, op_bytes(info, args, size), size, _source())
             first = next((t for t in _leaves(args) if isinstance(t, torch.Tensor)), None)
+            bucket = (
+                info.name == "all_reduce"
+                and not info.functional
+                and first is not None
+                and first.is_floating_point()
+            )
+            flight = _Flight(info.name, op_bytes(info, args, size), size, _source(bucket))
             self._begin(flight, cuda=first is not None and first.is_cuda)
         except Exception as exc:
             self.errors.append(f"{info.name}: {exc!r}")
@@ -367,7 +414,9 @@ class CommTracer:
         def done(_fut: Any) -> None:
             self._complete(flight)
 
-        future.then(done)
+        callback = future.then(done)
+        with self._lock:
+            self._callbacks.append((future, callback))
 
 
 def _leaves(tree: Any) -> list[Any]:

@@ -11,7 +11,7 @@ during forward and falls back as backward frees the graph, exactly as the memory
 from __future__ import annotations
 
 import threading
-import weakref
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -23,9 +23,9 @@ from workbench.trace.memory_cache import optimizer_cache, parameter_cache
 from workbench.trace.recorder import Recorder
 from workbench.trace.storage import (
     StorageKey,
+    gradient_bytes_of,
     local_tensors,
     process_rss,
-    storage_bytes,
     storage_key,
 )
 
@@ -43,28 +43,74 @@ def _is_parameter(t: torch.Tensor) -> bool:
     return kind is not torch.Tensor and isinstance(t, torch.nn.Parameter)
 
 
+class _Live:
+    """The saved-tensor counts, shared by the pack hook and the handles autograd holds.
+
+    Kept apart from the tracer so a handle can reach the counts directly (no weak
+    reference to dereference per release) without keeping the model or the recorder
+    alive: a graph that outlives its tracer holds only this.
+    """
+
+    __slots__ = ("bytes", "lock", "param_keys", "storages", "window_high", "window_high_ns")
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()  # pack runs on autograd threads, release in __del__
+        self.storages: dict[Any, list[int]] = {}  # pack key -> [handle count, nbytes]
+        self.bytes = 0  # of the storages above
+        # High-water mark since the last sample, and when (time.time_ns) it was reached.
+        self.window_high = 0
+        self.window_high_ns = 0
+        # The parameter storages' pack keys (see ``_pack_key``): never activations.
+        self.param_keys: frozenset[Any] = frozenset()
+
+
+def _pack_key(key: StorageKey) -> Any:
+    """The key the pack hook uses for a storage: the bare data pointer on the CPU (an int
+    hashes and compares fastest, and ``get_device()`` is cheaper than ``is_cpu``), the
+    full (device type, index, pointer) elsewhere: an int never equals a tuple."""
+    return key[2] if key[0] == "cpu" else key
+
+
 class _Saved(tuple):  # type: ignore[type-arg]
     """What autograd stores instead of a saved tensor while the tracer counts it:
-    ``(tensor, storage keys, weakref to the tracer)``. A tuple, built in C: one is made for
-    every saved tensor. The tracer is held weakly: handles must not keep it alive."""
+    ``(tensor, pack key, _Live)``. A tuple, built in C: one is made for every saved
+    tensor. Its ``__del__`` (autograd freed the handle) uncounts the storage."""
 
     __slots__ = ()
 
     def __del__(self) -> None:
-        tracer = self[2]()
-        if tracer is None:
-            return
-        # Uncount the storages (the handle's last reference is gone: autograd freed it).
-        with tracer._lock:
-            live = tracer._live
+        live = self[2]
+        with live.lock:
+            entry = live.storages.get(self[1])
+            if entry is not None:
+                entry[0] -= 1
+                if not entry[0]:
+                    del live.storages[self[1]]
+                    live.bytes -= entry[1]
+
+
+class _SavedMany(tuple):  # type: ignore[type-arg]
+    """``_Saved`` for a tensor subclass (a DTensor) whose memory is in several storages:
+    ``(tensor, pack keys, _Live)``."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        live = self[2]
+        with live.lock:
             for key in self[1]:
-                entry = live.get(key)
+                entry = live.storages.get(key)
                 if entry is None:
                     continue
                 entry[0] -= 1
-                if entry[0] == 0:
-                    del live[key]
-                    tracer._live_bytes -= entry[1]
+                if not entry[0]:
+                    del live.storages[key]
+                    live.bytes -= entry[1]
+
+
+def _unpack(packed: Any) -> torch.Tensor:
+    # A tensor is never a tuple: a tuple is one of our handles.
+    return packed[0] if isinstance(packed, tuple) else packed
 
 
 class MemoryTracer:
@@ -88,31 +134,28 @@ class MemoryTracer:
         self.optimizer = optimizer
         self.recorder = recorder
         self.per_module = per_module
-        self._lock = threading.RLock()  # pack runs on autograd threads, release in __del__
-        self._live: dict[StorageKey, list[int]] = {}  # key -> [handle count, nbytes]
-        self._live_bytes = 0
+        self._live = _Live()
         self._high: dict[int, int] = {}  # step -> high-water mark of live activation bytes
-        # High-water mark since the last sample and when it was reached: a peak inside a
-        # phase (a pipeline schedule runs every micro-batch inside one phase) becomes a
-        # sample of its own instead of falling between two boundary samples.
-        self._window_high = 0
-        self._window_high_t = 0
+        # The high-water mark since the last sample (``_Live.window_high``) becomes a
+        # sample of its own when it is above both samples around it: a peak inside a phase
+        # (a pipeline schedule runs every micro-batch inside one phase) is not missed.
         self._last_activations = 0
-        self._peaks: dict[int, MemorySample] = {}
+        # step -> [t, then the per-category maxima in _CATEGORIES order]; ``peak`` builds
+        # the MemorySample (a dataclasses.replace per sample cost more than the sample).
+        self._peaks: dict[int, list[Any]] = {}
+        self._peak_rank: dict[int, int] = {}  # step -> rank of its first sample
         # Parameter and optimizer-state bytes, counted again only when they may have
         # changed (see memory_cache); the pack hook reads the parameter keys.
         self._params = parameter_cache(model)
         self._optimizer = optimizer_cache(optimizer)
-        self._param_keys: frozenset[StorageKey] = frozenset()
         self._hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._self_ref = weakref.ref(self)
         self._thread: int | None = None
 
     def __repr__(self) -> str:
         return (
             f"MemoryTracer(active={self.active}, per_module={self.per_module}, "
-            f"activation_bytes={self._live_bytes})"
+            f"activation_bytes={self._live.bytes})"
         )
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -132,7 +175,7 @@ class MemoryTracer:
             for name, module in self.model.named_modules():
                 label = name or type(module).__name__
                 self._handles.append(module.register_forward_hook(self._module_hook(label)))
-        ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        ctx = torch.autograd.graph.saved_tensors_hooks(self._make_pack(), _unpack)
         ctx.__enter__()
         self._hooks_ctx = ctx
         self._thread = threading.get_ident()
@@ -166,7 +209,7 @@ class MemoryTracer:
     @property
     def activation_bytes(self) -> int:
         """Bytes of distinct storages currently saved for backward (parameters excluded)."""
-        return self._live_bytes
+        return self._live.bytes
 
     def allocator_bytes(self) -> int:
         """torch.cuda.memory_allocated for a model on CUDA, else the process RSS."""
@@ -187,26 +230,28 @@ class MemoryTracer:
         # it differs from the last one. Gradients change every step: always counted.
         params = self._refresh_param_keys()
         optimizer, counters = self._optimizer.get() if self._optimizer is not None else (0, 0)
+        live = self._live
         sample = MemorySample(
             rank=rec.rank,
             step=rec.step,
             phase=rec.phase,
             t=rec.now(),
             params=self._params.bytes,
-            grads=storage_bytes([p.grad for p in params if p.grad is not None]),
+            grads=gradient_bytes_of(params),
             optimizer=optimizer,
-            activations=self._live_bytes,
+            activations=live.bytes,
             other=counters,
             allocator=self._allocator_bytes(),
             label=label,
         )
-        with self._lock:
-            high, high_t = self._window_high, self._window_high_t
-            self._window_high, self._window_high_t = self._live_bytes, sample.t
-            previous, self._last_activations = self._last_activations, self._live_bytes
+        with live.lock:
+            high, high_ns = live.window_high, live.window_high_ns
+            live.window_high, live.window_high_ns = live.bytes, time.time_ns()
+            previous, self._last_activations = self._last_activations, live.bytes
         if high > max(previous, sample.activations):
             # The activation peak between the previous sample and now, at the time it was
             # reached (the other categories as measured now).
+            high_t = high_ns + rec.clock.offset_ns
             peak = replace(sample, t=min(high_t, sample.t), activations=high, label="peak")
             self._update_peak(peak)
             rec.emit(peak)
@@ -222,12 +267,17 @@ class MemoryTracer:
         so ``total`` is an upper bound of the true simultaneous peak.
         """
         step = self.recorder.step if step is None else step
-        with self._lock:
-            peak = self._peaks.get(step)
+        with self._live.lock:
+            values = self._peaks.get(step)
+            values = None if values is None else list(values)
             high = self._high.get(step, 0)
-        if peak is None:
+            rank = self._peak_rank.get(step, 0)
+        if values is None:
             return None
-        return replace(peak, activations=max(peak.activations, high))
+        t, *maxima = values
+        peak = dict(zip(_CATEGORIES, maxima, strict=True))
+        peak["activations"] = max(peak["activations"], high)
+        return MemorySample(rank=rank, step=step, phase="", t=t, label="peak", **peak)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -236,17 +286,21 @@ class MemoryTracer:
 
     def _refresh_param_keys(self) -> list[torch.nn.Parameter]:
         params = self._params.refresh()
-        self._param_keys = self._params.keys
+        self._live.param_keys = self._params.pack_keys
         return params
 
     def _update_peak(self, s: MemorySample) -> None:
-        with self._lock:
+        values = (s.params, s.grads, s.optimizer, s.activations, s.other, s.allocator)
+        with self._live.lock:
             old = self._peaks.get(s.step)
             if old is None:
-                self._peaks[s.step] = replace(s, phase="", label="peak")
+                self._peaks[s.step] = [s.t, *values]
+                self._peak_rank[s.step] = s.rank
                 return
-            values = {c: max(getattr(old, c), getattr(s, c)) for c in _CATEGORIES}
-            self._peaks[s.step] = replace(old, t=s.t, **values)
+            old[0] = s.t
+            for i, value in enumerate(values, 1):
+                if value > old[i]:
+                    old[i] = value
 
     def _module_hook(self, label: str) -> Any:
         def hook(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
@@ -258,54 +312,69 @@ class MemoryTracer:
     def _is_parameter(t: torch.Tensor) -> bool:
         return _is_parameter(t) or (t._base is not None and _is_parameter(t._base))
 
-    def _pack(self, t: torch.Tensor) -> Any:
-        # Runs for every tensor autograd saves: plain tensors take a short path.
-        kind = type(t)
-        if kind is torch.Tensor:
-            base = t._base
-            if base is not None and _is_parameter(base):
+    def _make_pack(self) -> Any:
+        """The pack hook: runs for every tensor autograd saves, so everything it reads is
+        bound to a local here and a storage seen before costs one dict lookup."""
+        live = self._live
+        storages, lock = live.storages, live.lock
+        high, recorder = self._high, self.recorder
+        plain, parameter, saved = torch.Tensor, torch.nn.Parameter, _Saved
+        time_ns = time.time_ns
+
+        def count(key: Any, nbytes: int) -> None:  # a storage not seen before; lock held
+            storages[key] = [1, nbytes]
+            total = live.bytes = live.bytes + nbytes
+            if total > live.window_high:
+                live.window_high, live.window_high_ns = total, time_ns()
+            step = recorder.step
+            if total > high.get(step, 0):
+                high[step] = total
+
+        def pack(t: torch.Tensor) -> Any:
+            kind = type(t)
+            if kind is plain:
+                storage = t.untyped_storage()
+                ptr = storage.data_ptr()
+                if not ptr:  # meta, empty or freed: no memory
+                    return t
+                index = t.get_device()
+                key = ptr if index < 0 else (t.device.type, index, ptr)
+                if key in live.param_keys:
+                    return t
+                with lock:
+                    entry = storages.get(key)
+                    if entry is not None:
+                        entry[0] += 1
+                    else:
+                        base = t._base  # a view of a parameter of another model
+                        if base is not None and _is_parameter(base):
+                            return t
+                        count(key, storage.nbytes())
+                return saved((t, key, live))
+            if kind is parameter:
                 return t
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr == 0:
-                return t
-            key = ("cpu" if t.is_cpu else t.device.type, t.get_device(), ptr)
-            if key in self._param_keys:
-                return t
-            keys: tuple[StorageKey, ...] = (key,)
-            sizes: tuple[int, ...] = (storage.nbytes(),)
-        elif kind is torch.nn.Parameter:
+            return self._pack_subclass(t, count)
+
+        return pack
+
+    def _pack_subclass(self, t: torch.Tensor, count: Any) -> Any:
+        """The pack hook for a tensor subclass (a DTensor: its local shards' storages)."""
+        if self._is_parameter(t):
             return t
-        else:
-            if self._is_parameter(t):
-                return t
-            found = [
-                (key, inner.untyped_storage().nbytes())
-                for inner in local_tensors(t)
-                if (key := storage_key(inner)) is not None and key not in self._param_keys
-            ]
-            if not found:
-                return t
-            keys = tuple(k for k, _ in found)
-            sizes = tuple(n for _, n in found)
-        step = self.recorder.step
-        with self._lock:
-            live = self._live
-            for key, size in zip(keys, sizes, strict=True):
-                entry = live.get(key)
+        live = self._live
+        found = [
+            (key, inner.untyped_storage().nbytes())
+            for inner in local_tensors(t)
+            if (entry := storage_key(inner)) is not None
+            and (key := _pack_key(entry)) not in live.param_keys
+        ]
+        if not found:
+            return t
+        with live.lock:
+            for key, nbytes in found:
+                entry = live.storages.get(key)
                 if entry is None:
-                    live[key] = [1, size]
-                    self._live_bytes += size
+                    count(key, nbytes)
                 else:
                     entry[0] += 1
-            live_bytes = self._live_bytes
-            if live_bytes > self._high.get(step, 0):
-                self._high[step] = live_bytes
-            if live_bytes > self._window_high:
-                self._window_high = live_bytes
-                self._window_high_t = self.recorder.now()
-        return _Saved((t, keys, self._self_ref))
-
-    @staticmethod
-    def _unpack(packed: Any) -> torch.Tensor:
-        return packed[0] if type(packed) is _Saved else packed
+        return _SavedMany((t, tuple(key for key, _ in found), live))

@@ -72,12 +72,20 @@ def parameters_of(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return params
 
 
+_PLAIN_TYPES = frozenset(_PLAIN)
+_DATA_PTR = torch.Tensor.data_ptr
+
+
 def _signature(params: list[torch.nn.Parameter]) -> list[int]:
-    """(identity, data pointer of each storage-owning tensor) of every parameter."""
-    out: list[int] = []
+    """(identity, data pointer of each storage-owning tensor) of every parameter: the
+    identities, then the pointers (built by ``map`` at C speed when every parameter is a
+    plain tensor, the common case)."""
+    out = list(map(id, params))
+    if set(map(type, params)) <= _PLAIN_TYPES:
+        out.extend(map(_DATA_PTR, params))
+        return out
     for p in params:
-        out.append(id(p))
-        if type(p) in _PLAIN:
+        if type(p) in _PLAIN_TYPES:
             out.append(p.data_ptr())
         else:  # a DTensor: its local shard owns the memory
             out.extend(t.data_ptr() for t in local_tensors(p))
@@ -94,6 +102,9 @@ class ParameterCache:
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = weakref.ref(model)
         self.keys: frozenset[StorageKey] = frozenset()
+        # ``keys`` as the memory tracer's pack hook keys them (a CPU storage by its bare
+        # data pointer, see ``memory._pack_key``).
+        self.pack_keys: frozenset[Any] = frozenset()
         self.bytes = 0
         self.device: torch.device | None = None
         self.recounts = 0  # how many times the storages were counted (for tests)
@@ -131,6 +142,7 @@ class ParameterCache:
                     keys.add(found[0])
                     total += found[1]
         self.keys, self.bytes, self.device = frozenset(keys), total, device
+        self.pack_keys = frozenset(k[2] if k[0] == "cpu" else k for k in keys)
         self.recounts += 1
 
 

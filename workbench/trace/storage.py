@@ -22,6 +22,7 @@ __all__ = [
     "StorageKey",
     "device_type",
     "gradient_bytes",
+    "gradient_bytes_of",
     "local_tensors",
     "optimizer_bytes",
     "optimizer_bytes_split",
@@ -82,18 +83,42 @@ def storage_key(t: torch.Tensor) -> StorageKey | None:
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (subclasses unwrapped)."""
-    seen: set[StorageKey] = set()
+    """Bytes of the distinct storages behind ``tensors`` (subclasses unwrapped).
+
+    A plain CPU tensor (the common case: the memory tracer counts every gradient at each
+    sample and the optimizer state after each step) takes a short path: its storage is
+    keyed by the bare data pointer, without building a (device, index, pointer) key; a
+    CPU storage reached through a subclass is keyed the same way, so the two never count
+    one storage twice (an int never equals the tuple key of a storage elsewhere).
+    """
+    seen: set[object] = set()
     total = 0
+    plain = _PLAIN
     for tensor in tensors:
-        inner = (tensor,) if type(tensor) in _PLAIN else local_tensors(tensor)
-        for t in inner:
-            found = storage_entry(t)
-            if found is None or found[0] in seen:
+        if type(tensor) in plain and tensor.get_device() < 0:
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # sparse or storage-less tensors
                 continue
-            seen.add(found[0])
-            total += found[1]
+            ptr = storage.data_ptr()
+            if ptr and ptr not in seen:
+                seen.add(ptr)
+                total += storage.nbytes()
+            continue
+        for t in local_tensors(tensor):
+            found = storage_entry(t)
+            if found is None:
+                continue
+            key: object = found[0][2] if found[0][0] == "cpu" else found[0]
+            if key not in seen:
+                seen.add(key)
+                total += found[1]
     return total
+
+
+def gradient_bytes_of(params: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind the ``.grad`` of ``params``."""
+    return storage_bytes(p.grad for p in params if p.grad is not None)
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:

@@ -116,10 +116,7 @@ class Traced:
 
         tracer = self.comm_tracer if self.comm_tracer is not None else self._shared_comm
         if isinstance(self.model, DistributedDataParallel) and tracer is not None:
-            # DDP's buckets never reach the dispatcher: see them through a comm hook (unless
-            # the user registered a comm hook of their own: DDP takes only one).
-            with contextlib.suppress(RuntimeError):
-                tracer.attach_ddp(self.model)
+            tracer.attach_ddp(self.model)  # its buckets are recorded at the dispatcher
 
     def __exit__(self, *exc: object) -> None:
         try:
