@@ -51,8 +51,9 @@ def run(quick: bool = False) -> BenchResult:
     magics = shell.magics_manager.registry["WorkbenchMagics"]
     cluster = Cluster(n=2, backend="gloo")
     try:
-        cluster.start_sync()
-        magics.cluster = cluster
+        cluster.start_sync()  # the magics' current cluster from now on (Cluster.latest())
+        if magics.cluster is not cluster:
+            raise RuntimeError("the magics do not see the cluster just started")
         client = cluster.client
         view = client[[r.engine_id for r in cluster.ranks]]
         view.block = True
@@ -75,7 +76,6 @@ def run(quick: bool = False) -> BenchResult:
         if sorted(cluster.run(os.getpid)) != sorted(view.apply_sync(os.getpid)):
             raise RuntimeError("cluster.run and view.apply_sync reached different engines")
     finally:
-        magics.cluster = None
         cluster.stop_sync()
     med = {k: median(v) * 1e3 for k, v in samples.items()}
     result = BenchResult(
