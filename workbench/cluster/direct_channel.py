@@ -41,6 +41,16 @@ def open_if_same_network(kernel_net_space: str | None) -> int | None:
     return open_direct_cells()
 
 
+def _metadata(content: dict[str, Any]) -> dict[str, Any]:
+    """The reply's outputs under the keys of ipyparallel's per-request metadata."""
+    return {
+        "stdout": content.get("stdout", ""),
+        "stderr": content.get("stderr", ""),
+        "outputs": list(content.get("outputs") or []),
+        "execute_result": content.get("execute_result"),
+    }
+
+
 class DirectReply:
     """One cell's pending reply from one engine."""
 
@@ -49,21 +59,11 @@ class DirectReply:
         self.msg_id = msg_id
         self.engine_id = engine_id
         self._content: dict[str, Any] | None = None
-        self.metadata: dict[str, Any] = {
-            "stdout": "",
-            "stderr": "",
-            "outputs": [],
-            "execute_result": None,
-        }
+        self.metadata = _metadata({})
 
     def _resolve(self, content: dict[str, Any]) -> None:
         self._content = content
-        self.metadata = {
-            "stdout": content.get("stdout", ""),
-            "stderr": content.get("stderr", ""),
-            "outputs": list(content.get("outputs") or []),
-            "execute_result": content.get("execute_result"),
-        }
+        self.metadata = _metadata(content)
 
     def ready(self) -> bool:
         if self._content is None:

@@ -35,7 +35,6 @@ from workbench.engine.await_cells import execute_cell
 __all__ = [
     "REPLY_TYPE",
     "REQUEST_TYPE",
-    "close_direct_cells",
     "json_session",
     "open_direct_cells",
 ]
@@ -61,12 +60,6 @@ def open_direct_cells() -> int | None:
     server = DirectCellServer(kernel)
     _SERVER.append(server)
     return server.port
-
-
-def close_direct_cells() -> None:
-    """Close this engine's cell socket (runs on the engine)."""
-    while _SERVER:
-        _SERVER.pop().close()
 
 
 def json_session(cluster_session: Any) -> Any:
@@ -118,9 +111,6 @@ class DirectCellServer:
         self._busy = asyncio.Lock()
         self._tasks: set[asyncio.Future[None]] = set()  # held: the loop keeps weak references
 
-    def close(self) -> None:
-        self.stream.close(linger=0)
-
     def _on_recv(self, frames: list[bytes]) -> None:
         idents, body = self.session.feed_identities(frames, copy=True)
         try:
@@ -150,9 +140,9 @@ class DirectCellServer:
 
 async def run_captured(kernel: Any, idents: list[bytes], msg: dict[str, Any]) -> dict[str, Any]:
     """Run ``msg``'s cell as the engine kernel does (``await_cells.execute_cell``) with
-    its outputs captured; the
-    reply content: do_execute's (status, ename, evalue, traceback, engine_info) plus
-    stdout, stderr, outputs (display_data contents) and execute_result."""
+    its outputs captured; the reply content: do_execute's (status, ename, evalue,
+    traceback, engine_info) plus stdout, stderr, outputs (display_data contents) and
+    execute_result. The socket lives as long as the engine process."""
     shell = kernel.shell
     code = msg["content"]["code"]
     outputs: list[dict[str, Any]] = []
