@@ -28,6 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0 numpy
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,hf]'
+	$(VENV)/bin/workbench kernel install --sys-prefix >/dev/null
 	touch $(STAMP)
 
 state:
@@ -51,7 +52,9 @@ lint: $(STAMP)
 	$(PY) -m ruff check workbench tests benchmarks notebooks/build.py
 	$(PY) -m ruff format --check workbench tests benchmarks notebooks/build.py
 
+# The "Python 3 (workbench)" kernel (workbench kernel install) is installed in the venv.
 lab: $(STAMP) state
+	$(VENV)/bin/workbench kernel install --sys-prefix >/dev/null
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 notebooks
 
 # Rebuild the walkthrough notebooks from notebooks/src/ (executes each; see notebooks/build.py).

@@ -11,7 +11,9 @@ Measured for each tool in one interleaved run (rotating order, a new kernel ever
 
 The tools and what a user types (see each ``*_cells`` function):
 
-- workbench: ``%load_ext workbench``, ``%wb start -n N``, a ``%%wb`` cell;
+- workbench: ``%load_ext workbench``, ``%wb start -n N``, a ``%%wb`` cell, in the plain
+  Python kernel and in the workbench's own kernel ("workbench kernel": ``workbench kernel
+  install``'s spec, which starts the engines' torch-importing process with the kernel);
 - jupyter-distributed 0.1.1: its proxy kernel (``python -m jupyter_distributed.kernel``,
   what its server extension restarts a notebook's kernel into when the user sets
   Processes = N) and one plain cell that initialises the process group;
@@ -118,6 +120,14 @@ TOOLS: dict[str, Tool] = {
     "workbench": Tool(
         "workbench", "workbench", "wb-python", workbench_cells, lambda s: "%%wb\n" + s, "%wb stop"
     ),
+    "workbench kernel": Tool(
+        "workbench kernel",
+        "workbench.kernel_launcher",
+        "wb-workbench",
+        workbench_cells,
+        lambda s: "%%wb\n" + s,
+        "%wb stop",
+    ),
     "jupyter-distributed": Tool(
         "jupyter-distributed", "jupyter_distributed", "wb-jd-{n}", jd_cells, lambda s: s, None
     ),
@@ -166,7 +176,8 @@ def _tools() -> dict[str, Tool]:
 
 def _specs(sizes: tuple[int, ...]) -> list[KernelSpec]:
     py = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    specs = [KernelSpec("wb-python", py)]
+    workbench = [sys.executable, "-m", "workbench.kernel_launcher", "-f", "{connection_file}"]
+    specs = [KernelSpec("wb-python", py), KernelSpec("wb-workbench", workbench)]
     for n in sizes:
         specs.append(
             KernelSpec(
@@ -361,13 +372,22 @@ def _rows(result: BenchResult, details: dict, n: int, repeats: int) -> None:
                 samples=repeats,
             )
         )
-    for peer, target in (("jupyter-distributed", COLD_TARGET), ("nbdistributed", None)):
-        if peer in cold:
+    # Each tool in its own kernel: jupyter-distributed's proxy kernel against the
+    # workbench's (the target); the plain Python kernel is shown beside them.
+    kernel = "workbench kernel"
+    cold_pairs = [
+        (kernel, "jupyter-distributed", COLD_TARGET),
+        (wb, "jupyter-distributed", None),
+        (wb, "nbdistributed", None),
+    ]
+    for tool, peer, target in cold_pairs:
+        if tool in cold and peer in cold:
+            in_kernel = " (workbench kernel)" if tool == kernel else ""
             result.rows.append(
                 Row.compare(
-                    f"{n} ranks: fresh kernel to first all-reduce, vs {peer}",
+                    f"{n} ranks: fresh kernel to first all-reduce{in_kernel}, vs {peer}",
                     "s",
-                    cold[wb],
+                    cold[tool],
                     cold[peer],
                     raw_label=peer,
                     target=target,

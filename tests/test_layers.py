@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "workbench.cli",
             "workbench.demo",
             "workbench.compare",
+            "workbench.kernel_launcher",
             "workbench.__main__",
         ),
     ),

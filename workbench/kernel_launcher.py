@@ -1,0 +1,37 @@
+"""The workbench kernel: IPython's kernel, with a local cluster's engine forker started first.
+
+``python -m workbench.kernel_launcher -f {connection_file}`` is the "Python 3 (workbench)"
+kernel spec (``workbench kernel install``). Before the kernel imports anything it starts
+the process that imports torch once and forks a local cluster's engines
+(``workbench.cluster.warm_forker``), so that import runs while the kernel starts and the
+notebook is read, and ``%wb start`` only forks. Otherwise it is the plain Python kernel:
+``%load_ext workbench`` is still what loads the magics, and a notebook runs the same in
+either kernel. Set ``WORKBENCH_WARM_ENGINES=0`` in the kernel's environment to start
+nothing ahead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["WARM_ENV", "main"]
+
+WARM_ENV = "WORKBENCH_WARM_ENGINES"
+
+
+def main() -> None:
+    # As ipykernel_launcher: the working directory is not a place to import modules from.
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
+    if os.environ.get(WARM_ENV, "1") != "0":
+        from workbench.cluster import warm_forker
+
+        warm_forker.spawn()
+    from ipykernel import kernelapp
+
+    kernelapp.launch_new_instance()
+
+
+if __name__ == "__main__":
+    main()
