@@ -24,8 +24,9 @@ The tools and what a user types (see each ``*_cells`` function):
 With ``WB_BENCH_BASELINE=DIR`` (a directory holding another version's ``workbench`` package,
 e.g. ``git archive main workbench | tar -x -C DIR``) that version runs too, as
 "workbench (baseline)", in the same interleaved run: before/after numbers for a change.
-``WB_BENCH_REPEATS=N`` takes N cold starts per tool and size instead of 3 (a busy machine's
-spread needs more).
+``WB_BENCH_BASELINE_KERNEL=workbench`` runs that version in the workbench kernel (its own
+``workbench.kernel_launcher``) instead of the plain Python kernel. ``WB_BENCH_REPEATS=N``
+takes N cold starts per tool and size instead of 3 (a busy machine's spread needs more).
 
 nbdistributed is stopped with ``%unload_ext nbdistributed`` (its graceful path):
 ``%dist_shutdown`` runs ``pkill -f`` on patterns that match other people's processes.
@@ -158,7 +159,10 @@ def _tools() -> dict[str, Tool]:
             raise ValueError(f"WB_BENCH_BASELINE={base!r} holds no workbench package")
         # Ahead of the editable install (the kernels run in an empty directory).
         path = os.pathsep.join([base, os.environ.get("PYTHONPATH", "")])
-        wb = TOOLS["workbench"]
+        kernel = os.environ.get("WB_BENCH_BASELINE_KERNEL", "python")
+        if kernel not in ("python", "workbench"):
+            raise ValueError(f"WB_BENCH_BASELINE_KERNEL={kernel!r} must be 'python' or 'workbench'")
+        wb = TOOLS["workbench" if kernel == "python" else "workbench kernel"]
         tools = {
             "workbench (baseline)": Tool(
                 "workbench (baseline)",

@@ -1,13 +1,13 @@
-"""The workbench kernel: IPython's kernel, with a local cluster's engine forker started first.
+"""The workbench kernel: IPython's kernel, with a local cluster's processes started first.
 
 ``python -m workbench.kernel_launcher -f {connection_file}`` is the "Python 3 (workbench)"
 kernel spec (``workbench kernel install``). Before the kernel imports anything it starts
-the process that imports torch once and forks a local cluster's engines
-(``workbench.cluster.warm_forker``), so that import runs while the kernel starts and the
-notebook is read, and ``%wb start`` only forks. Otherwise it is the plain Python kernel:
-``%load_ext workbench`` is still what loads the magics, and a notebook runs the same in
-either kernel. Set ``WORKBENCH_WARM_ENGINES=0`` in the kernel's environment to start
-nothing ahead.
+the process that imports torch once and forks a local cluster's engines, and the
+controller's (``workbench.cluster.warm_start``), so their imports run while the kernel
+starts and the notebook is read, and ``%wb start`` only sends them their command lines.
+Otherwise it is the plain Python kernel: ``%load_ext workbench`` is still what loads the
+magics, and a notebook runs the same in either kernel. Set ``WORKBENCH_WARM_ENGINES=0`` in
+the kernel's environment to start nothing ahead.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ def main() -> None:
     if sys.path and sys.path[0] in ("", os.getcwd()):
         del sys.path[0]
     if os.environ.get(WARM_ENV, "1") != "0":
-        from workbench.cluster import warm_forker
+        from workbench.cluster import warm_start
 
-        warm_forker.spawn()
+        for role in warm_start.ROLES:
+            warm_start.spawn(role)
     from ipykernel import kernelapp
 
     kernelapp.launch_new_instance()

@@ -3,7 +3,7 @@ them all (``workbench.engine.zygote``).
 
 To ipyparallel it is one launcher holding n engines, as mpiexec is: its process is the
 forking one, the engines are its children, and a signal sent to it reaches every engine.
-Where the workbench kernel started the forking process ahead (warm_forker.py), the
+Where the workbench kernel started the forking process ahead (warm_start.py), the
 launcher takes that one over instead of starting another: the same command, already past
 its torch import.
 
@@ -13,7 +13,6 @@ signals it by that pid (engine_watch.py, signals.py).
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -21,8 +20,8 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher
 from traitlets import default
 
-from workbench.cluster import warm_forker
 from workbench.cluster.processes import running
+from workbench.cluster.warm_launchers import start_warm
 from workbench.engine import zygote
 
 __all__ = ["ForkEngineSetLauncher"]
@@ -46,24 +45,10 @@ class ForkEngineSetLauncher(LocalEngineLauncher):
 
     def start(self, n: int) -> Any:  # type: ignore[override]
         self.n = n
-        env = {**os.environ, **self.get_env()}
-        taken = warm_forker.take(env) if self.state == "before" else None
-        if taken is None:
-            return super().start()
-        process, changes = taken
-        args = [*self.cluster_args, *self.engine_args]
-        cwd, output = os.path.abspath(self.work_dir), os.path.abspath(self.output_file)
-        line = warm_forker.request_line(n, args, changes, cwd, output)
-        assert process.stdin is not None  # started with a pipe (warm_forker.spawn)
-        process.stdin.write(line)
-        process.stdin.close()
-        # What LocalProcessLauncher.start does once its own Popen has returned.
-        self._popen_process = process
-        self.pid = process.pid
-        self.process = psutil.Process(process.pid)
-        self.notify_start(process.pid)
-        self._start_waiting()
-        return None
+        args = [str(n), *self.cluster_args, *self.engine_args]
+        if self.engine_cmd == self._zygote_cmd() and start_warm(self, "engines", args):
+            return None
+        return super().start()
 
     def engine_exited(self) -> bool:
         """True once one of the engines forked so far has exited (seen while the

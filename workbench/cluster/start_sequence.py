@@ -25,6 +25,7 @@ from workbench.cluster.fork_launcher import ForkEngineSetLauncher
 from workbench.cluster.hosts import local_pid_space, net_space
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.ssh_launcher import attach_nannies
+from workbench.cluster.warm_launchers import WarmControllerLauncher
 from workbench.engine import boot, process_group
 from workbench.errors import ClusterError
 
@@ -83,6 +84,8 @@ def local_settings(start_timeout: float) -> dict[str, Any]:
         "config": cfg,
         "send_engines_connection_env": False,
         "engines": ForkEngineSetLauncher,
+        # ipyparallel's, or the one the workbench kernel started ahead (warm_start.py)
+        "controller": WarmControllerLauncher,
     }
 
 

@@ -13,11 +13,11 @@ pool an import starts (numpy's OpenBLAS, unless OMP_NUM_THREADS=1) shuts itself 
 around a fork (pthread_atfork) and starts again in each engine when used. Each engine
 reseeds Python's (and numpy's) global random state, so ranks do not share one stream.
 
-Started ahead (``zygote.py --warm``, by the workbench kernel: cluster/warm_forker.py), it
-imports torch and then waits on its stdin for one request, a JSON line naming the number
-of engines, their arguments, environment, working directory and output file, which the
-kernel writes when ``%wb start`` launches the engines. End of input before a request (the
-kernel ended or gave it up) ends it.
+Started ahead (``zygote.py --warm``, by the workbench kernel: cluster/warm_start.py), it
+imports torch and then waits on its stdin for its command line (``N <ipengine args>``),
+environment, working directory and output file (engine/warm_request.py), which the kernel
+writes when ``%wb start`` launches the engines. End of input before a request (the kernel
+ended or gave it up) ends it.
 
 This process stays until every engine it forked has exited (reaping them; exiting with the
 first non-zero status), and passes SIGTERM, SIGINT and SIGHUP on to them: to ipyparallel it
@@ -26,14 +26,13 @@ is one launcher holding n engines, as mpiexec is.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
-from typing import Any
 
 from workbench.engine.boot import FORKED_ENV, STARTED_ENV
+from workbench.engine.warm_request import await_request
 
 __all__ = ["FORWARDED", "WARM_FLAG", "main"]
 
@@ -84,31 +83,6 @@ def _engine(started: float, args: list[str]) -> None:
     sys.exit(0)
 
 
-def _await_request() -> tuple[int, list[str]]:
-    """A warm start: the launch request from stdin, applied to this process (the engines
-    inherit it). Exits quietly at end of input: nobody will ask for engines."""
-    line = sys.stdin.readline()
-    if not line.strip():
-        sys.exit(0)
-    request: dict[str, Any] = json.loads(line)
-    for key, value in request["env"].items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    os.chdir(request["cwd"])
-    # The engines' stdin is /dev/null and their output goes to the launcher's file, as
-    # for an engine process ipyparallel starts itself.
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    return int(request["n"]), [str(a) for a in request["args"]]
-
-
 def main() -> None:
     started = time.time()
     warm = sys.argv[1:2] == [WARM_FLAG]
@@ -116,7 +90,8 @@ def main() -> None:
         n, args = int(sys.argv[1]), sys.argv[2:]
     _preload()
     if warm:
-        n, args = _await_request()
+        first, *args = await_request()
+        n = int(first)
     children: set[int] = set()
     me = os.getpid()
 

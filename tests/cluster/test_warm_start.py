@@ -1,10 +1,11 @@
-"""The engine forker started ahead by the workbench kernel (cluster/warm_forker.py,
-kernel_launcher.py): taken by the first local cluster when its environment matches, given
-up (and stopped) when it does not, and never left running — not when the kernel exits, not
-when it is killed."""
+"""The processes the workbench kernel starts ahead (cluster/warm_start.py,
+warm_launchers.py, kernel_launcher.py), the engines' forker and the controller: taken by the
+first local cluster when its environment matches, given up (and stopped) when it does not,
+and never left running — not when the kernel exits, not when it is killed."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import sys
@@ -16,8 +17,9 @@ import psutil
 import pytest
 
 from tests.processes import BOUND_S, alive
-from workbench.cluster import Cluster, warm_forker
+from workbench.cluster import Cluster, warm_start
 from workbench.engine import zygote
+from workbench.engine.warm_request import request_line
 
 # Starting a torch-importing process and a kernel: generous, on a busy 2-core machine.
 KERNEL_BOUND_S = 120.0
@@ -26,21 +28,20 @@ KERNEL_BOUND_S = 120.0
 def test_env_changes_lists_what_to_set_and_what_to_remove() -> None:
     started = {"A": "1", "B": "2", "GONE": "x"}
     wanted = {"A": "1", "B": "3", "NEW": "y"}
-    assert warm_forker.env_changes(started, wanted) == {"B": "3", "NEW": "y", "GONE": None}
+    assert warm_start.env_changes(started, wanted) == {"B": "3", "NEW": "y", "GONE": None}
 
 
 def test_only_variables_nothing_imported_has_read_may_differ() -> None:
-    assert warm_forker.compatible({"IPP_CLUSTER_ID": "c1", "MPLBACKEND": "inline", "TERM": None})
+    assert warm_start.compatible({"IPP_CLUSTER_ID": "c1", "MPLBACKEND": "inline", "TERM": None})
     for key in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "TORCH_LOGS"):
-        assert not warm_forker.compatible({"IPP_CLUSTER_ID": "c1", key: "1"}), key
+        assert not warm_start.compatible({"IPP_CLUSTER_ID": "c1", key: "1"}), key
 
 
 def test_the_request_line_is_one_line_of_json() -> None:
-    line = warm_forker.request_line(2, ["--a=1"], {"X": None}, "/w", "/w/out.log")
+    line = request_line(["2", "--a=1"], {"X": None}, "/w", "/w/out.log")
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert json.loads(line) == {
-        "n": 2,
-        "args": ["--a=1"],
+        "args": ["2", "--a=1"],
         "env": {"X": None},
         "cwd": "/w",
         "output": "/w/out.log",
@@ -48,58 +49,95 @@ def test_the_request_line_is_one_line_of_json() -> None:
 
 
 @pytest.fixture
-def no_warm_forker() -> Iterator[None]:
-    assert warm_forker.warm() is None
+def nothing_warm() -> Iterator[None]:
+    assert all(warm_start.warm(role) is None for role in warm_start.ROLES)
     try:
         yield
     finally:
-        warm_forker.stop()
+        warm_start.stop()
+
+
+def _wait_gone(pids: list[int]) -> list[int]:
+    deadline = time.monotonic() + BOUND_S
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive(pids)
 
 
 @pytest.mark.engines
-def test_a_local_cluster_takes_the_warm_forker(no_warm_forker: None) -> None:
-    forker = warm_forker.spawn().process
-    assert warm_forker.spawn().process is forker  # one per kernel
+def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None) -> None:
+    forker = warm_start.spawn("engines").process
+    controller = warm_start.spawn("controller").process
+    assert warm_start.spawn("engines").process is forker  # one per kernel
     cluster = Cluster(n=2, backend="gloo")
     cluster.start_sync()
     try:
-        assert warm_forker.warm() is None  # taken
+        assert all(warm_start.warm(role) is None for role in warm_start.ROLES)  # taken
         parents = {psutil.Process(r.pid).ppid() for r in cluster.ranks}
         assert parents == {forker.pid}
-        assert forker.pid in cluster.pids()  # watched and stopped like a fresh one
+        ipp = cluster._ipp
+        assert ipp is not None and ipp.controller is not None
+        assert ipp.controller.process.pid == controller.pid
+        assert {forker.pid, controller.pid} <= set(cluster.pids())  # watched and stopped
         for eid in (r.engine_id for r in cluster.ranks):
             row = cluster.startup.engines[eid]
             assert row["process_started"] <= row["forked"] <= row["registered"]
         out = cluster.execute("import torch.distributed as dist\nprint(dist.get_world_size())")
         assert [r.stdout.strip() for r in out] == ["2", "2"]
-        (launcher,) = cluster._ipp.engines.values()  # type: ignore[union-attr]
+        (launcher,) = ipp.engines.values()
         assert Path(launcher.output_file).is_file()  # the engines' output goes there
+        assert Path(ipp.controller.output_file).is_file()
     finally:
         pids = cluster.pids()
         cluster.stop_sync()
-    assert forker.wait(BOUND_S) is not None
-    assert alive(pids) == []
+    assert _wait_gone([*pids, forker.pid, controller.pid]) == []
 
 
 @pytest.mark.engines
-def test_a_changed_environment_gives_up_the_warm_forker(
-    no_warm_forker: None, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("role", sorted(warm_start.ROLES))
+def test_a_changed_environment_gives_up_the_warm_process(
+    nothing_warm: None, monkeypatch: pytest.MonkeyPatch, role: str
 ) -> None:
-    forker = warm_forker.spawn().process
+    process = warm_start.spawn(role).process
     monkeypatch.setenv("OMP_NUM_THREADS", "7")  # numpy's BLAS reads it at import
-    assert warm_forker.take(dict(os.environ)) is None
-    assert forker.poll() is not None  # stopped, not left behind
-    assert warm_forker.warm() is None
+    assert warm_start.take(role, dict(os.environ)) is None
+    assert process.poll() is not None  # stopped, not left behind
+    assert warm_start.warm(role) is None
 
 
 @pytest.mark.engines
-def test_a_warm_forker_ends_when_its_pipe_closes(no_warm_forker: None) -> None:
-    process = warm_forker.spawn().process
+def test_a_cluster_started_after_the_environment_changed_starts_fresh_processes(
+    nothing_warm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warm = [warm_start.spawn(role).process for role in warm_start.ROLES]
+    monkeypatch.setenv("WB_TEST_SETTING", "changed")
+    cluster = Cluster(n=2, backend="gloo")
+    cluster.start_sync()
+    try:
+        assert all(p.poll() is not None for p in warm)
+        assert not {p.pid for p in warm} & set(cluster.pids())
+        out = cluster.execute("import os\nprint(os.environ['WB_TEST_SETTING'])")
+        assert [r.stdout.strip() for r in out] == ["changed", "changed"]
+    finally:
+        pids = cluster.pids()
+        cluster.stop_sync()
+    assert _wait_gone(pids) == []
+
+
+@pytest.mark.engines
+@pytest.mark.parametrize("role", sorted(warm_start.ROLES))
+def test_a_warm_process_ends_when_its_pipe_closes(nothing_warm: None, role: str) -> None:
+    process = warm_start.spawn(role).process
     assert process.stdin is not None
     process.stdin.close()  # as when the kernel that started it is gone
     assert process.wait(KERNEL_BOUND_S) == 0
-    warm_forker.stop()
-    assert warm_forker.warm() is None
+    warm_start.stop()
+    assert warm_start.warm(role) is None
+
+
+def test_an_unknown_role_is_refused() -> None:
+    with pytest.raises(ValueError, match="'nanny'"):
+        warm_start.spawn("nanny")
 
 
 @pytest.fixture
@@ -127,11 +165,12 @@ def _run(client: object, code: str) -> str:
     return "".join(out)
 
 
-def _forker_of(client: object) -> int:
-    text = _run(
-        client, "from workbench.cluster import warm_forker\nprint(warm_forker.warm().process.pid)"
+def _warm_pids(client: object) -> dict[str, int]:
+    code = (
+        "from workbench.cluster import warm_start\n"
+        "print({r: warm_start.warm(r).process.pid for r in warm_start.ROLES})"
     )
-    return int(text.strip())
+    return ast.literal_eval(_run(client, code).strip())
 
 
 @pytest.mark.engines
@@ -142,17 +181,17 @@ def test_the_workbench_kernel_starts_the_forker_that_wb_start_forks_from(
 
     km, kc = start_new_kernel(kernel_name=workbench_kernel, startup_timeout=KERNEL_BOUND_S)
     try:
-        forker = _forker_of(kc)
+        pids = _warm_pids(kc)
+        forker = pids["engines"]
         assert zygote.__file__ in psutil.Process(forker).cmdline()
         _run(kc, "%load_ext workbench")
         assert "2 ranks" in _run(kc, "%wb start -n 2")
         text = _run(kc, "%%wb\nimport os\nprint('parent', os.getppid())")
         assert text.count(f"parent {forker}") == 2, text
+        code = "print(__import__('workbench').Cluster.latest()._ipp.controller.process.pid)"
+        assert _run(kc, code).strip() == str(pids["controller"])
         assert "stopped" in _run(kc, "%wb stop")
-        deadline = time.monotonic() + BOUND_S
-        while alive([forker]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert alive([forker]) == []
+        assert _wait_gone(list(pids.values())) == []
     finally:
         kc.stop_channels()
         km.shutdown_kernel()
@@ -167,12 +206,15 @@ def test_a_workbench_kernel_that_never_started_a_cluster_leaves_nothing(
 
     km, kc = start_new_kernel(kernel_name=workbench_kernel, startup_timeout=KERNEL_BOUND_S)
     try:
-        forker = psutil.Process(_forker_of(kc))
+        pids = list(_warm_pids(kc).values())
+        assert len(alive(pids)) == len(warm_start.ROLES)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=how == "killed")
-    gone, left = psutil.wait_procs([forker], timeout=KERNEL_BOUND_S)
-    assert left == [] and gone
+    deadline = time.monotonic() + KERNEL_BOUND_S
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert alive(pids) == []
 
 
 def test_the_kernel_spec_runs_this_interpreter_with_the_workbench_launcher(tmp_path: Path) -> None:

@@ -1,0 +1,53 @@
+"""Launching by taking over a process the workbench kernel started ahead (warm_start.py).
+
+A local cluster's two launchers (the engines' forker, fork_launcher.py, and the controller)
+first look for a process of their role waiting in this kernel; where one may be taken, they
+send it their command line and then treat it as the process they would have started.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import psutil
+from ipyparallel.cluster.launcher import LocalControllerLauncher
+
+from workbench.cluster import warm_start
+from workbench.engine.warm_request import request_line
+
+__all__ = ["WarmControllerLauncher", "start_warm"]
+
+
+def start_warm(launcher: Any, role: str, args: list[str]) -> bool:
+    """Start ``launcher`` (a LocalProcessLauncher) as the waiting ``role`` process running
+    ``args``; False (nothing done) where there is none it may take."""
+    if launcher.state != "before":
+        return False
+    taken = warm_start.take(role, {**os.environ, **launcher.get_env()})
+    if taken is None:
+        return False
+    process, changes = taken
+    cwd, output = os.path.abspath(launcher.work_dir), os.path.abspath(launcher.output_file)
+    assert process.stdin is not None  # started with a pipe (warm_start.spawn)
+    process.stdin.write(request_line(args, changes, cwd, output))
+    process.stdin.close()
+    # What LocalProcessLauncher.start does once its own Popen has returned.
+    launcher._popen_process = process
+    launcher.pid = process.pid
+    launcher.process = psutil.Process(process.pid)
+    launcher.notify_start(process.pid)
+    launcher._start_waiting()
+    return True
+
+
+class WarmControllerLauncher(LocalControllerLauncher):
+    """ipyparallel's local controller, or the one the workbench kernel started ahead."""
+
+    def start(self) -> Any:
+        args = [*self.cluster_args, *self.controller_args]
+        default = self.controller_cmd == [sys.executable, "-m", "ipyparallel.controller"]
+        if default and start_warm(self, "controller", args):
+            return None
+        return super().start()
