@@ -42,6 +42,8 @@ BENCHMARKS: dict[str, str] = {
     "multinode": "benchmarks.multinode_bench",
     # fresh kernels through nbclient, beside jupyter-distributed / nbdistributed / ipyparallel
     "peers": "benchmarks.peers_bench",
+    # fresh kernels: %wb start after an idle spell, the workbench kernel vs the plain one
+    "kernel_start": "benchmarks.kernel_start_bench",
 }
 
 

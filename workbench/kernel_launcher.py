@@ -6,7 +6,7 @@ the process that imports torch once and forks a local cluster's engines, and the
 controller's (``workbench.cluster.warm_start``), so their imports run while the kernel
 starts and the notebook is read, and ``%wb start`` only sends them their command lines.
 Otherwise it is the plain Python kernel: ``%load_ext workbench`` is still what loads the
-magics, and a notebook runs the same in either kernel. Set ``WORKBENCH_WARM_ENGINES=0`` in
+magics, and a notebook runs the same in either kernel. Set ``WORKBENCH_WARM_START=0`` in
 the kernel's environment to start nothing ahead.
 """
 
@@ -17,7 +17,7 @@ import sys
 
 __all__ = ["WARM_ENV", "main"]
 
-WARM_ENV = "WORKBENCH_WARM_ENGINES"
+WARM_ENV = "WORKBENCH_WARM_START"
 
 
 def main() -> None:

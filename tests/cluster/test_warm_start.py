@@ -217,6 +217,25 @@ def test_a_workbench_kernel_that_never_started_a_cluster_leaves_nothing(
     assert alive(pids) == []
 
 
+@pytest.mark.engines
+def test_the_workbench_kernel_can_be_told_to_start_nothing_ahead(workbench_kernel: str) -> None:
+    from jupyter_client.manager import start_new_kernel
+
+    from workbench.kernel_launcher import WARM_ENV
+
+    env = {**os.environ, WARM_ENV: "0"}
+    km, kc = start_new_kernel(kernel_name=workbench_kernel, startup_timeout=KERNEL_BOUND_S, env=env)
+    try:
+        code = (
+            "from workbench.cluster import warm_start\n"
+            "print([warm_start.warm(r) for r in warm_start.ROLES])"
+        )
+        assert _run(kc, code).strip() == "[None, None]"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel()
+
+
 def test_the_kernel_spec_runs_this_interpreter_with_the_workbench_launcher(tmp_path: Path) -> None:
     from workbench.cli import main
 
