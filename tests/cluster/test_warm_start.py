@@ -125,6 +125,15 @@ def test_a_cluster_started_after_the_environment_changed_starts_fresh_processes(
 
 
 @pytest.mark.engines
+def test_a_warm_process_that_died_is_not_taken(nothing_warm: None) -> None:
+    process = warm_start.spawn("engines").process
+    process.kill()  # our own child, by its pid
+    process.wait()
+    assert warm_start.take("engines", dict(os.environ)) is None
+    assert warm_start.warm("engines") is None
+
+
+@pytest.mark.engines
 @pytest.mark.parametrize("role", sorted(warm_start.ROLES))
 def test_a_warm_process_ends_when_its_pipe_closes(nothing_warm: None, role: str) -> None:
     process = warm_start.spawn(role).process

@@ -31,8 +31,13 @@ def start_warm(launcher: Any, role: str, args: list[str]) -> bool:
     process, changes = taken
     cwd, output = os.path.abspath(launcher.work_dir), os.path.abspath(launcher.output_file)
     assert process.stdin is not None  # started with a pipe (warm_start.spawn)
-    process.stdin.write(request_line(args, changes, cwd, output))
-    process.stdin.close()
+    try:
+        process.stdin.write(request_line(args, changes, cwd, output))
+        process.stdin.close()
+    except OSError:  # it died since take() saw it alive: start a fresh one instead
+        process.kill()
+        process.wait()
+        return False
     # What LocalProcessLauncher.start does once its own Popen has returned.
     launcher._popen_process = process
     launcher.pid = process.pid
