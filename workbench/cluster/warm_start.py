@@ -30,6 +30,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from workbench.engine.zygote import WARM_FLAG
+
 __all__ = ["ROLES", "WarmProcess", "compatible", "env_changes", "spawn", "stop", "take", "warm"]
 
 # What ipyparallel puts in each launcher's environment (cluster id, profile dir, connection
@@ -56,7 +58,7 @@ STOP_WAIT_S = 10.0
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # role -> the file run (with -P, as the launchers run it) and its arguments until the request.
 ROLES: dict[str, list[str]] = {
-    "engines": [os.path.join(_PACKAGE, "engine", "zygote.py"), "--warm"],
+    "engines": [os.path.join(_PACKAGE, "engine", "zygote.py"), WARM_FLAG],
     "controller": [os.path.join(_PACKAGE, "cluster", "warm_controller.py")],
 }
 
