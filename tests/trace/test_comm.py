@@ -13,7 +13,7 @@ from tests.harness import run_ranks
 from tests.trace.models import make_mlp
 from workbench.errors import WorkbenchError
 from workbench.trace import CommEvent, CommTracer, MemoryTracer, Recorder, gradient_bytes
-from workbench.trace.intercept import intercepted_ops
+from workbench.trace.intercept import active, intercepted_ops, release
 
 STEPS = 3
 
@@ -286,19 +286,72 @@ def test_memory_tracer_stops_on_its_own_thread() -> None:
     assert not mem.active
 
 
-def test_interception_installed_only_while_a_tracer_runs() -> None:
+def test_interception_stays_parked_between_tracers_until_released() -> None:
     name = "c10d::allreduce_"
+    release()
     assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
     first, second = CommTracer(Recorder()), CommTracer(Recorder())
     with first:
-        assert name in intercepted_ops()
+        assert name in intercepted_ops() and active()
         assert "_c10d_functional::all_reduce" in intercepted_ops()
         assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
         with second:
             pass
-        assert name in intercepted_ops()  # still needed by the first tracer
+        assert name in intercepted_ops() and active()  # still needed by the first tracer
+        assert not release()  # refused while a tracer listens
+        assert name in intercepted_ops()
+    # Parked: still registered (a loop traced block by block does not re-register the
+    # kernels per block), but nobody is told.
+    assert name in intercepted_ops() and not active()
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
+    with CommTracer(Recorder()):  # re-entered: the parked kernels serve it
+        assert name in intercepted_ops() and active()
+    assert release()
     assert intercepted_ops() == []
     assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
+    with CommTracer(Recorder()):  # registered again after a release
+        assert name in intercepted_ops()
+    assert release() and intercepted_ops() == []
+
+
+def _parked_rank(rank: int, world_size: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    rec = Recorder(rank)
+    t = torch.ones(3)
+    with CommTracer(rec):
+        dist.all_reduce(t)
+    inside = len(_comm(rec.events))
+    dist.all_reduce(t)  # parked kernel: redispatched, recorded nowhere
+    dist.broadcast(t, src=0)
+    parked = "c10d::allreduce_" in intercepted_ops()
+    after_parked = len(_comm(rec.events))
+    other = Recorder(rank)
+    with CommTracer(other):  # a new block records only its own collectives
+        dist.all_reduce(t)
+    released = release()
+    dist.all_reduce(t)  # after release: the plain dispatcher, still correct
+    return {
+        "inside": inside,
+        "parked": parked,
+        "after_parked": after_parked,
+        "other": [(e.op, e.bytes) for e in _comm(other.events)],
+        "released": released,
+        "registered_after_release": intercepted_ops(),
+        "value": t.tolist(),
+        "in_flight": dict(rec.in_flight) | dict(other.in_flight),
+    }
+
+
+@pytest.mark.engines
+def test_parked_interception_records_nothing_outside_a_block() -> None:
+    for out in run_ranks(_parked_rank):
+        assert out["inside"] == 1 and out["parked"]
+        assert out["after_parked"] == 1  # the two collectives after the block: not recorded
+        assert out["other"] == [("all_reduce", 12)]
+        assert out["released"] and out["registered_after_release"] == []
+        assert out["value"] == [2.0**4] * 3  # 4 all-reduces of ones over 2 ranks
+        assert out["in_flight"] == {}
 
 
 def test_tracer_is_transparent_without_a_process_group() -> None:
@@ -356,6 +409,9 @@ def test_a_backend_select_kernel_registered_by_someone_else_is_left_alone() -> N
 
     with CommTracer(Recorder()):  # the interception's op list is known from here on
         assert name in intercepted_ops()
+    # Parked kernels hold BackendSelect until released: whoever registers their own
+    # releases first (a registration over ours is refused by torch).
+    assert release()
     library = torch.library.Library("c10d", "IMPL")
     library.impl("barrier", theirs, "BackendSelect", with_keyset=True)
     try:
@@ -363,6 +419,8 @@ def test_a_backend_select_kernel_registered_by_someone_else_is_left_alone() -> N
             assert name not in intercepted_ops()  # theirs stays; barrier goes untraced
             assert "c10d::allreduce_" in intercepted_ops()
         assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")
+        assert release()
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")  # theirs
     finally:
         library._destroy()
     assert not torch._C._dispatch_has_kernel_for_dispatch_key(name, "BackendSelect")

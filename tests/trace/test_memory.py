@@ -293,3 +293,27 @@ def test_a_view_of_another_models_parameter_is_not_an_activation() -> None:
         assert tracer.activation_bytes == 0
         y.sum().backward()
     assert tracer.activation_bytes == 0
+
+
+def test_a_freed_handle_is_uncounted_before_its_address_is_counted_again() -> None:
+    """Freed handles are uncounted lazily (``_Live.drain``); a storage at the address of one
+    freed but not yet drained must be counted as the new storage it is, with its own size."""
+    import numpy as np
+
+    tracer = MemoryTracer(make_mlp(4, 8, 2), None, Recorder())
+    pack = tracer._make_pack()
+    buffer = np.zeros(64, dtype=np.float32)
+    whole = torch.from_numpy(buffer)  # a storage of 256 bytes at the buffer's address
+    half = torch.from_numpy(buffer[:32])  # another storage, 128 bytes, at the same address
+    assert whole.untyped_storage().data_ptr() == half.untyped_storage().data_ptr()
+
+    handle = pack(whole)
+    assert tracer.activation_bytes == 256
+    del handle  # autograd freed it: uncounting is queued
+    kept = pack(half)
+    assert tracer.activation_bytes == 128
+    again = pack(half)  # the same storage again: counted once
+    assert tracer.activation_bytes == 128
+    del kept, again
+    assert tracer.activation_bytes == 0
+    assert tracer._live.storages == {} and tracer._live.released == []

@@ -221,3 +221,23 @@ def test_process_rss_after_a_fork_is_the_childs() -> None:
     os.close(read)
     os.waitpid(pid, 0)
     assert after - before >= 200 * 2**20  # the child's own growth, not the parent's RSS
+
+
+def test_a_start_sample_walks_the_parameters_of_now() -> None:
+    """``start(sample=...)`` shares one walk between the hooks and the sample: the walk made
+    at that moment, not the cache of an earlier tracer on the same model."""
+    model = _Aliasing()
+    first = MemoryTracer(model, None, Recorder())
+    assert first.sample().params == 8 * 8 * F32
+    model.weight = nn.Parameter(torch.randn(16, 8))  # replaced between two tracers
+    rec = Recorder()
+    second = MemoryTracer(model, None, rec).start(sample="start")
+    try:
+        (start,) = [e for e in rec.events if getattr(e, "label", None) == "start"]
+        assert start.params == parameter_bytes(model) == 16 * 8 * F32
+        x = torch.randn(16, 8, requires_grad=True)
+        out = model(x)
+        assert second.activation_bytes == 0  # the new weight's alias is a parameter's
+        out.sum().backward()
+    finally:
+        second.stop()

@@ -126,6 +126,11 @@ def start_monitor(run_dir: str, rank: int) -> None:
 
 def stop_monitor() -> None:
     pause_cell_tracer()
+    # Tracing is off for good on this engine: hand the dispatcher back (the collective
+    # kernels stay parked between traced blocks, see trace/intercept.py).
+    from workbench.trace.intercept import release
+
+    release()
     if _monitor:
         _monitor[0].stopped.set()
         _monitor.clear()

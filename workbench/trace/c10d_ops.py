@@ -20,14 +20,39 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["OpInfo", "group_size", "lookup", "op_bytes", "overloads", "tensor_bytes"]
+__all__ = [
+    "OpInfo",
+    "group_size",
+    "lookup",
+    "op_bytes",
+    "overloads",
+    "tensor_bytes",
+    "tensor_leaves",
+]
+
+
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """The tensors in a collective's (nested) argument, in order: what ``tree_leaves``
+    yields that is a tensor. A collective's arguments are tensors, lists / tuples of them
+    (nested for all_gather), a process group and scalars, so those are walked here at a
+    fraction of pytree's cost (read twice per traced collective); any other container
+    falls back to pytree."""
+    out: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, torch.Tensor):
+            out.append(node)
+        elif isinstance(node, list | tuple):
+            stack.extend(reversed(node))
+        elif isinstance(node, dict):
+            out.extend(t for t in tree_leaves(node) if isinstance(t, torch.Tensor))
+    return out
 
 
 def tensor_bytes(tree: Any) -> int:
     """Sum of ``numel * element_size`` over the tensors in a (nested) argument."""
-    return sum(
-        t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, torch.Tensor)
-    )
+    return sum(t.numel() * t.element_size() for t in tensor_leaves(tree))
 
 
 @dataclass(frozen=True, slots=True)

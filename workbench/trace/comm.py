@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.errors import WorkbenchError
-from workbench.trace.c10d_ops import OpInfo, group_size, op_bytes
+from workbench.trace.c10d_ops import OpInfo, group_size, op_bytes, tensor_leaves
 from workbench.trace.comm_source import issuer as _source
 from workbench.trace.comm_source import labelled
 from workbench.trace.events import CommEvent, Event, PhaseSpan
@@ -276,7 +276,8 @@ class CommTracer:
             self._poll_cuda()
             default_size = dist.get_world_size if dist.is_initialized() else (lambda: 1)
             size = group_size(info, args, default_size)
-            first = next((t for t in _leaves(args) if isinstance(t, torch.Tensor)), None)
+            leaves = _leaves(args)
+            first = leaves[0] if leaves else None
             bucket = (
                 info.name == "all_reduce"
                 and not info.functional
@@ -350,6 +351,4 @@ class CommTracer:
 
 
 def _leaves(tree: Any) -> list[Any]:
-    from torch.utils._pytree import tree_leaves
-
-    return tree_leaves(tree)
+    return tensor_leaves(tree)

@@ -7,8 +7,18 @@ collectives); the op tables come from ``c10d_ops``. Instead of a ``TorchDispatch
 small transformer step), a Python kernel is registered for just these ops at the
 ``BackendSelect`` dispatch key, which every call passes before its backend kernel. The
 kernel reports the call to the listeners and redispatches to the real (gloo / NCCL)
-kernel below ``BackendSelect``. Registrations are removed when the last listener leaves,
-which restores the dispatcher exactly.
+kernel below ``BackendSelect``.
+
+The kernels are registered when the first listener arrives and then stay, *parked*, when
+the last one leaves: a loop traced block by block (``with wb.traced(...)`` around every
+step) would otherwise register and remove 36 kernels per block (0.3-1 ms, the dispatcher
+rebuilds each op's table). A parked kernel records nothing: it sees no listener and
+redispatches at once (one Python call per collective, ~10 us; nothing per other op).
+``release()`` removes them and restores the dispatcher exactly: called when tracing is
+turned off for good (an engine's status monitor stopped, interpreter exit), or by anyone
+who wants the dispatcher back (their own ``BackendSelect`` kernel on a collective).
+Removal is never done from inside a kernel or on a timer thread: the dispatcher holds a
+raw pointer to a kernel while it runs, so a kernel removed mid-call would be freed under it.
 
 Because the registration is per process, collectives issued on any thread (autograd
 device threads, pipeline workers) are seen. A collective issued inside another traced
@@ -18,6 +28,7 @@ collective (a functional all-reduce runs ``c10d::allreduce_`` underneath) or ins
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,7 +38,15 @@ import torch
 
 from workbench.trace.c10d_ops import OpInfo, overloads
 
-__all__ = ["Listener", "add_listener", "intercepted_ops", "looking_away", "remove_listener"]
+__all__ = [
+    "Listener",
+    "active",
+    "add_listener",
+    "intercepted_ops",
+    "looking_away",
+    "release",
+    "remove_listener",
+]
 
 
 class Listener(Protocol):
@@ -66,15 +85,24 @@ def _is_meta(args: tuple) -> bool:
     return False
 
 
+def _redispatcher(op: Any) -> Callable[..., Any]:
+    """``op.redispatch`` without its Python frame (the kernel runs for every collective,
+    parked or not)."""
+    handle = getattr(op, "_handle", None)
+    return getattr(handle, "redispatch_boxed", None) or op.redispatch
+
+
 def _collective_kernel(op: Any, info: OpInfo, below: Any) -> Callable[..., Any]:
+    redispatch = _redispatcher(op)
+
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         listeners = _listeners
         if not listeners or _depth() > 0 or _is_meta(args):
-            return op.redispatch(keyset & below, *args, **kwargs)
+            return redispatch(keyset & below, *args, **kwargs)
 
         def call() -> Any:
             with looking_away():
-                return op.redispatch(keyset & below, *args, **kwargs)
+                return redispatch(keyset & below, *args, **kwargs)
 
         if len(listeners) == 1:
             return listeners[0]._on_collective(info, call, args)
@@ -99,8 +127,10 @@ def _fan_out(listeners: tuple[Listener, ...], info: OpInfo, call: Any, args: tup
 
 
 def _wait_kernel(op: Any, below: Any) -> Callable[..., Any]:
+    redispatch = _redispatcher(op)
+
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        out = op.redispatch(keyset & below, *args, **kwargs)
+        out = redispatch(keyset & below, *args, **kwargs)
         for listener in _listeners:
             listener._on_wait(args[0] if args else None)
         return out
@@ -163,21 +193,41 @@ def add_listener(listener: Listener) -> None:
     with _LOCK:
         if listener in _listeners:
             return
-        if not _listeners:
+        if not _libraries:  # first use, or after release(): otherwise parked kernels wait
             _register()
         _listeners = (*_listeners, listener)
 
 
 def remove_listener(listener: Listener) -> None:
+    """Stop telling ``listener``; the kernels stay parked (see the module docstring)."""
     global _listeners
     with _LOCK:
-        if listener not in _listeners:
-            return
-        _listeners = tuple(x for x in _listeners if x is not listener)
-        if not _listeners:
-            _unregister()
+        if listener in _listeners:
+            _listeners = tuple(x for x in _listeners if x is not listener)
+
+
+def release() -> bool:
+    """Remove the parked kernels, restoring the dispatcher exactly; False (and nothing
+    removed) while a listener is still active. Call it on the thread that issues the
+    collectives, outside any collective."""
+    with _LOCK:
+        if _listeners:
+            return False
+        _unregister()
+        return True
 
 
 def intercepted_ops() -> list[str]:
-    """Qualified names of the ops currently intercepted (empty when no tracer runs)."""
+    """Qualified names of the ops whose kernels are registered, parked or active (empty
+    before the first tracer and after ``release()``)."""
     return list(_registered)
+
+
+def active() -> bool:
+    """Is any listener told about collectives now? (Parked kernels alone: False.)"""
+    return bool(_listeners)
+
+
+# At exit: the kernels call back into Python, which must not happen during interpreter
+# teardown (a collective issued by a destructor there would find half-torn-down modules).
+atexit.register(release)

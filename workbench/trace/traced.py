@@ -101,8 +101,8 @@ class Traced:
 
                 self.memory_tracer = MemoryTracer(
                     _inner(self.model), self.optimizer, self.recorder, per_module=self.per_module
-                ).start()
-                self.memory_tracer.sample(label="start")
+                )
+                self.memory_tracer.start(sample="start")  # one parameter walk for both
             self._attach_ddp()
             self._span = self.recorder.phase_span(self.name)
             self._span.__enter__()
