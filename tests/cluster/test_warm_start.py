@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -131,6 +132,33 @@ def test_a_warm_process_that_died_is_not_taken(nothing_warm: None) -> None:
     process.wait()
     assert warm_start.take("engines", dict(os.environ)) is None
     assert warm_start.warm("engines") is None
+
+
+class _Launcher:
+    """What start_warm reads of an ipyparallel launcher that has not started yet."""
+
+    state = "before"
+    work_dir = "."
+
+    def __init__(self, output_file: str) -> None:
+        self.output_file = output_file
+
+    def get_env(self) -> dict[str, str]:
+        return {}
+
+
+@pytest.mark.engines
+def test_a_process_that_dies_before_its_request_is_sent_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workbench.cluster import warm_launchers
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE)
+    dead.wait(BOUND_S)  # its pipe has no reader now: the request cannot be written
+    monkeypatch.setattr(warm_start, "take", lambda role, env: (dead, {}))
+    launcher = _Launcher(str(tmp_path / "out.log"))
+    assert warm_launchers.start_warm(launcher, "engines", ["2"]) is False
+    assert launcher.state == "before"  # the launcher starts its own process instead
 
 
 @pytest.mark.engines
