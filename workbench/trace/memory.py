@@ -21,117 +21,19 @@ from workbench.errors import WorkbenchError
 from workbench.trace.events import MemorySample
 from workbench.trace.memory_cache import optimizer_cache, parameter_cache
 from workbench.trace.recorder import Recorder
-from workbench.trace.storage import (
-    StorageKey,
-    gradient_bytes_of,
-    local_tensors,
-    process_rss,
-    storage_key,
+from workbench.trace.saved_tensors import (
+    LiveSaved,
+    Saved,
+    SavedMany,
+    is_parameter,
+    pack_key,
+    unpack,
 )
+from workbench.trace.storage import gradient_bytes_of, local_tensors, process_rss, storage_key
 
 __all__ = ["MemoryTracer"]
 
 _CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "allocator")
-
-
-def _is_parameter(t: torch.Tensor) -> bool:
-    """``isinstance(t, nn.Parameter)``, whose metaclass check runs Python code, skipped for
-    the two exact types every saved tensor has in practice."""
-    kind = type(t)
-    if kind is torch.nn.Parameter:
-        return True
-    return kind is not torch.Tensor and isinstance(t, torch.nn.Parameter)
-
-
-class _Live:
-    """The saved-tensor counts, shared by the pack hook and the handles autograd holds.
-
-    Kept apart from the tracer so a handle can reach the counts directly (no weak
-    reference to dereference per release) without keeping the model or the recorder
-    alive: a graph that outlives its tracer holds only this.
-
-    A freed handle only appends its key to ``released`` (``list.append`` is atomic: no
-    lock, no dictionary work per release, ~150 of them in a backward); ``drain`` applies
-    them, and everything that reads the counts drains first (the pack hook before it
-    counts, a sample, ``activation_bytes``), so every figure is what eager uncounting
-    would give.
-    """
-
-    __slots__ = (
-        "bytes",
-        "lock",
-        "param_keys",
-        "released",
-        "storages",
-        "window_high",
-        "window_high_ns",
-    )
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()  # pack runs on autograd threads
-        self.storages: dict[Any, list[int]] = {}  # pack key -> [handle count, nbytes]
-        self.bytes = 0  # of the storages above
-        self.released: list[Any] = []  # pack keys of freed handles, not yet uncounted
-        # High-water mark since the last sample, and when (time.time_ns) it was reached.
-        self.window_high = 0
-        self.window_high_ns = 0
-        # The parameter storages' pack keys (see ``_pack_key``): never activations.
-        self.param_keys: frozenset[Any] = frozenset()
-
-    def drain(self) -> None:
-        """Uncount the handles freed since the last drain (call with ``lock`` held)."""
-        released = self.released
-        n = len(released)
-        if not n:
-            return
-        # A handle freed meanwhile (another thread, or a collection triggered here) appends
-        # past ``n``: it stays for the next drain.
-        keys = released[:n]
-        del released[:n]
-        storages = self.storages
-        freed = 0
-        for key in keys:
-            entry = storages.get(key)
-            if entry is not None:
-                entry[0] -= 1
-                if not entry[0]:
-                    del storages[key]
-                    freed += entry[1]
-        self.bytes -= freed
-
-
-def _pack_key(key: StorageKey) -> Any:
-    """The key the pack hook uses for a storage: the bare data pointer on the CPU (an int
-    hashes and compares fastest, and ``get_device()`` is cheaper than ``is_cpu``), the
-    full (device type, index, pointer) elsewhere: an int never equals a tuple."""
-    return key[2] if key[0] == "cpu" else key
-
-
-class _Saved(tuple):  # type: ignore[type-arg]
-    """What autograd stores instead of a saved tensor while the tracer counts it:
-    ``(tensor, pack key, _Live)``. A tuple, built in C: one is made for every saved
-    tensor. Its ``__del__`` (autograd freed the handle) queues the storage's uncounting
-    (see ``_Live``)."""
-
-    __slots__ = ()
-
-    def __del__(self) -> None:
-        self[2].released.append(self[1])
-
-
-class _SavedMany(tuple):  # type: ignore[type-arg]
-    """``_Saved`` for a tensor subclass (a DTensor) whose memory is in several storages:
-    ``(tensor, pack keys, _Live)``."""
-
-    __slots__ = ()
-
-    def __del__(self) -> None:
-        self[2].released.extend(self[1])
-
-
-def _unpack(packed: Any) -> torch.Tensor:
-    # A tensor is never a tuple: a tuple is one of our handles.
-    return packed[0] if isinstance(packed, tuple) else packed
 
 
 class MemoryTracer:
@@ -155,9 +57,9 @@ class MemoryTracer:
         self.optimizer = optimizer
         self.recorder = recorder
         self.per_module = per_module
-        self._live = _Live()
+        self._live = LiveSaved()
         self._high: dict[int, int] = {}  # step -> high-water mark of live activation bytes
-        # The high-water mark since the last sample (``_Live.window_high``) becomes a
+        # The high-water mark since the last sample (``LiveSaved.window_high``) becomes a
         # sample of its own when it is above both samples around it: a peak inside a phase
         # (a pipeline schedule runs every micro-batch inside one phase) is not missed.
         self._last_activations = 0
@@ -198,7 +100,7 @@ class MemoryTracer:
             for name, module in self.model.named_modules():
                 label = name or type(module).__name__
                 self._handles.append(module.register_forward_hook(self._module_hook(label)))
-        ctx = torch.autograd.graph.saved_tensors_hooks(self._make_pack(), _unpack)
+        ctx = torch.autograd.graph.saved_tensors_hooks(self._make_pack(), unpack)
         ctx.__enter__()
         self._hooks_ctx = ctx
         self._thread = threading.get_ident()
@@ -343,7 +245,7 @@ class MemoryTracer:
 
     @staticmethod
     def _is_parameter(t: torch.Tensor) -> bool:
-        return _is_parameter(t) or (t._base is not None and _is_parameter(t._base))
+        return is_parameter(t) or (t._base is not None and is_parameter(t._base))
 
     def _make_pack(self) -> Any:
         """The pack hook: runs for every tensor autograd saves, so everything it reads is
@@ -351,7 +253,7 @@ class MemoryTracer:
         live = self._live
         storages, lock = live.storages, live.lock
         high, recorder = self._high, self.recorder
-        plain, parameter, saved = torch.Tensor, torch.nn.Parameter, _Saved
+        plain, parameter, saved = torch.Tensor, torch.nn.Parameter, Saved
         time_ns = time.time_ns
         released, drain = live.released, live.drain
 
@@ -383,7 +285,7 @@ class MemoryTracer:
                         entry[0] += 1
                     else:
                         base = t._base  # a view of a parameter of another model
-                        if base is not None and _is_parameter(base):
+                        if base is not None and is_parameter(base):
                             return t
                         count(key, storage.nbytes())
                 return saved((t, key, live))
@@ -402,7 +304,7 @@ class MemoryTracer:
             (key, inner.untyped_storage().nbytes())
             for inner in local_tensors(t)
             if (entry := storage_key(inner)) is not None
-            and (key := _pack_key(entry)) not in live.param_keys
+            and (key := pack_key(entry)) not in live.param_keys
         ]
         if not found:
             return t
@@ -414,4 +316,4 @@ class MemoryTracer:
                     count(key, nbytes)
                 else:
                     entry[0] += 1
-        return _SavedMany((t, tuple(key for key, _ in found), live))
+        return SavedMany((t, tuple(key for key, _ in found), live))

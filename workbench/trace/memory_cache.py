@@ -107,7 +107,7 @@ class ParameterCache:
         self._model = weakref.ref(model)
         self.keys: frozenset[StorageKey] = frozenset()
         # ``keys`` as the memory tracer's pack hook keys them (a CPU storage by its bare
-        # data pointer, see ``memory._pack_key``).
+        # data pointer, see ``saved_tensors.pack_key``).
         self.pack_keys: frozenset[Any] = frozenset()
         self.bytes = 0
         self.device: torch.device | None = None
