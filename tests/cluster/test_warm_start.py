@@ -80,6 +80,9 @@ def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None
         assert ipp is not None and ipp.controller is not None
         assert ipp.controller.process.pid == controller.pid
         assert {forker.pid, controller.pid} <= set(cluster.pids())  # watched and stopped
+        table = cluster.startup.table()
+        assert "engines started with the workbench kernel: taken (" in table
+        assert "controller started with the workbench kernel: taken (" in table
         for eid in (r.engine_id for r in cluster.ranks):
             row = cluster.startup.engines[eid]
             assert row["process_started"] <= row["forked"] <= row["registered"]
@@ -117,6 +120,9 @@ def test_a_cluster_started_after_the_environment_changed_starts_fresh_processes(
     try:
         assert all(p.poll() is not None for p in warm)
         assert not {p.pid for p in warm} & set(cluster.pids())
+        table = cluster.startup.table()
+        assert "engines started with the workbench kernel: not taken: WB_TEST_SETTING" in table
+        assert "controller started with the workbench kernel: not taken: WB_TEST_SETTING" in table
         out = cluster.execute("import os\nprint(os.environ['WB_TEST_SETTING'])")
         assert [r.stdout.strip() for r in out] == ["changed", "changed"]
     finally:

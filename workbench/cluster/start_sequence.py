@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import launchers, rendezvous
+from workbench.cluster import launchers, rendezvous, warm_start
 from workbench.cluster.direct_channel import open_if_same_network
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.fork_launcher import ForkEngineSetLauncher
@@ -148,6 +148,7 @@ async def start_engines(cluster: Cluster) -> None:
                 + (f"\n--- launcher output ---\n{output}" if output else "")
             ) from exc
         profile.mark("engines launched")
+        profile.remarks.extend(warm_start.pop_outcomes())
         cluster._write_pidfile()
         cluster._client = await ipp_cluster.connect_client()
         profile.mark("client connected")

@@ -30,6 +30,7 @@ class StartupProfile:
     stages: dict[str, float] = field(default_factory=dict)
     engines: dict[int, dict[str, float]] = field(default_factory=dict)
     notes: dict[str, float] = field(default_factory=dict)  # seconds measured elsewhere
+    remarks: list[str] = field(default_factory=list)  # one line each, after the engines
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def now(self) -> float:
@@ -82,6 +83,7 @@ class StartupProfile:
                 row = self.engines[eid]
                 cells = [f"{row[key]:12.2f}" if key in row else f"{'-':>12}" for key, _ in columns]
                 lines.append(f"  {eid:<6}  " + "  ".join(cells))
+        lines.extend(f"  {remark}" for remark in self.remarks)
         with contextlib.suppress(OSError):  # no load average on this platform
             lines.append(f"  load average (1 min): {os.getloadavg()[0]:.1f}")
         return "\n".join(lines)

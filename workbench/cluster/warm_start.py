@@ -27,12 +27,23 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from workbench.engine.zygote import WARM_FLAG
 
-__all__ = ["ROLES", "WarmProcess", "compatible", "env_changes", "spawn", "stop", "take", "warm"]
+__all__ = [
+    "ROLES",
+    "WarmProcess",
+    "compatible",
+    "env_changes",
+    "pop_outcomes",
+    "spawn",
+    "stop",
+    "take",
+    "warm",
+]
 
 # What ipyparallel puts in each launcher's environment (cluster id, profile dir, connection
 # info): read by the controller's and the engines' applications, after the request.
@@ -70,6 +81,7 @@ class WarmProcess:
     role: str
     process: subprocess.Popen[bytes]
     env: dict[str, str]
+    started: float = field(default_factory=time.monotonic)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -77,6 +89,8 @@ class WarmProcess:
 
 _lock = threading.Lock()
 _warm: dict[str, WarmProcess] = {}
+# role -> what became of its warm process at the last take, for the start-up profile.
+_outcomes: dict[str, str] = {}
 
 
 def spawn(role: str) -> WarmProcess:
@@ -128,10 +142,26 @@ def take(
     if current is None:
         return None
     changes = env_changes(current.env, wanted_env)
-    if not current.alive() or not compatible(changes):
-        _end(current)
-        return None
-    return current.process, changes
+    if not current.alive():
+        _outcomes[role] = "not taken: it had exited"
+    elif not compatible(changes):
+        read = sorted(k for k in changes if not k.startswith(PER_CLUSTER_PREFIX))
+        named = ", ".join(read[:3]) + (f" and {len(read) - 3} more" if len(read) > 3 else "")
+        _outcomes[role] = f"not taken: {named} changed since the kernel started"
+    else:
+        ahead = time.monotonic() - current.started
+        _outcomes[role] = f"taken ({ahead:.1f} s after it was started)"
+        return current.process, changes
+    _end(current)
+    return None
+
+
+def pop_outcomes() -> list[str]:
+    """One line per role whose warm process a launcher looked at since the last call."""
+    with _lock:
+        outcomes = dict(_outcomes)
+        _outcomes.clear()
+    return [f"{role} started with the workbench kernel: {text}" for role, text in outcomes.items()]
 
 
 def _end(warm_process: WarmProcess) -> None:
