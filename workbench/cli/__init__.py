@@ -22,7 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "plan": "predict per-GPU memory, OOM, step time; recommend a layout",
     "calibrate": "measure local all-reduce and fit the planner's latency/bandwidth",
     "demo": "run one model under every strategy and write an HTML report",
-    "kernel": "install the workbench's Jupyter kernel (torch imported for engines ahead)",
+    "kernel": "install the workbench's Jupyter kernel (a local cluster's processes started ahead)",
 }
 
 

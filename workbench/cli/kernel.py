@@ -1,8 +1,8 @@
 """``workbench kernel install``: the "Python 3 (workbench)" kernel spec.
 
-The kernel is IPython's, started by ``workbench.kernel_launcher``, which first starts the
-process that imports torch and forks a local cluster's engines, so ``%wb start`` does not
-wait for that import. Installed with jupyter_client's own installer: into this
+The kernel is IPython's, started by ``workbench.kernel_launcher``, which first starts a
+local cluster's engine forker (it imports torch) and controller, so ``%wb start`` does not
+wait for their imports. Installed with jupyter_client's own installer: into this
 environment (``--sys-prefix``, the default, where this environment's JupyterLab looks),
 the user's Jupyter directory (``--user``) or a prefix (``--prefix``).
 """
@@ -30,10 +30,10 @@ _NAME = re.compile(r"^[a-z0-9._-]+$", re.IGNORECASE)
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "kernel",
-        help="install the workbench's Jupyter kernel (torch imported for engines ahead)",
+        help="install the workbench's Jupyter kernel (a local cluster's processes started ahead)",
         description="Install the 'Python 3 (workbench)' kernel spec: IPython's kernel, "
-        "with a local cluster's engine process started (and importing torch) as the kernel "
-        "starts. Notebooks run the same in it and in the plain Python kernel.",
+        "with a local cluster's engine forker (importing torch) and controller started as "
+        "the kernel starts. Notebooks run the same in it and in the plain Python kernel.",
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     inst = actions.add_parser("install", help="install the kernel spec")

@@ -8,11 +8,10 @@ send it their command line and then treat it as the process they would have star
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import psutil
-from ipyparallel.cluster.launcher import LocalControllerLauncher
+from ipyparallel.cluster.launcher import LocalControllerLauncher, ipcontroller_cmd_argv
 
 from workbench.cluster import warm_start
 from workbench.engine.warm_request import request_line
@@ -52,7 +51,7 @@ class WarmControllerLauncher(LocalControllerLauncher):
 
     def start(self) -> Any:
         args = [*self.cluster_args, *self.controller_args]
-        default = self.controller_cmd == [sys.executable, "-m", "ipyparallel.controller"]
+        default = self.controller_cmd == ipcontroller_cmd_argv
         if default and start_warm(self, "controller", args):
             return None
         return super().start()

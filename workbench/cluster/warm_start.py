@@ -142,15 +142,19 @@ def take(
     if current is None:
         return None
     changes = env_changes(current.env, wanted_env)
+    usable = False
     if not current.alive():
-        _outcomes[role] = "not taken: it had exited"
+        outcome = "not taken: it had exited"
     elif not compatible(changes):
         read = sorted(k for k in changes if not k.startswith(PER_CLUSTER_PREFIX))
         named = ", ".join(read[:3]) + (f" and {len(read) - 3} more" if len(read) > 3 else "")
-        _outcomes[role] = f"not taken: {named} changed since the kernel started"
+        outcome = f"not taken: {named} changed since the kernel started"
     else:
-        ahead = time.monotonic() - current.started
-        _outcomes[role] = f"taken ({ahead:.1f} s after it was started)"
+        usable = True
+        outcome = f"taken ({time.monotonic() - current.started:.1f} s after it was started)"
+    with _lock:
+        _outcomes[role] = outcome
+    if usable:
         return current.process, changes
     _end(current)
     return None

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from workbench.trace.saved_tensors import pack_key
 from workbench.trace.storage import (
     StorageKey,
     local_tensors,
@@ -146,7 +147,7 @@ class ParameterCache:
                     keys.add(found[0])
                     total += found[1]
         self.keys, self.bytes, self.device = frozenset(keys), total, device
-        self.pack_keys = frozenset(k[2] if k[0] == "cpu" else k for k in keys)
+        self.pack_keys = frozenset(map(pack_key, keys))
         self.recounts += 1
 
 
