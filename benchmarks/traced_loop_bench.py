@@ -1,16 +1,25 @@
 """Tracing overhead on a hand-written loop: ``wb.traced`` vs the same loop untraced.
 
-Each of 2 gloo ranks builds the same user-written model twice (a small pre-norm
-transformer defined here, not a workbench preset; or a Hugging Face tiny Llama when
-``transformers`` is installed), wraps each copy in DDP, and runs a plain loop step by step
-(forward, loss, backward, optimizer), the two variants interleaved in rotating order:
+Each of 2 gloo ranks builds one user-written model (a small pre-norm transformer defined
+here, not a workbench preset; or a Hugging Face tiny Llama when ``transformers`` is
+installed), wraps it in DDP and trains it with a plain loop (forward, loss, backward,
+optimizer), in segments of a few steps that alternate between two variants:
 
 * untraced: the loop as the user wrote it;
-* traced: the same step inside ``with Traced(model, optimizer) as t:`` with the three
-  phases marked (``t.phase``) and ``t.step(loss=...)``: MemoryTracer (saved-tensor hooks,
-  a memory sample per phase), CommTracer (dispatch-level, DDP's buckets included) and spans. The
-  block is entered and left every step so the untraced steps run without tracers; that
-  start/stop cost is included (a loop traced as a whole pays it once).
+* traced: the same steps inside one ``with Traced(model, optimizer) as t:`` block, the way
+  a ``%%wb`` cell traces the loop it runs: the three phases marked (``t.phase``) and
+  ``t.step(loss=...)`` each step; MemoryTracer (saved-tensor hooks, a memory sample per
+  phase), CommTracer (dispatch-level, DDP's buckets included) and spans.
+
+One model and one optimizer for both variants: the only difference between a traced and
+an untraced step is the tracer (two model copies differ in where their tensors lie in
+memory, which alone moved a ratio by several percent either way on this machine). Each
+traced step is paired with the untraced step at the same position of the neighbouring
+segment (segments alternate traced-first / untraced-first, so a slow drift hits both), and
+charged an equal share of its block's start and stop; the ratio is the median over the
+pairs of the job's step time (the slowest rank's) — robust to the other load on a shared
+machine, which lands on single steps. The same pairs with the whole start/stop charged to
+every step (a block entered for each step, the worst case) are reported as a note.
 
     .venv/bin/python -m benchmarks.traced_loop_bench [--quick]
 """
@@ -21,15 +30,16 @@ import math
 import time
 from typing import Any
 
-from benchmarks.common import BenchResult, Row, Target, run_main, spawn_ranks
-from benchmarks.trace_tp import summarise
+from benchmarks.common import BenchResult, Row, Target, median_interval, run_main, spawn_ranks
 
 __all__ = ["NAME", "TITLE", "rank_main", "run"]
 
 NAME = "traced_loop"
 TITLE = "Tracing overhead on your own loop: wb.traced vs the same loop untraced"
 TARGET_RATIO = 1.05
-VARIANTS = ("untraced", "traced")
+# Stop adding step pairs once the 90% interval of the median ratio is this narrow (each side).
+HALF_WIDTH = 0.015
+VARIANTS = ("traced", "untraced")
 
 
 def _user_model(dim: int, blocks: int, vocab: int, seq: int) -> Any:
@@ -104,94 +114,206 @@ def _build(kind: str, quick: bool) -> tuple[Any, int, int]:
     return (lambda: _user_model(dim, blocks, 512, 64)), 512, 64
 
 
-def rank_main(
-    rank: int, world: int, kind: str, batch: int, repeats: int, warmup: int, quick: bool
-) -> dict[str, Any]:
-    """Per-variant (wall, cpu) seconds of one step of the hand-written loop on this rank."""
+def _timed(fn: Any) -> tuple[float, float]:
+    """(wall, cpu) seconds of ``fn()``."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+class _Loop:
+    """One rank's model, optimizer and batch, and the loop's segments in both variants."""
+
+    def __init__(self, rank: int, kind: str, batch: int, steps: int, quick: bool) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        from workbench.trace.recorder import Recorder
+
+        torch.set_num_threads(1)
+        make, vocab, seq = _build(kind, quick)
+        torch.manual_seed(0)
+        self.model = DistributedDataParallel(make())
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(rank)
+        self.x = torch.randint(0, vocab, (batch, seq), generator=g)
+        self.y = torch.roll(self.x, -1, dims=1)
+        self.recorder = Recorder(rank)
+        self.steps = steps
+
+    def loss(self) -> Any:
+        import torch.nn.functional as F
+
+        out = self.model(self.x)
+        logits = getattr(out, "logits", out)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), self.y.reshape(-1))
+
+    def untraced_step(self) -> None:
+        loss = self.loss()
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+
+    def traced_step(self, t: Any) -> None:
+        with t.phase("forward"):
+            loss = self.loss()
+        with t.phase("backward"):
+            loss.backward()
+        with t.phase("optimizer"):
+            self.opt.step()
+            self.opt.zero_grad()
+        t.step(loss=loss)
+
+    def segment(self, name: str) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        from workbench.trace.traced import Traced
+
+        dist.barrier()  # outside the traced block: the barrier is not traced
+        if name == "untraced":
+            return {
+                "variant": name,
+                "steps": [_timed(self.untraced_step) for _ in range(self.steps)],
+            }
+        t0, c0 = time.perf_counter(), time.process_time()
+        with Traced(self.model, self.opt, recorder=self.recorder) as t:
+            t1, c1 = time.perf_counter(), time.process_time()
+            timed = [_timed(lambda: self.traced_step(t)) for _ in range(self.steps)]
+            t2, c2 = time.perf_counter(), time.process_time()
+        t3, c3 = time.perf_counter(), time.process_time()
+        return {
+            "variant": name,
+            "steps": timed,
+            "start": (t1 - t0, c1 - c0),
+            "stop": (t3 - t2, c3 - c2),
+        }
+
+
+def _job_ratios(traced: dict[str, Any], untraced: dict[str, Any]) -> list[float]:
+    """Wall-clock traced / untraced of the job (the slowest rank, a max all-reduce) for each
+    step pair of two segments, a traced step carrying its share of the block's start/stop."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
 
-    from workbench.trace.recorder import Recorder
-    from workbench.trace.traced import Traced
+    steps = len(traced["steps"])
+    share = (traced["start"][0] + traced["stop"][0]) / steps
+    local = [wall + share for wall, _ in traced["steps"]] + [w for w, _ in untraced["steps"]]
+    job = torch.tensor(local, dtype=torch.float64)
+    dist.all_reduce(job, op=dist.ReduceOp.MAX)
+    values = job.tolist()
+    return [t / u for t, u in zip(values[:steps], values[steps:], strict=True)]
 
-    torch.set_num_threads(1)
-    make, vocab, seq = _build(kind, quick)
-    models, optimizers = {}, {}
-    for name in VARIANTS:
-        torch.manual_seed(0)
-        models[name] = DistributedDataParallel(make())
-        optimizers[name] = torch.optim.AdamW(models[name].parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(rank)
-    x = torch.randint(0, vocab, (batch, seq), generator=g)
-    y = torch.roll(x, -1, dims=1)
-    recorder = Recorder(rank)
 
-    def loss_of(out: Any) -> Any:
-        logits = getattr(out, "logits", out)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+def rank_main(
+    rank: int, world: int, kind: str, batch: int, steps: int, pairs: tuple[int, int], quick: bool
+) -> dict[str, Any]:
+    """The (wall, cpu) seconds of every step of every segment on this rank, and of each
+    traced block's start and stop. Pairs of segments run (the first a warm-up, left out)
+    until the job's ratio is known to ``HALF_WIDTH`` (every rank sees the same all-reduced
+    times, so all stop together), at least ``pairs[0]`` and at most ``pairs[1]`` of them."""
+    loop = _Loop(rank, kind, batch, steps, quick)
+    segments: list[dict[str, Any]] = []
+    ratios: list[float] = []
+    for i in range(1 + pairs[1]):  # alternately traced-first and untraced-first
+        done = {name: loop.segment(name) for name in (VARIANTS if i % 2 == 0 else VARIANTS[::-1])}
+        if not i:
+            continue
+        segments.extend(done.values())
+        ratios.extend(_job_ratios(done["traced"], done["untraced"]))
+        if i >= pairs[0]:
+            low, high = median_interval(ratios)
+            if (high - low) / 2 <= HALF_WIDTH:
+                break
+    n_comm = sum(1 for e in loop.recorder.events if type(e).__name__ == "CommEvent")
+    params = sum(p.numel() for p in loop.model.parameters())
+    return {"segments": segments, "comm_events": n_comm, "params": params}
 
-    def untraced() -> None:
-        model, opt = models["untraced"], optimizers["untraced"]
-        loss = loss_of(model(x))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
 
-    def traced() -> None:
-        model, opt = models["traced"], optimizers["traced"]
-        with Traced(model, opt, recorder=recorder) as t:
-            with t.phase("forward"):
-                loss = loss_of(model(x))
-            with t.phase("backward"):
-                loss.backward()
-            with t.phase("optimizer"):
-                opt.step()
-                opt.zero_grad()
-            t.step(loss=loss)
+def _pairs(per_rank: list[dict[str, Any]]) -> Any:
+    """(traced segment, untraced segment) of every rank, pair by pair."""
+    segments = [result["segments"] for result in per_rank]
+    for i in range(0, len(segments[0]), 2):
+        both = [(segs[i], segs[i + 1]) for segs in segments]
+        yield [(a, b) if a["variant"] == "traced" else (b, a) for a, b in both]
 
-    steps = {"untraced": untraced, "traced": traced}
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
-    order = list(VARIANTS)
-    for i in range(warmup + repeats):
-        shift = i % len(order)
-        for name in order[shift:] + order[:shift]:
-            dist.barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            steps[name]()
-            elapsed = (time.perf_counter() - t0, time.process_time() - c0)
-            if i >= warmup:
-                times[name].append(elapsed)
-    n_comm = sum(1 for e in recorder.events if type(e).__name__ == "CommEvent")
-    params = sum(p.numel() for p in models["traced"].parameters())
-    return {"times": times, "comm_events": n_comm, "errors": [], "params": params}
+
+def _clock(per_rank: list[dict[str, Any]], index: int) -> dict[str, Any]:
+    """``summarise`` on one clock (0 wall, 1 cpu)."""
+    import statistics
+
+    world = len(per_rank)
+    job: dict[str, list[float]] = {"traced": [], "untraced": [], "every_step": []}
+    ratios: dict[str, list[float]] = {"job": [], "every_step": []}
+    per_rank_ratios: list[list[float]] = [[] for _ in range(world)]
+    start_stop: list[float] = []
+    for pair in _pairs(per_rank):
+        blocks = [t["start"][index] + t["stop"][index] for t, _ in pair]
+        start_stop.append(max(blocks))
+        steps = len(pair[0][0]["steps"])
+        for j in range(steps):
+            plain = [u["steps"][j][index] for _, u in pair]
+            bare = [t["steps"][j][index] for t, _ in pair]
+            shared = [b + block / steps for b, block in zip(bare, blocks, strict=True)]
+            whole = [b + block for b, block in zip(bare, blocks, strict=True)]
+            for r in range(world):
+                per_rank_ratios[r].append(shared[r] / plain[r])
+            job["traced"].append(max(shared))
+            job["untraced"].append(max(plain))
+            job["every_step"].append(max(whole))
+            ratios["job"].append(max(shared) / max(plain))
+            ratios["every_step"].append(max(whole) / max(plain))
+    med = statistics.median
+    return {
+        "ratio": med(ratios["job"]),
+        "interval": median_interval(ratios["job"]),
+        "ratio_every_step": med(ratios["every_step"]),
+        "traced_s": med(job["traced"]),
+        "untraced_s": med(job["untraced"]),
+        "rank_ratio": [med(r) for r in per_rank_ratios],
+        "start_stop_s": med(start_stop),
+        "pairs": len(ratios["job"]),
+    }
+
+
+def summarise(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per clock: the median over step pairs of traced / untraced job step time (the
+    slowest rank's), a traced step carrying 1/steps of its block's start and stop; the same
+    with all of it on every step; each rank's own median ratio; the block's start+stop."""
+    return {
+        "clocks": {clock: _clock(per_rank, i) for i, clock in enumerate(("wall", "cpu"))},
+        "comm_events": [result["comm_events"] for result in per_rank],
+    }
 
 
 def _row(label: str, summary: dict[str, Any]) -> tuple[Row, str]:
-    ranks = summary["ranks"]
-    worst = max(range(len(ranks)), key=lambda r: ranks[r]["wall"]["ratio"]["traced"])
-    med = ranks[worst]["wall"]["median_s"]
+    wall, cpu = summary["clocks"]["wall"], summary["clocks"]["cpu"]
     row = Row.compare(
-        f"{label} loop step, wb.traced vs untraced (wall, worst rank)",
+        f"{label} loop step, wb.traced vs untraced (wall, slowest rank, paired median)",
         "ms",
-        med["traced"] * 1e3,
-        med["untraced"] * 1e3,
+        wall["traced_s"] * 1e3,
+        wall["untraced_s"] * 1e3,
         raw_label="untraced",
         target=Target("<=", TARGET_RATIO),
-        samples=ranks[worst]["samples"],
+        samples=wall["pairs"],
+        ratio=wall["ratio"],
     )
-    parts = [
-        f"rank {r} {clock}: x{rank[clock]['ratio']['traced']:.3f}"
-        for r, rank in enumerate(ranks)
-        for clock in ("wall", "cpu")
-    ]
-    events = ", ".join(str(rank["comm_events"]) for rank in ranks)
-    return row, f"{label}: " + "; ".join(parts) + f"; comm events per rank: {events}"
+    ranks = ", ".join(f"x{r:.3f}" for r in wall["rank_ratio"])
+    events = ", ".join(str(n) for n in summary["comm_events"])
+    low, high = wall["interval"]
+    note = (
+        f"{label}: 90% interval of the ratio {low:.3f}-{high:.3f}; cpu x{cpu['ratio']:.3f}; "
+        f"per rank (wall) {ranks}; block start+stop "
+        f"{wall['start_stop_s'] * 1e3:.2f} ms; a block entered every step would be "
+        f"x{wall['ratio_every_step']:.3f} (cpu x{cpu['ratio_every_step']:.3f}); "
+        f"comm events per rank: {events}"
+    )
+    return row, note
 
 
 def run(quick: bool = False) -> BenchResult:
-    repeats, warmup, batch = (3, 1, 4) if quick else (15, 3, 8)
+    # Segments of `steps` steps; between `pairs[0]` and `pairs[1]` pairs of them.
+    steps, pairs, batch = (2, (2, 2), 4) if quick else (5, (10, 30), 8)
+    size, layers = (64, 2) if quick else (256, 4)  # as _build makes them
     kinds = ["user"]
     try:
         import transformers  # noqa: F401
@@ -202,15 +324,17 @@ def run(quick: bool = False) -> BenchResult:
     result = BenchResult(
         NAME,
         TITLE,
-        ran=f"2 gloo ranks, 1 thread each, DDP, AdamW, batch {batch}/rank x seq 64, variants "
-        f"interleaved in rotating order, {repeats} steps each after {warmup} warm-up; "
-        "user = a 4-block pre-norm transformer written in the benchmark (dim 256); hf = "
-        "transformers' LlamaForCausalLM from a config (hidden 256, 4 layers), when installed; "
-        "the traced block is entered every step (its start/stop cost included)",
+        ran=f"2 gloo ranks, 1 thread each, DDP, AdamW, batch {batch}/rank x seq 64; one model "
+        f"trained in segments of {steps} steps, traced and untraced alternately, "
+        f"{pairs[0]}-{pairs[1]} pairs of segments (until the ratio's 90% interval is "
+        f"+/-{HALF_WIDTH:.3f} wide) after one warm-up pair; a traced segment "
+        "is one wb.traced block (its start/stop shared by its steps); user = a 4-block "
+        f"pre-norm transformer written in the benchmark (dim {size}); hf = transformers' "
+        f"LlamaForCausalLM from a config (hidden {size}, {layers} layers), when installed",
     )
     details: dict[str, Any] = {}
     for kind in kinds:
-        per_rank = spawn_ranks(rank_main, (kind, batch, repeats, warmup, quick))
+        per_rank = spawn_ranks(rank_main, (kind, batch, steps, pairs, quick))
         summary = summarise(per_rank)
         row, note = _row("user model" if kind == "user" else "HF Llama", summary)
         result.rows.append(row)

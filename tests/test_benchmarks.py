@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import Row, Target, interleaved
+from benchmarks.common import Row, Target, interleaved, median_interval
 from benchmarks.run_all import BENCHMARKS, render_markdown
 
 pytestmark = pytest.mark.engines
@@ -100,6 +100,46 @@ def test_interleaved_rotates_the_order_and_drops_warmup() -> None:
     assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     # warm-up round (calls 1-3) dropped; each sample is the call's own return value
     assert samples == {"a": [6.0, 8.0], "b": [4.0, 9.0], "c": [5.0, 7.0]}
+
+
+def test_median_interval_holds_the_median_and_narrows_with_more_samples() -> None:
+    few = [1.0, 1.2, 0.9, 1.1, 1.05, 0.95, 1.3]
+    low, high = median_interval(few)
+    assert low <= sorted(few)[3] <= high
+    assert median_interval(few) == (low, high)  # a fixed seed: the same report twice
+    many = few * 20
+    many_low, many_high = median_interval(many)
+    assert many_high - many_low < high - low
+    assert median_interval([2.0] * 5) == (2.0, 2.0)
+    for bad in (0.0, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="confidence"):
+            median_interval(few, confidence=bad)
+    with pytest.raises(ValueError, match="no samples"):
+        median_interval([])
+
+
+def test_traced_loop_pairs_steps_and_shares_the_blocks_start_and_stop() -> None:
+    from benchmarks.traced_loop_bench import summarise
+
+    def rank(traced: list[float], untraced: list[float], block: float) -> dict[str, object]:
+        steps = [(t, t) for t in traced]
+        return {
+            "segments": [
+                {"variant": "untraced", "steps": [(u, u) for u in untraced]},
+                {"variant": "traced", "steps": steps, "start": (block, block), "stop": (0, 0)},
+            ],
+            "comm_events": 3,
+        }
+
+    # Rank 1 is the slower one on the second step: the job's step is the slowest rank's.
+    per_rank = [rank([1.0, 1.0], [1.0, 1.0], 0.2), rank([1.0, 1.3], [1.0, 1.2], 0.2)]
+    wall = summarise(per_rank)["clocks"]["wall"]
+    assert wall["pairs"] == 2
+    # Each traced step carries half of the 0.2 s start: (1.1 / 1.0, 1.4 / 1.2), median.
+    assert wall["ratio"] == pytest.approx((1.1 / 1.0 + 1.4 / 1.2) / 2)
+    assert wall["ratio_every_step"] == pytest.approx((1.2 / 1.0 + 1.5 / 1.2) / 2)
+    assert wall["rank_ratio"] == pytest.approx([1.1, (1.1 + 1.4 / 1.2) / 2])
+    assert wall["start_stop_s"] == pytest.approx(0.2)
 
 
 def test_row_ratio_and_target() -> None:

@@ -23,7 +23,7 @@ from workbench.trace import (
     parameter_bytes,
     process_rss,
 )
-from workbench.trace.memory_cache import parameter_cache, parameters_of
+from workbench.trace.memory_cache import optimizer_cache, parameter_cache, parameters_of
 from workbench.trace.storage import optimizer_counter_bytes
 
 F32 = 4
@@ -178,6 +178,56 @@ def test_optimizer_bytes_after_a_step_taken_between_samples() -> None:
     assert tracer.sample().optimizer == 2 * sum(sizes) == optimizer_bytes(opt)
     opt.load_state_dict(one_buffer)  # as many entries, smaller: a new state dict
     assert tracer.sample().optimizer == sum(sizes) == optimizer_bytes(opt)
+
+
+class _SwappingSGD(torch.optim.SGD):
+    """Keeps one buffer per parameter and changes it at each step in one of the ways an
+    in-place check must notice: a larger tensor under the same key, then the same tensor
+    reallocated (``.data =``), then a tensor of another dtype."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for p in self.param_groups[0]["params"]:
+            state = self.state[p]
+            buf = state.get("buf")
+            if buf is None:
+                state["buf"] = torch.zeros_like(p)
+            elif buf.numel() == p.numel():
+                state["buf"] = torch.zeros(2 * p.numel())  # replaced, same key
+            elif buf.dtype == torch.float32:
+                buf.data = torch.zeros(3 * p.numel())  # same tensor, reallocated
+            else:
+                buf.mul_(0.5)  # in place: the count is reused
+
+
+def test_optimizer_bytes_after_steps_that_replace_or_reallocate_the_state() -> None:
+    model = make_mlp(4, 8, 2, layers=2)
+    opt = _SwappingSGD(model.parameters(), lr=0.1)
+    tracer = MemoryTracer(model, opt, Recorder())
+    numel = _numel(model)
+    for factor in (1, 2, 3):
+        opt.step()
+        assert tracer.sample().optimizer == optimizer_bytes(opt) == factor * numel * F32
+    for p in model.parameters():
+        opt.state[p]["buf"].data = torch.zeros(3 * p.numel(), dtype=torch.float64)
+    opt.step()  # the step after a change made outside one: still seen
+    assert tracer.sample().optimizer == optimizer_bytes(opt) == 3 * numel * 8
+
+
+def test_optimizer_bytes_reused_after_in_place_steps() -> None:
+    model = make_mlp(4, 8, 2, layers=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tracer = MemoryTracer(model, opt, Recorder())
+    cache = optimizer_cache(opt)
+    assert cache is not None
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    assert tracer.sample().optimizer == optimizer_bytes(opt) == 2 * _numel(model) * F32
+    counted = cache.recounts
+    for _ in range(3):  # AdamW updates its state in place: the count stands
+        opt.step()
+        assert tracer.sample().optimizer == optimizer_bytes(opt)
+    assert cache.recounts == counted
 
 
 def _fsdp_reshard(rank: int, world: int) -> list[tuple[int, int]]:

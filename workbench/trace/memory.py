@@ -249,9 +249,11 @@ class MemoryTracer:
 
     def _make_pack(self) -> Any:
         """The pack hook: runs for every tensor autograd saves, so everything it reads is
-        bound to a local here and a storage seen before costs one dict lookup."""
+        bound to a local here and a storage seen before costs one dict lookup (the lock is
+        taken by hand: a ``with`` costs twice as much, ~110 times per step)."""
         live = self._live
         storages, lock = live.storages, live.lock
+        acquire, release = lock.acquire, lock.release
         high, recorder = self._high, self.recorder
         plain, parameter, saved = torch.Tensor, torch.nn.Parameter, Saved
         time_ns = time.time_ns
@@ -277,7 +279,8 @@ class MemoryTracer:
                 key = ptr if index < 0 else (t.device.type, index, ptr)
                 if key in live.param_keys:
                     return t
-                with lock:
+                acquire()
+                try:
                     if released:  # freed handles first: a freed address may be reused
                         drain()
                     entry = storages.get(key)
@@ -288,6 +291,8 @@ class MemoryTracer:
                         if base is not None and is_parameter(base):
                             return t
                         count(key, storage.nbytes())
+                finally:
+                    release()
                 return saved((t, key, live))
             if kind is parameter:
                 return t

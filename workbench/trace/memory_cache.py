@@ -15,10 +15,12 @@ may have changed, and the figures stay exact:
   allocated while the old one is still alive, and a freed one reads 0.
 * ``OptimizerCache``: optimizer state changes in ``step()`` (lazily created at the first
   one, updated in place after) and ``load_state_dict()`` (a new state dict). torch's
-  process-wide step hooks count the steps of each optimizer; the state is counted again
-  after a step, while one runs (a sample from inside a closure), or when the state dict
-  is another or has grown; an optimizer whose ``step`` torch does not hook is counted at
-  every sample.
+  process-wide step hooks count the steps of each optimizer. After a step the state's
+  signature (each entry's length, identity and data pointer of each state tensor) is
+  compared with the one counted, and the state counted again only if it differs; it is
+  always counted while a step runs (a sample from inside a closure), when the state dict
+  is another or has grown, and at every sample for an optimizer whose ``step`` torch does
+  not hook or whose state holds more than dicts of plain tensors.
 
 One cache per model / optimizer is shared by every tracer (a loop traced block by block
 does not count again per block); both hold their object weakly.
@@ -223,10 +225,30 @@ def _weak(obj: Any) -> Callable[[], Any]:
         return lambda: obj
 
 
+def _state_signature(state: Any) -> list[int] | None:
+    """Each state entry's length, then the identity and the data pointer of every state
+    tensor (built by ``map`` at C speed); None where the state holds anything but dicts of
+    plain tensors (a step then always counts again). The same storage of the same tensor
+    has the same bytes, and a reallocation changes the pointer (see ``ParameterCache``)."""
+    if not isinstance(state, dict):
+        return None
+    entries = list(state.values())
+    if not all(type(entry) is dict for entry in entries):
+        return None
+    values = [value for entry in entries for value in entry.values()]
+    if not set(map(type, values)) <= _PLAIN_TYPES:
+        return None
+    signature = list(map(len, entries))
+    signature.extend(map(id, values))
+    signature.extend(map(_DATA_PTR, values))
+    return signature
+
+
 class OptimizerCache:
     """(state bytes, step-counter bytes) of an optimizer.
 
-    Counted again after every ``step()`` (and while one runs), when the state dict is
+    Counted again after a ``step()`` that changed the state's signature (an entry grew, a
+    state tensor was replaced or reallocated), while a step runs, when the state dict is
     replaced (``load_state_dict``) or grows, and at every call for an optimizer whose
     ``step`` torch does not hook. Holds the optimizer weakly; one per optimizer is shared
     (``optimizer_cache``).
@@ -240,6 +262,7 @@ class OptimizerCache:
         self._guard: tuple[int, int, int, int] | None = None
         self._local: Callable[[], Any] = lambda: None  # whose step counts _steps are
         self._steps: list[int] | None = None
+        self._signature: list[int] | None = None  # _state_signature when counted
 
     def __repr__(self) -> str:
         return f"OptimizerCache(value={self._value}, recounts={self.recounts})"
@@ -258,10 +281,21 @@ class OptimizerCache:
                 self._local = _weak(local)
             begun, ended = self._steps  # type: ignore[misc]
         guard = (id(local), id(state), len(state) if state is not None else 0, ended)
-        if self._value is None or begun != ended or guard != self._guard:
+        if self._value is not None and begun == ended and guard == self._guard:
+            return self._value
+        # A step ended since the count (or the state dict changed, or one runs now): an
+        # optimizer that updates its state in place (every torch optimizer after its first
+        # step) leaves the signature as it was, which costs a fraction of a count to check.
+        signature = _state_signature(state) if begun == ended else None
+        if (
+            self._value is None
+            or signature is None
+            or signature != self._signature
+            or guard[:3] != (self._guard or ())[:3]
+        ):
             self._value = optimizer_bytes_split(optimizer)
-            self._guard = guard
             self.recounts += 1
+        self._guard, self._signature = guard, signature
         return self._value
 
 
