@@ -189,6 +189,14 @@ class _Loop:
         }
 
 
+def _charged(traced: dict[str, Any], index: int, whole: bool = False) -> list[float]:
+    """A traced segment's step times on one clock (0 wall, 1 cpu), each carrying an equal
+    share of the block's start and stop (``whole``: all of it, a block entered per step)."""
+    block = traced["start"][index] + traced["stop"][index]
+    share = block if whole else block / len(traced["steps"])
+    return [step[index] + share for step in traced["steps"]]
+
+
 def _job_ratios(traced: dict[str, Any], untraced: dict[str, Any]) -> list[float]:
     """Wall-clock traced / untraced of the job (the slowest rank, a max all-reduce) for each
     step pair of two segments, a traced step carrying its share of the block's start/stop."""
@@ -196,8 +204,7 @@ def _job_ratios(traced: dict[str, Any], untraced: dict[str, Any]) -> list[float]
     import torch.distributed as dist
 
     steps = len(traced["steps"])
-    share = (traced["start"][0] + traced["stop"][0]) / steps
-    local = [wall + share for wall, _ in traced["steps"]] + [w for w, _ in untraced["steps"]]
+    local = _charged(traced, 0) + [wall for wall, _ in untraced["steps"]]
     job = torch.tensor(local, dtype=torch.float64)
     dist.all_reduce(job, op=dist.ReduceOp.MAX)
     values = job.tolist()
@@ -249,12 +256,12 @@ def _clock(per_rank: list[dict[str, Any]], index: int) -> dict[str, Any]:
     for pair in _pairs(per_rank):
         blocks = [t["start"][index] + t["stop"][index] for t, _ in pair]
         start_stop.append(max(blocks))
-        steps = len(pair[0][0]["steps"])
-        for j in range(steps):
+        charged = [_charged(t, index) for t, _ in pair]
+        charged_whole = [_charged(t, index, whole=True) for t, _ in pair]
+        for j in range(len(pair[0][0]["steps"])):
             plain = [u["steps"][j][index] for _, u in pair]
-            bare = [t["steps"][j][index] for t, _ in pair]
-            shared = [b + block / steps for b, block in zip(bare, blocks, strict=True)]
-            whole = [b + block for b, block in zip(bare, blocks, strict=True)]
+            shared = [steps[j] for steps in charged]
+            whole = [steps[j] for steps in charged_whole]
             for r in range(world):
                 per_rank_ratios[r].append(shared[r] / plain[r])
             job["traced"].append(max(shared))
@@ -328,8 +335,9 @@ def run(quick: bool = False) -> BenchResult:
         f"trained in segments of {steps} steps, traced and untraced alternately, "
         f"{pairs[0]}-{pairs[1]} pairs of segments (until the ratio's 90% interval is "
         f"+/-{HALF_WIDTH:.3f} wide) after one warm-up pair; a traced segment "
-        "is one wb.traced block (its start/stop shared by its steps); user = a 4-block "
-        f"pre-norm transformer written in the benchmark (dim {size}); hf = transformers' "
+        "is one wb.traced block (its start/stop shared by its steps); "
+        f"user = a {layers}-block pre-norm transformer written in the benchmark (dim {size}); "
+        "hf = transformers' "
         f"LlamaForCausalLM from a config (hidden {size}, {layers} layers), when installed",
     )
     details: dict[str, Any] = {}
