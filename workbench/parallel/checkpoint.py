@@ -230,9 +230,7 @@ def load_checkpoint(
             with steps.local():
                 dcp.load(
                     state,
-                    storage_reader=VerifiedReader(
-                        str(verified.path), verified.digests[".metadata"]
-                    ),
+                    storage_reader=VerifiedReader(str(verified.path), verified.digests),
                     planner=WeightsOnlyPlanner(),
                 )
             steps.agree(unchanged)

@@ -1,51 +1,46 @@
-"""DCP reading without arbitrary unpickling (defence in depth behind the signed manifest).
+"""DCP reading of exactly the bytes the signed manifest vouches for, without arbitrary
+unpickling.
 
-DCP's ``FileSystemReader`` unpickles ``.metadata`` with plain ``pickle`` and its default
-planner ``torch.load``s non-tensor values with ``weights_only=False``: either runs code
-from a crafted file. Here ``.metadata`` is read once, its bytes checked against the
-manifest's sum (no window to swap the file after the check) and unpickled by an
-unpickler that builds only DCP's metadata classes, ``torch.Size``, dtypes and layouts;
-non-tensor values go through ``torch.load(weights_only=True)``. Tensor shards were
-already read with ``weights_only=True`` by DCP itself.
+DCP's ``FileSystemReader`` unpickles ``.metadata`` with plain ``pickle``, its default
+planner ``torch.load``s non-tensor values with ``weights_only=False`` (either runs code
+from a crafted file), and it opens each shard by name when it reads it. Here every file
+DCP opens is opened once, without following a symlink, hashed through that same open file
+against the manifest's sum, and only then handed to DCP: swapping a shard for another by
+rename after the check changes nothing that is read. A write into the same file while it
+is read changes its ctime, which is compared once DCP is done with it. ``.metadata`` is
+unpickled by ``checkpoint_unpickler`` (DCP's metadata classes only); non-tensor values go
+through ``torch.load(weights_only=True)``; tensor shards DCP itself reads with
+``weights_only=True``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import io
-import pickle
-from typing import Any
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from workbench.errors import CheckpointError
+from workbench.parallel.checkpoint_trust import MANIFEST
+from workbench.parallel.checkpoint_unpickler import load_metadata
 
 __all__ = ["VerifiedReader", "WeightsOnlyPlanner", "describe_failure", "load_metadata"]
 
-_METADATA_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorProperties",
-        "TensorStorageMetadata",
-        "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},  # maps a layout's name to torch.strided etc.
-    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
-    "collections": {"OrderedDict"},
-}
+_CHUNK = 1024 * 1024
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -61,41 +56,58 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if name in _METADATA_CLASSES.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch":
-            value = getattr(torch, name, None)
-            if name == "Size" or isinstance(value, torch.dtype):
-                return value
-        raise CheckpointError(
-            f".metadata refers to {module}.{name}, which is not part of DCP's checkpoint "
-            "metadata; refusing to unpickle it"
-        )
+class _VerifiedFiles(FileSystem):
+    """DCP's file system, where a stream is a file opened once and checked against its
+    manifest sum before DCP reads a byte of it."""
+
+    def __init__(self, root: Path, digests: dict[str, str]) -> None:
+        super().__init__()
+        self._root = root
+        self._digests = digests
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if mode != "rb":
+            raise CheckpointError(f"a checkpoint is read only here, not opened with {mode!r}")
+        name = Path(path).relative_to(self._root).as_posix()
+        where = f"{name} of the checkpoint at {str(self._root)!r}"
+        expected = self._digests.get(name)
+        if expected is None:
+            raise CheckpointError(f"{where} is not listed in {MANIFEST}; refusing to read it")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise CheckpointError(f"{where} cannot be opened: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as stream:
+            before = os.fstat(stream.fileno())
+            if not hmac.compare_digest(_digest(stream), expected):
+                raise CheckpointError(
+                    f"{where} does not match the SHA-256 sum in {MANIFEST} (changed or "
+                    "replaced after the save); refusing to load it"
+                )
+            stream.seek(0)
+            yield cast(io.IOBase, stream)
+            if _changed(before, os.fstat(stream.fileno())):
+                raise CheckpointError(f"{where} was written to while it was read; run again")
 
 
-def load_metadata(data: bytes) -> Metadata:
-    """Unpickle ``.metadata`` bytes, building only DCP's metadata classes."""
-    try:
-        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-    except CheckpointError:
-        raise
-    except Exception as exc:
-        raise CheckpointError(f".metadata cannot be read: {type(exc).__name__}: {exc}") from None
-    if not isinstance(metadata, Metadata):
-        raise CheckpointError(
-            f".metadata holds a {type(metadata).__name__}, not DCP's Metadata; refusing it"
-        )
-    return metadata
+def _digest(stream: io.BufferedReader) -> str:
+    h = hashlib.sha256()
+    while chunk := stream.read(_CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _changed(before: os.stat_result, after: os.stat_result) -> bool:
+    return (before.st_ctime_ns, before.st_size) != (after.st_ctime_ns, after.st_size)
 
 
 class VerifiedReader(FileSystemReader):
-    """``FileSystemReader`` whose ``.metadata`` must have the manifest's SHA-256 sum."""
+    """``FileSystemReader`` that reads only what the signed manifest's sums vouch for."""
 
-    def __init__(self, path: str, metadata_sha256: str) -> None:
+    def __init__(self, path: str, digests: dict[str, str]) -> None:
         super().__init__(path)
-        self._metadata_sha256 = metadata_sha256
+        self.fs = _VerifiedFiles(Path(path), digests)
         self._reading: str | None = None  # the file being read, for error messages
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
@@ -105,6 +117,8 @@ class VerifiedReader(FileSystemReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         try:
             return super().read_data(plan, planner)
+        except CheckpointError:
+            raise
         except Exception as exc:
             raise CheckpointError(
                 f"{self._reading or 'a shard'} of the checkpoint at {str(self.path)!r} "
@@ -114,13 +128,8 @@ class VerifiedReader(FileSystemReader):
     # No **kwargs on purpose: DCP then does not fall back to per-rank ``__<rank>.metadata``
     # files (which the workbench never writes) when the global one is refused.
     def read_metadata(self, *args: Any) -> Metadata:
-        path = self._get_metadata_path()
-        with self.fs.create_stream(path, "rb") as f:
+        with self.fs.create_stream(self._get_metadata_path(), "rb") as f:
             data = f.read()
-        if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), self._metadata_sha256):
-            raise CheckpointError(
-                f"{path} changed after its SHA-256 sum was checked; refusing to load it"
-            )
         metadata = load_metadata(data)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
