@@ -152,3 +152,25 @@ def test_default_key_comes_from_the_state_dir(
     # Someone else's key (another user, another machine) does not vouch for it.
     with pytest.raises(CheckpointError, match="not signed with your checkpoint key"):
         load_checkpoint(ts, tmp_path / "ckpt", key=b"x" * 32)
+
+
+def test_a_huge_meta_json_is_neither_listed_nor_read_whole(tmp_path: Path) -> None:
+    """A 2 GiB sparse ``meta.json`` in place of a real one: the listing skips it and the
+    load refuses it, each reading at most ``SMALL_FILE_BYTES`` of it."""
+    import resource
+
+    from workbench.parallel.checkpoint_layout import list_checkpoints
+    from workbench.parallel.checkpoint_trust import SMALL_FILE_BYTES
+
+    ts, path = _saved(tmp_path / "ckpt")
+    assert [m["step"] for m in list_checkpoints(tmp_path / "ckpt")] == [1]
+    meta = path / "meta.json"
+    with open(meta, "r+b") as f:
+        f.truncate(2 * 1024**3)  # sparse: costs no disk
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert list_checkpoints(tmp_path / "ckpt") == []
+    write_manifest(path, KEY)  # even signed (so its size is no tampering sign), it is capped
+    with pytest.raises(CheckpointError, match=r"meta\.json .*larger than 16 MiB"):
+        load_checkpoint(ts, tmp_path / "ckpt", key=KEY)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    assert grown < 8 * SMALL_FILE_BYTES, f"reading the listing grew the process by {grown} B"

@@ -223,3 +223,22 @@ def test_rank1_failing_a_save_fails_it_on_every_rank(
     assert not list(Path(str(saved.checkpoint_dir)).glob(".tmp-*"))
     saved.step()
     assert saved.save().endswith("step-00000003")
+
+
+def test_a_key_made_readable_by_others_is_refused_by_the_same_session(
+    saved: TrainingSession,
+) -> None:
+    """The key file's owner and mode are checked at every use, not once per session."""
+    from workbench.parallel.checkpoint_trust import key_path
+
+    key = key_path()
+    assert saved.checkpoint_key is None  # the per-user key file, as a user runs it
+    key.chmod(0o644)
+    try:
+        with pytest.raises(CheckpointError, match=r"readable or writable by others \(mode 644\)"):
+            saved.load()
+        with pytest.raises(CheckpointError, match=r"readable or writable by others"):
+            saved.save()
+    finally:
+        key.chmod(0o600)
+    assert saved.load()  # the same session loads again once the key is private

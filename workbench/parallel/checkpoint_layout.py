@@ -2,7 +2,8 @@
 
 ``<root>/step-00000003`` is the checkpoint of step 3 once its ``meta.json`` exists (a save
 renames its temporary directory into place only when complete). Listing reads each
-``meta.json`` but verifies nothing: that is the load's job (``checkpoint.load_checkpoint``).
+``meta.json`` (at most ``SMALL_FILE_BYTES`` of it) but verifies nothing: that is the load's
+job (``checkpoint.load_checkpoint``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from workbench.errors import CheckpointError
 from workbench.parallel.checkpoint_meta import parse_meta
+from workbench.parallel.checkpoint_trust import read_capped
 
 __all__ = [
     "PREFIX",
@@ -57,7 +59,8 @@ def list_checkpoints(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for step, path in committed_checkpoints(Path(root)).items():
         try:
-            meta = parse_meta((path / "meta.json").read_bytes(), repr(str(path)))
+            data = read_capped(path / "meta.json", f"meta.json of {str(path)!r}")
+            meta = parse_meta(data, repr(str(path)))
         except (OSError, CheckpointError):
             continue
         if meta["step"] == step:

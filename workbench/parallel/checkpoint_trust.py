@@ -29,6 +29,7 @@ __all__ = [
     "checkpoint_key",
     "file_digest",
     "key_path",
+    "read_capped",
     "read_manifest",
     "read_verified",
     "state_dir",
@@ -42,6 +43,9 @@ _KEY_BYTES = 32
 _KEY_FILE = "checkpoint.key"
 _MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # a manifest is a few hundred bytes per file
 _CHUNK = 1024 * 1024
+# meta.json and a rank's RNG files are a few KiB: nothing reads more of them than this, so a
+# huge (or sparse) file put in their place costs neither memory nor time to refuse.
+SMALL_FILE_BYTES = 16 * 1024 * 1024
 
 
 def state_dir() -> Path:
@@ -112,6 +116,18 @@ def file_digest(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_capped(path: Path, what: str) -> bytes:
+    """The bytes of one of a checkpoint's small files, at most ``SMALL_FILE_BYTES``."""
+    with open(path, "rb") as f:
+        data = f.read(SMALL_FILE_BYTES + 1)
+    if len(data) > SMALL_FILE_BYTES:
+        raise CheckpointError(
+            f"{what} is larger than {SMALL_FILE_BYTES // 2**20} MiB, which no checkpoint's "
+            "small file is; refusing to read it"
+        )
+    return data
 
 
 def _files(directory: Path) -> list[str]:
@@ -215,7 +231,7 @@ def read_verified(directory: Path, digests: dict[str, str], name: str) -> bytes:
     path = directory / name
     if not path.is_file():
         raise CheckpointError(f"{name} of the checkpoint at {str(directory)!r} is missing")
-    data = path.read_bytes()
+    data = read_capped(path, f"{name} of the checkpoint at {str(directory)!r}")
     if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), digests[name]):
         raise CheckpointError(
             f"{name} of the checkpoint at {str(directory)!r} does not match the SHA-256 "

@@ -241,12 +241,14 @@ class TrainingSession:
     # -- checkpoints ---------------------------------------------------------------------
     def _key(self) -> bytes:
         """This user's checkpoint key, read here (the kernel's host) and handed to every
-        rank, so engines on other hosts sign and check with the same key."""
-        if self.checkpoint_key is None:
-            from workbench.parallel.checkpoint_trust import checkpoint_key
+        rank, so engines on other hosts sign and check with the same key. The key file is
+        read and its owner and mode checked at every save and load, never cached: a key
+        made readable by others since the last use is refused now, not at the next run."""
+        if self.checkpoint_key is not None:
+            return self.checkpoint_key
+        from workbench.parallel.checkpoint_trust import checkpoint_key
 
-            self.checkpoint_key = checkpoint_key()
-        return self.checkpoint_key
+        return checkpoint_key()
 
     def save(self, path: str | Path | None = None, *, keep_last: int | None = None) -> str:
         """Checkpoint every rank (DCP, sharded as the strategy shards) at a step boundary;
