@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from workbench.cluster import hosts as hostinfo
 from workbench.cluster.slurm_launcher import SlurmJobsEngineSetLauncher
 from workbench.cluster.ssh_launcher import SSHParallelEngineSetLauncher
@@ -322,12 +324,17 @@ def _check_host(
 
 
 async def preflight(
-    launcher: str, hosts: Sequence[str], options: LauncherOptions, control_dir: str | None
+    launcher: str,
+    n: int,
+    hosts: Sequence[str],
+    options: LauncherOptions,
+    control_dir: str | None,
 ) -> None:
     """Before any engine starts: every ssh host answers and has the engines' interpreter.
     (This also opens the shared ssh connection to each host.)"""
     if launcher == "mpi":
         _preflight_mpi(options)
+        _check_mpi_slots(n, hosts, options)
     if launcher == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError(
             "launcher='slurm' needs sbatch on PATH (the Slurm client: apt-get install slurm-client)"
@@ -366,6 +373,30 @@ def _preflight_mpi(options: LauncherOptions) -> None:
         raise ClusterError(
             "openmpi's mpiexec refuses to run as root; run the notebook as a regular user "
             "(or, knowingly, launcher_options={'mpi_args': ['--allow-run-as-root']})"
+        )
+
+
+# mpiexec options that say where the engines go, or that more of them than cores may run
+_PLACEMENT = ("--host", "-H", "-host", "--hostfile", "-hostfile", "--machinefile", "-machinefile")
+
+
+def _check_mpi_slots(n: int, hosts: Sequence[str], options: LauncherOptions) -> None:
+    """Without hosts or a hostfile, openmpi starts every engine here and, with more engines
+    than this machine's cores (its default slots), fails with its own "not enough slots"
+    text that names none of the workbench's options: say which ones to pass, first."""
+    if hosts or options.hostfile or not is_openmpi(options.mpiexec):
+        return
+    if any(a in _PLACEMENT or "oversubscribe" in a.lower() for a in options.mpi_args):
+        return
+    slots = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if n > slots:
+        raise ConfigError(
+            f"launcher='mpi' with n={n} and neither hosts nor a hostfile starts every engine "
+            f"on this machine, where openmpi has {slots} slot(s) (one per core); name the "
+            "nodes with hosts=['node1', 'node2'] (`%wb start --hosts node1,node2`) or "
+            "launcher_options={'hostfile': '/path/to/hostfile'} (`--hostfile PATH`), or "
+            "run more engines than cores here with "
+            "launcher_options={'mpi_args': ['--oversubscribe']}"
         )
 
 

@@ -130,7 +130,7 @@ async def start_engines(cluster: Cluster) -> None:
                 c.launcher, c.hosts, cluster.launcher_options
             )
             await launchers.preflight(
-                c.launcher, c.hosts, cluster.launcher_options, cluster._ssh_dir
+                c.launcher, c.n, c.hosts, cluster.launcher_options, cluster._ssh_dir
             )
             profile.mark("launcher checked")
         ipp_cluster = cluster._ipp = make_ipp_cluster(cluster)
