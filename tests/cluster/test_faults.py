@@ -170,3 +170,42 @@ def test_a_survivor_blocked_by_the_death_is_freed_not_replaced(
     losses = _losses(session)
     assert max(abs(a - b) for a, b in zip(losses, expected, strict=True)) <= 1e-6
     session.close()
+
+
+def test_a_failed_load_during_recovery_leaves_nothing_running_after_stop(
+    tmp_path: Path,
+) -> None:
+    """Recovery whose rollback load fails: the load's error, the cluster still stoppable,
+    and after stop nothing it started is alive (no engine, no defunct child)."""
+    import psutil
+
+    from workbench.errors import CheckpointError
+
+    cluster = Cluster(n=2, backend="gloo")
+    try:
+        cluster.start_sync()
+        spec = RunSpec(model="mlp-tiny", strategy="dp", batch_size=8, trace=False)
+        session = TrainingSession(
+            cluster, spec, timeout=60, checkpoint_dir=tmp_path, checkpoint_every=2
+        )
+        session.run(2)
+        cluster.run(_die_in_forward, ranks=[1])
+        with pytest.raises(EngineDied):
+            session.step()
+        newest = Path(session.checkpoints()[-1]["path"])
+        (newest / "rng" / "rank-00000.pt").write_bytes(b"changed after the save")
+        with pytest.raises(CheckpointError, match=r"rng/rank-00000\.pt"):
+            session.recover()
+        started = cluster.pids()
+        children = [
+            c.pid for p in started if psutil.pid_exists(p) for c in psutil.Process(p).children(True)
+        ]
+    finally:
+        cluster.stop_sync()
+    alive = [
+        p
+        for p in {*started, *children}
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
+    zombies = [c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
+    assert alive == [] and zombies == [], (alive, zombies)
