@@ -7,6 +7,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
+# The system-Python tier: a venv made from Debian 12's own interpreter (3.11.2), which is what
+# a cluster node's user has; the tests whose behaviour depends on the interpreter run there.
+SYSTEM_PYTHON ?= /usr/bin/python3
+SYSTEM_VENV ?= .venv-system
+SYSTEM_STAMP := $(SYSTEM_VENV)/.installed
+SYSTEM_TESTS := tests/parallel/test_metadata_versions.py tests/parallel/test_checkpoint.py \
+  tests/parallel/test_checkpoint_trust.py tests/parallel/test_checkpoint_swap.py \
+  tests/parallel/test_checkpoint_all_or_nothing.py tests/parallel/test_user_checkpoint.py \
+  tests/session/test_training.py tests/cluster/test_faults.py tests/multinode
 # Private IPython/Jupyter state: tests, demos and CI never touch ~/.ipython or ~/.jupyter.
 STATE := $(CURDIR)/.state
 export IPYTHONDIR := $(STATE)/ipython
@@ -18,7 +27,7 @@ export JUPYTER_PLATFORM_DIRS := 1
 export WORKBENCH_STATE_DIR := $(STATE)/workbench
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: state venv demo test test-fast lint lab notebooks bench gpu-check browser-test clean
+.PHONY: state venv demo test test-fast test-system-python lint lab notebooks bench gpu-check browser-test clean
 
 venv: $(STAMP)
 
@@ -43,6 +52,17 @@ test: $(STAMP) state
 	@if ls notebooks/*.ipynb >/dev/null 2>&1; then \
 	  $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks; \
 	fi
+
+# `-e '.[test]'` resolves in a minute there only because constraints.txt pins a soupsieve
+# that 3.11.2 can install (4.x needs >= 3.11.5; without a candidate pip backtracks for long).
+$(SYSTEM_STAMP): pyproject.toml constraints.txt
+	test -x $(SYSTEM_VENV)/bin/python || $(SYSTEM_PYTHON) -m venv $(SYSTEM_VENV)
+	$(SYSTEM_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 numpy
+	$(SYSTEM_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(SYSTEM_STAMP)
+
+test-system-python: $(SYSTEM_STAMP) state
+	$(SYSTEM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SYSTEM_TESTS)
 
 # The unit tier: no engines, ranks or subprocesses (tests/conftest.py enforces it), < 1 min.
 test-fast: $(STAMP) state
@@ -73,4 +93,4 @@ gpu-check: $(STAMP) state
 	$(PY) -m pytest -q -m gpu tests
 
 clean:
-	rm -rf $(VENV) $(STATE) reports .pytest_cache
+	rm -rf $(VENV) $(SYSTEM_VENV) $(STATE) reports .pytest_cache
