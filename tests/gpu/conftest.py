@@ -2,13 +2,12 @@
 and skipped with the reason when this machine has no CUDA device torch can use.
 
 Whether CUDA is there is asked once, of nvidia-smi's count and then of torch, at collection;
-a test records its numbers with the ``numbers`` fixture, and with ``WB_GPU_RESULTS`` set the
-session writes every check's outcome and numbers there (benchmarks/gpu_results.py).
+a test records its numbers with the ``numbers`` fixture; ``tests/gpu/report.py`` (loaded with
+``-p tests.gpu.report``, as tools/gpu_check.sh does) writes the result file.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from functools import cache
@@ -17,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from tests.gpu.report import RESULTS
+
 HERE = Path(__file__).resolve().parent
-_RESULTS: dict[str, dict[str, Any]] = {}  # test name -> its row in the result file
 
 
 @cache
@@ -62,38 +62,4 @@ def numbers(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """What the test measured, for the result file (kept whether the test passes or not)."""
     measured: dict[str, Any] = {}
     yield measured
-    _RESULTS.setdefault(request.node.name, {})["numbers"] = dict(measured)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    if item.get_closest_marker("gpu") is None:  # tests/gpu and the suite's other GPU tests
-        return
-    report = outcome.get_result()
-    row = _RESULTS.setdefault(item.name, {})
-    row["name"] = item.name
-    if report.skipped:
-        row["outcome"] = "skipped"
-        longrepr = report.longrepr
-        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
-        row["reason"] = reason.removeprefix("Skipped: ")
-    elif report.failed:
-        row["outcome"] = "failed" if report.when == "call" else "error"
-        row["reason"] = report.longreprtext.strip().splitlines()[-1][:300]
-    elif report.when == "call":
-        row.setdefault("outcome", "passed")
-        row["seconds"] = round(report.duration, 2)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    out = os.environ.get("WB_GPU_RESULTS")
-    if not out or not _RESULTS:
-        return
-    from benchmarks.gpu_results import environment, write_results
-
-    rows = [{"numbers": {}, **row} for row in _RESULTS.values() if "outcome" in row]
-    json_path, md_path = write_results(out, environment(), rows)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"gpu-check results: {json_path} and {md_path}")
+    RESULTS.setdefault(request.node.name, {})["numbers"] = dict(measured)
