@@ -20,27 +20,29 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NO_DEVICE", "environment", "render_markdown", "write_results"]
+__all__ = ["NO_DEVICE", "environment", "nvidia_smi", "render_markdown", "write_results"]
 
 NO_DEVICE = "no CUDA device"
 OUTCOMES = ("passed", "failed", "skipped", "error")
 
 
-def _nvidia_smi() -> dict[str, str]:
-    """Name, driver and memory of GPU 0 as nvidia-smi reports them (empty without it)."""
+def nvidia_smi(*args: str) -> str | None:
+    """nvidia-smi's output for ``args``, or None where it is missing or fails."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return {}
-    query = "name,driver_version,memory.total"
+        return None
     try:
-        out = subprocess.run(
-            [exe, f"--query-gpu={query}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
+        return subprocess.run(
+            [exe, *args], capture_output=True, text=True, timeout=30, check=True
         ).stdout
     except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _nvidia_smi() -> dict[str, str]:
+    """Name, driver and memory of GPU 0 as nvidia-smi reports them (empty without it)."""
+    out = nvidia_smi("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+    if out is None:
         return {}
     lines = out.strip().splitlines()
     if not lines:

@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
+from benchmarks.gpu_results import nvidia_smi
 from tests.gpu.conftest import gpu_count
 from workbench.cluster import Cluster
 from workbench.errors import ConfigError
@@ -85,19 +86,8 @@ def one_gpu_cluster() -> Iterator[Cluster]:
 
 def _compute_pids() -> set[int] | None:
     """Processes holding a CUDA context, by nvidia-smi (None where it cannot say)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {int(line) for line in out.split() if line.strip().isdigit()}
+    out = nvidia_smi("--query-compute-apps=pid", "--format=csv,noheader")
+    return None if out is None else {int(w) for w in out.split() if w.isdigit()}
 
 
 def test_auto_is_nccl_on_cuda_local_rank_after_the_fork(
