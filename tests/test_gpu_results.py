@@ -70,3 +70,50 @@ def test_a_host_without_a_gpu_reports_no_cuda_device() -> None:
     env = environment()
     assert env["device"] == NO_DEVICE and env["device_count"] == 0
     assert env["driver"] is None and env["nccl"] is None
+
+
+SYNTHETIC = """
+import pytest
+
+@pytest.mark.gpu
+def test_fails():
+    assert 1 == 2, "one is not two"
+
+@pytest.mark.gpu
+def test_passes():
+    pass
+
+@pytest.mark.gpu
+@pytest.mark.skip(reason="needs two GPUs")
+def test_skips():
+    pass
+
+def test_not_a_gpu_test():
+    pass
+"""
+
+
+@pytest.mark.engines  # a pytest run of its own, in a subprocess
+def test_the_plugin_records_each_gpu_tests_outcome(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "test_synthetic.py").write_text(SYNTHETIC)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "WB_GPU_RESULTS": str(tmp_path / "out"), "PYTHONPATH": str(root)}
+    plugins = ["-p", "no:cacheprovider", "-p", "tests.gpu.report"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", *plugins, "--rootdir", str(tmp_path), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr  # one test fails
+    checks = json.loads((tmp_path / "out" / "gpu-check.json").read_text())["checks"]
+    assert [(c["name"], c["outcome"], c.get("reason")) for c in checks] == [
+        ("test_fails", "failed", "AssertionError: one is not two"),
+        ("test_passes", "passed", None),
+        ("test_skips", "skipped", "needs two GPUs"),
+    ]

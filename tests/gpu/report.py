@@ -30,7 +30,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         row["reason"] = reason.removeprefix("Skipped: ")
     elif report.failed:
         row["outcome"] = "failed" if report.when == "call" else "error"
-        row["reason"] = report.longreprtext.strip().splitlines()[-1][:300]
+        lines = report.longreprtext.strip().splitlines() or [""]
+        errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+        row["reason"] = (errors[0] if errors else lines[-1])[:300]  # the assertion or error
     elif report.when == "call":
         row.setdefault("outcome", "passed")
         row["seconds"] = round(report.duration, 2)
