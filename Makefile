@@ -89,8 +89,16 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml constraints.txt
 bench: $(BENCH_STAMP) state
 	$(PY) -m benchmarks.run_all
 
-gpu-check: $(STAMP) state
-	$(PY) -m pytest -q -m gpu tests
+# The GPU checks (tests/gpu, tools/gpu_check.sh): on a GPU machine, installs into .venv-gpu
+# (a CUDA build of the pinned torch; WHEELS=DIR: from a wheel directory, no index) and runs
+# them, writing benchmarks/results/gpu/gpu-check.{json,md}. Without nvidia-smi (or with
+# DRY_RUN=1): prints the install commands, and runs the checks in .venv, where they skip.
+gpu-check: state
+	@if [ -n "$(DRY_RUN)" ] || ! command -v nvidia-smi >/dev/null; then \
+	  $(MAKE) --no-print-directory venv && tools/gpu_check.sh --dry-run; \
+	else \
+	  tools/gpu_check.sh $(if $(WHEELS),--wheels $(WHEELS)); \
+	fi
 
 clean:
 	rm -rf $(VENV) $(SYSTEM_VENV) $(STATE) reports .pytest_cache

@@ -13,6 +13,7 @@ import atexit
 import logging
 import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
-from workbench.cluster import launchers, rendezvous
+from workbench.cluster import gpus, launchers, rendezvous
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.dispatch import RankDispatch
@@ -104,6 +105,15 @@ class Cluster(ProcessTracking, RankDispatch):
         self.launch_hosts: dict[int, str] = {}
         if profile is not None or cluster_id is not None:  # fail now, not at start
             find_connection_file(profile, cluster_id)
+        # More local engines than GPUs: refused for NCCL, said for auto, before any process
+        # starts (the engines inherit this environment, so this count is theirs: gpus.py).
+        self.gpu_notice = (
+            gpus.gpu_choice(self.config.n, backend, gpus.visible_gpu_count())
+            if launcher == "local" and profile is None and cluster_id is None
+            else None
+        )
+        if self.gpu_notice is not None:
+            warnings.warn(self.gpu_notice, UserWarning, stacklevel=2)
         self.progress = progress
         self._state = "stopped"
         self.ranks: list[RankAssignment] = []
