@@ -1,0 +1,122 @@
+"""Where the parameters are: what each pipeline stage's ranks hold, parameter by parameter.
+
+A ``Placement`` is the planner's picture of a layout as built: per pipeline stage, the
+parameters one tensor-parallel rank of that stage holds (each as a ``Piece``: its elements
+there and the length of its first dimension), and the blocks the stage runs. The bridge
+(``workbench.parallel.placement``) derives it from the model and the same ``Layout``, TP
+plan and split points that ``parallel/`` applies, so the planner's model state is the
+workbench's to the byte: which modules a TP plan shards and which stay whole, a tied head's
+copy on the last stage, biases and norms, uneven stages.
+
+Data-parallel sharding is arithmetic on the pieces, as the workbench's wrappers do it:
+
+- FSDP (ZeRO-2/3) shards every parameter on dim 0 and pads it to equal shards:
+  ⌈rows / n⌉ · (elements per row) on every rank;
+- ZeRO-1 (``ZeroRedundancyOptimizer``) places whole parameters: largest first, each on
+  the rank holding the fewest elements so far (the first such rank on a tie).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.errors import ConfigError
+
+__all__ = ["Piece", "Placement", "zero1_shares"]
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One parameter as one rank holds it before data-parallel sharding."""
+
+    numel: int  # elements on this rank (after any tensor-parallel split)
+    rows: int  # length of dim 0 (FSDP shards it); 1 for a scalar
+    trainable: bool = True
+
+    def shard(self, parts: int) -> int:
+        """Elements one of ``parts`` FSDP ranks holds: dim 0 split, padded to equal shards."""
+        if parts == 1 or self.numel == 0:
+            return self.numel
+        return -(-self.rows // parts) * (self.numel // self.rows)
+
+
+def zero1_shares(pieces: tuple[Piece, ...], parts: int) -> list[int]:
+    """Trainable elements whose optimizer state each of ``parts`` ZeRO-1 ranks holds
+    (``ZeroRedundancyOptimizer``'s partition: sorted by size, largest first, stable; each
+    to the first rank with the fewest elements so far)."""
+    sizes = [0] * parts
+    for numel in sorted((p.numel for p in pieces if p.trainable), reverse=True):
+        sizes[sizes.index(min(sizes))] += numel
+    return sizes
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Per pipeline stage: the pieces one of its TP ranks holds and the blocks it runs.
+
+    ``attn_tp`` / ``mlp_tp`` are the degrees the blocks' attention and MLP are split by
+    (the TP degree, or 1 where the plan leaves that part whole, as the Megatron teaching
+    view does with attention): the activation formula divides each part by its own, and
+    the logits by ``vocab_tp``.
+    """
+
+    stages: tuple[tuple[Piece, ...], ...]
+    layers: tuple[int, ...]
+    attn_tp: int = 1
+    mlp_tp: int = 1
+    vocab_tp: int = 1  # the degree the embedding / head (and so the logits) are split by
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.stages or len(self.stages) != len(self.layers):
+            raise ConfigError(
+                f"a placement needs one entry of layers per stage: {len(self.stages)} stages, "
+                f"layers={self.layers}"
+            )
+        if min(self.attn_tp, self.mlp_tp, self.vocab_tp) < 1:
+            raise ConfigError(
+                f"attn_tp={self.attn_tp}, mlp_tp={self.mlp_tp}, vocab_tp={self.vocab_tp} "
+                "must be >= 1"
+            )
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    def params(self, stage: int) -> int:
+        """Elements one TP rank of ``stage`` holds."""
+        return sum(p.numel for p in self.stages[stage])
+
+    def trainable(self, stage: int) -> int:
+        return sum(p.numel for p in self.stages[stage] if p.trainable)
+
+    def state_elements(
+        self, stage: int, group: int, zero: int, grads_sharded: bool, dp_rank: int = 0
+    ) -> tuple[int, int, int]:
+        """(weights, gradient, optimizer-state) elements on data-parallel rank ``dp_rank``
+        of ``stage`` under ZeRO stage ``zero`` over ``group`` ranks."""
+        pieces = self.stages[stage]
+        train = [p for p in pieces if p.trainable]
+        sharded = group > 1
+
+        def fsdp(items: list[Piece]) -> int:
+            return sum(p.shard(group) for p in items)
+
+        weights = fsdp(list(pieces)) if zero >= 3 and sharded else self.params(stage)
+        grads = fsdp(train) if grads_sharded and sharded else self.trainable(stage)
+        if zero >= 2 and sharded:
+            optimizer = fsdp(train)
+        elif zero == 1 and sharded:
+            optimizer = zero1_shares(pieces, group)[dp_rank]
+        else:
+            optimizer = self.trainable(stage)
+        return weights, grads, optimizer
+
+    def collective_elements(self, stage: int, group: int, zero: int) -> tuple[int, int]:
+        """(gradient, weight) elements one rank hands to data-parallel collectives per
+        pass: FSDP's padded full buffers, or the plain tensors for all-reduce/broadcast."""
+        pieces = self.stages[stage]
+        if zero >= 2 and group > 1:
+            grads = sum(p.shard(group) * group for p in pieces if p.trainable)
+            return grads, sum(p.shard(group) * group for p in pieces)
+        return self.trainable(stage), self.params(stage)
