@@ -48,7 +48,7 @@ def layer_activation_bytes(
     fused_swiglu: bool = False,
     cp: int = 1,
     fp8: bool = False,
-    attn_tp: int | None = None,
+    attn_tp: int | None = None,  # default: tp
     mlp_tp: int | None = None,
 ) -> float:
     """Activation bytes one transformer layer keeps for backward (one micro-batch).
@@ -56,16 +56,12 @@ def layer_activation_bytes(
     With the defaults this is exactly sbh(34 + 5as/h); with TP t it is
     sbh(10 + 24/t + 5as/(ht)); with sequence parallel sbh(34/t + 5as/(ht)); selective
     recompute drops the as² terms; full recompute keeps only the layer input (2sbh).
-    ``norm_stats`` is the number of fp32 per-token statistics each norm saves (LayerNorm 2:
-    mean and rstd; RMSNorm 1); the paper ignores them (0). ``flash_attention`` stores no
-    s x s tensor (an fp32 logsumexp per head and query instead), ``fused_swiglu`` keeps
-    three SwiGLU tensors (gate, up, product) instead of four; ``cp`` splits the sequence
-    (each rank keeps s/cp queries against all s keys). ``fp8`` saves the inputs of the
-    linear layers (the two norm outputs, the attention projection's input and the second
-    MLP matmul's input) as FP8, 1 byte, as Transformer Engine does for the weight
-    gradient; the rest stays in ``dtype_bytes``. ``attn_tp`` / ``mlp_tp`` (default ``tp``)
-    split the attention and the MLP terms by their own degree: 1 for a part a TP plan
-    leaves whole on every rank.
+    ``norm_stats``: fp32 per-token statistics per norm (LayerNorm 2, RMSNorm 1; the paper
+    0). ``flash_attention``: no s x s tensor (an fp32 logsumexp per head and query);
+    ``fused_swiglu``: three SwiGLU tensors, not four; ``cp`` splits the sequence (s/cp
+    queries per rank against all s keys). ``fp8`` saves the linear layers'
+    inputs (norm outputs, attention projection and second MLP matmul inputs) in 1 byte,
+    as Transformer Engine does. ``attn_tp`` / ``mlp_tp``: each part's split (1: whole).
     """
     d, m = dtype_bytes, (mask_bytes if dropout else 0)
     f = 4 * h if ffn is None else ffn
@@ -90,8 +86,7 @@ def layer_activation_bytes(
         scores = _STAT_BYTES * a * s * b  # a logsumexp per head and query
     else:  # as² per sample
         scores = _score_bytes(d, m, recompute, dropout) * a * s * s_kv * b
-    at = tp if attn_tp is None else attn_tp
-    mt = tp if mlp_tp is None else mlp_tp
+    at, mt = (tp if attn_tp is None else attn_tp), (tp if mlp_tp is None else mlp_tp)
     return replicated / sp + (attn + scores) / at + mlp / mt
 
 

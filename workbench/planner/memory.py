@@ -208,10 +208,7 @@ def memory_breakdown(
     ``placement``: the parameters each stage holds as built (``Placement``), instead of
     the counts derived from the model's dimensions."""
     layout = stage_layout(model, parallel, placement)
-    if placement is not None:
-        params = tuple(placement.params(i) for i in range(placement.pp))
-    else:
-        params = stage_params(model, parallel.tp, layout, vocab_parallel=parallel.vocab_parallel)
+    params = _stage_params(model, parallel, layout, placement)
     layer_scale, edge_scale = activation_scale
     acts = [
         (layers * layer_scale, edge * edge_scale)
@@ -232,11 +229,8 @@ def memory_breakdown(
         )  # fmt: skip
         layers, head = acts[i]
         if training.offload_activations and layout[i]:
-            # Two layers of one micro-batch stay (the one computing, the one in transit).
-            held = layout[i] * stage_inflight(parallel, micro_batches, i)
-            kept = min(layers, 2 * layers / held)
-            host += math.ceil(layers - kept)
-            layers = kept
+            layers, offloaded = _offloaded(layers, layout[i], parallel, micro_batches, i)
+            host += offloaded
         candidate = MemoryBreakdown(
             weights=weights,
             grads=grads,
@@ -253,6 +247,24 @@ def memory_breakdown(
             best = candidate
     assert best is not None  # at least one stage
     return best
+
+
+def _stage_params(
+    model: ModelSpec, parallel: ParallelSpec, layout: tuple[int, ...], placement: Placement | None
+) -> tuple[int, ...]:
+    if placement is not None:
+        return tuple(placement.params(i) for i in range(placement.pp))
+    return stage_params(model, parallel.tp, layout, vocab_parallel=parallel.vocab_parallel)
+
+
+def _offloaded(
+    layers: float, n: int, parallel: ParallelSpec, micro_batches: int, stage: int
+) -> tuple[float, int]:
+    """(layer activation bytes kept on the GPU, bytes offloaded to the host): two layers
+    of one micro-batch stay (the one computing, the one in transit)."""
+    held = n * stage_inflight(parallel, micro_batches, stage)
+    kept = min(layers, 2 * layers / held)
+    return kept, math.ceil(layers - kept)
 
 
 def _temporary(model: ModelSpec, training: TrainingSpec, parallel: ParallelSpec) -> int:
