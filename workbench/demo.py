@@ -114,13 +114,12 @@ def run_demo(
 
 PLANNER_TEXT = (
     "The planner's per-rank memory for the same layout, against what the tracer "
-    "measured. Model state (weights, gradients, optimizer) is arithmetic and "
-    "matches to the byte for replicated and evenly sharded layouts (DDP, ZeRO, "
-    "FSDP); activations should be within 10%. The TP layouts are planned with the "
-    "embedding whole on every rank, as the workbench's plans keep it; the Megatron "
-    "teaching view also keeps attention whole, so it holds more per rank than "
-    "planned; a pipeline stage's share depends on where the split falls. "
-    "Optimizer step counters are bookkeeping and are recorded as 'other'."
+    "measured on rank 0. The planner places the model's parameters with the same TP plan, "
+    "split points and stage cuts the run applied (the Megatron teaching view: its MLP "
+    "split, attention whole), so model state (weights, gradients, optimizer) is exact for "
+    "every strategy, FSDP's padded shards and ZeRO-1's whole-parameter partition "
+    "included; activations should be within 10%. Optimizer step counters are "
+    "bookkeeping and are recorded as 'other'."
 )
 
 

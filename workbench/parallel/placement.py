@@ -34,7 +34,7 @@ __all__ = ["module_placement"]
 # Words in a module path that mark a block's attention and its MLP (activations only:
 # each part of a block is divided by the TP degree when its plan splits it).
 _ATTENTION = ("attn", "attention")
-_MLP = ("mlp", "ffn", "feed_forward", "feedforward")
+_MLP = ("mlp", "ffn", "ff", "feed_forward", "feedforward")
 
 
 def module_placement(
@@ -58,7 +58,7 @@ def module_placement(
         split |= names.keys()
         pieces.append(_pieces(stage, names, dims.tp))
         layers.append(sum(1 for b in _blocks(stage) if any(True for _ in b.parameters())))
-    attn_tp, mlp_tp = _part_degrees(split, dims.tp)
+    attn_tp, mlp_tp = _part_degrees([n for n, _ in model.named_modules()], split, dims.tp)
     vocab = any(
         isinstance(model.get_submodule(n), nn.Embedding) or _is_head(model, n) for n in split
     )
@@ -115,19 +115,23 @@ def _blocks(stage: nn.Module) -> list[nn.Module]:
     return list(layers.values()) if isinstance(layers, nn.ModuleDict) else fsdp_blocks(stage)
 
 
-def _part_degrees(split: set[str], tp: int) -> tuple[int, int]:
-    """(attention, MLP) TP degrees: ``tp`` for a part with a split module, else 1; a block
-    whose parts the names do not tell apart counts as split whole when anything is."""
+def _part_degrees(names: list[str], split: set[str], tp: int) -> tuple[int, int]:
+    """(attention, MLP) TP degrees: 1 for a part whose modules (named by ``_ATTENTION`` /
+    ``_MLP`` words) the plan leaves whole, else ``tp`` (a part the names do not show is
+    taken as split with the rest)."""
     if tp == 1 or not split:
         return 1, 1
 
-    def has(words: tuple[str, ...]) -> bool:
-        return any(any(w in part.lower() for w in words) for n in split for part in n.split("."))
+    def degree(words: tuple[str, ...]) -> int:
+        part = [n for n in names if any(_marks(e, words) for e in n.split("."))]
+        return tp if not part or any(n in split for n in part) else 1
 
-    attn, mlp = has(_ATTENTION), has(_MLP)
-    if not attn and not mlp:
-        return tp, tp
-    return (tp if attn else 1), (tp if mlp else 1)
+    return degree(_ATTENTION), degree(_MLP)
+
+
+def _marks(element: str, words: tuple[str, ...]) -> bool:
+    e = element.lower()
+    return e in words or any(len(w) > 3 and w in e for w in words)
 
 
 def _is_head(model: nn.Module, name: str) -> bool:

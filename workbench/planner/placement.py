@@ -11,7 +11,9 @@ copy on the last stage, biases and norms, uneven stages.
 Data-parallel sharding is arithmetic on the pieces, as the workbench's wrappers do it:
 
 - FSDP (ZeRO-2/3) shards every parameter on dim 0 and pads it to equal shards:
-  ⌈rows / n⌉ · (elements per row) on every rank;
+  ⌈rows / n⌉ · (elements per row) on every rank; a gathered parameter (ZeRO-2 keeps them
+  between steps) lives in its padded all-gather output, n times the shard; optimizer
+  state, made from the shard, is unpadded (the last ranks' shards may be shorter);
 - ZeRO-1 (``ZeroRedundancyOptimizer``) places whole parameters: largest first, each on
   the rank holding the fewest elements so far (the first such rank on a tie).
 """
@@ -38,6 +40,17 @@ class Piece:
         if parts == 1 or self.numel == 0:
             return self.numel
         return -(-self.rows // parts) * (self.numel // self.rows)
+
+
+    def local(self, parts: int, rank: int) -> int:
+        """Elements of FSDP rank ``rank``'s shard without the padding (``torch.chunk``'s
+        split: ⌈rows / n⌉ rows each, the last ranks fewer or none): what optimizer state
+        made from the sharded parameter holds."""
+        if parts == 1 or self.numel == 0:
+            return self.numel
+        size = -(-self.rows // parts)
+        rows = max(0, min(size, self.rows - rank * size))
+        return rows * (self.numel // self.rows)
 
 
 def zero1_shares(pieces: tuple[Piece, ...], parts: int) -> list[int]:
@@ -102,10 +115,15 @@ class Placement:
         def fsdp(items: list[Piece]) -> int:
             return sum(p.shard(group) for p in items)
 
-        weights = fsdp(list(pieces)) if zero >= 3 and sharded else self.params(stage)
+        if zero >= 3 and sharded:
+            weights = fsdp(list(pieces))
+        elif zero == 2 and sharded:  # kept gathered: FSDP's padded all-gather outputs
+            weights = sum(p.shard(group) * group for p in pieces)
+        else:
+            weights = self.params(stage)
         grads = fsdp(train) if grads_sharded and sharded else self.trainable(stage)
         if zero >= 2 and sharded:
-            optimizer = fsdp(train)
+            optimizer = sum(p.local(group, dp_rank) for p in train)
         elif zero == 1 and sharded:
             optimizer = zero1_shares(pieces, group)[dp_rank]
         else:
