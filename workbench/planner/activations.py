@@ -16,6 +16,7 @@ from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, Train
 
 __all__ = [
     "activation_bytes",
+    "chunk_inflight",
     "inflight_microbatches",
     "layer_activation_bytes",
     "model_layer_bytes",
@@ -118,6 +119,21 @@ def stage_inflight(parallel: ParallelSpec, micro_batches: int, stage: int) -> in
     return min(p - stage, micro_batches)
 
 
+def chunk_inflight(
+    chunks: tuple[int, ...], pp: int, stage: int, micro_batches: int
+) -> tuple[int, int, int]:
+    """Interleaved 1F1B (Megatron) on ``stage`` with virtual chunks of ``chunks`` blocks:
+    (block x micro-batch activations held at the peak, forwards of its first chunk held,
+    of its last chunk). The peak holds the warm-up's 2(p − stage − 1) + (v − 1)p forwards
+    and the steady state's one more, taken in Megatron's order (p micro-batches through
+    chunk 0, then through chunk 1, ...), so a chunk with no block (Llama 3's
+    embedding-only and head-only chunks) adds none."""
+    v = len(chunks)
+    warm = min(micro_batches * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)
+    order = [(n // pp) % v for n in range(warm)]
+    return sum(chunks[c] for c in order), order.count(0), order.count(v - 1)
+
+
 def inflight_microbatches(parallel: ParallelSpec, micro_batches: int) -> int:
     """Micro-batches whose activations the first pipeline stage holds at its peak."""
     return stage_inflight(parallel, micro_batches, 0)
@@ -206,12 +222,17 @@ def stage_activation_bytes(
     stages = stage_layout(model, parallel, placement)
     p = len(stages)
     out = []
+    chunked = placement is not None and placement.chunks and parallel.schedule == "interleaved"
     for i, n in enumerate(stages):
-        inflight = stage_inflight(parallel, micro_batches, i)
+        if chunked:
+            held, firsts, lasts = chunk_inflight(placement.chunks[i], p, i, micro_batches)
+        else:
+            inflight = stage_inflight(parallel, micro_batches, i)
+            held, firsts, lasts = n * inflight, inflight, inflight
         # The head's activations too are held per micro-batch in flight (GPipe keeps all
         # m on the last stage; 1F1B one).
-        edge = (first if i == 0 else 0.0) + (last if i == p - 1 else 0.0)
-        out.append((per_layer * n * inflight, edge * inflight))
+        edge = (first * firsts if i == 0 else 0.0) + (last * lasts if i == p - 1 else 0.0)
+        out.append((per_layer * held, edge))
 
     return out
 

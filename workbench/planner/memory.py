@@ -284,5 +284,7 @@ def _busiest_dp_rank(placement: Placement | None, parallel: ParallelSpec, stage:
     whole parameters, so its shares differ; every other stage is even (index 0)."""
     if placement is None or parallel.zero != 1 or parallel.grad_group == 1:
         return 0
+    if not placement.zero1_whole:
+        return 0
     shares = zero1_shares(placement.stages[stage], parallel.grad_group)
     return shares.index(max(shares))

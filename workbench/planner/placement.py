@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.errors import ConfigError
+from workbench.planner.specs import ModelSpec, ParallelSpec
 
-__all__ = ["Piece", "Placement", "zero1_shares"]
+__all__ = ["Piece", "Placement", "dimension_placement", "zero1_shares"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,6 @@ class Piece:
         if parts == 1 or self.numel == 0:
             return self.numel
         return -(-self.rows // parts) * (self.numel // self.rows)
-
 
     def local(self, parts: int, rank: int) -> int:
         """Elements of FSDP rank ``rank``'s shard without the padding (``torch.chunk``'s
@@ -79,12 +79,27 @@ class Placement:
     mlp_tp: int = 1
     vocab_tp: int = 1  # the degree the embedding / head (and so the logits) are split by
     source: str = ""
+    # Interleaved schedule: per stage, the blocks of each of its virtual chunks (0 for a
+    # chunk holding only the embedding or only the head, as Llama 3's first and last).
+    chunks: tuple[tuple[int, ...], ...] | None = None
+    # ZeRO-1 as ZeroRedundancyOptimizer (whole parameters per rank), or as Megatron's
+    # distributed optimizer (a flat buffer cut evenly): False.
+    zero1_whole: bool = True
 
     def __post_init__(self) -> None:
         if not self.stages or len(self.stages) != len(self.layers):
             raise ConfigError(
                 f"a placement needs one entry of layers per stage: {len(self.stages)} stages, "
                 f"layers={self.layers}"
+            )
+        if self.chunks is not None and (
+            len(self.chunks) != len(self.layers)
+            or any(sum(c) != n for c, n in zip(self.chunks, self.layers, strict=False))
+            or len({len(c) for c in self.chunks}) != 1
+        ):
+            raise ConfigError(
+                f"chunks={self.chunks} must give every stage the same number of virtual "
+                f"chunks, their blocks adding up to the stage's layers={self.layers}"
             )
         if min(self.attn_tp, self.mlp_tp, self.vocab_tp) < 1:
             raise ConfigError(
@@ -124,8 +139,10 @@ class Placement:
         grads = fsdp(train) if grads_sharded and sharded else self.trainable(stage)
         if zero >= 2 and sharded:
             optimizer = sum(p.local(group, dp_rank) for p in train)
-        elif zero == 1 and sharded:
+        elif zero == 1 and sharded and self.zero1_whole:
             optimizer = zero1_shares(pieces, group)[dp_rank]
+        elif zero == 1 and sharded:
+            optimizer = -(-self.trainable(stage) // group)
         else:
             optimizer = self.trainable(stage)
         return weights, grads, optimizer
@@ -138,3 +155,57 @@ class Placement:
             grads = sum(p.shard(group) * group for p in pieces if p.trainable)
             return grads, sum(p.shard(group) * group for p in pieces)
         return self.trainable(stage), self.params(stage)
+
+
+def _layer_pieces(model: ModelSpec, t: int) -> list[Piece]:
+    """One block under Megatron TP ``t``: q, k, v, the gate and up projections fused in
+    one matrix (SwiGLU) column-split, o and down row-split, norms (and row biases) whole."""
+    h, kv, f = model.hidden, model.kv_hidden, model.ffn_size
+    up = (2 if model.gated_mlp else 1) * f // t
+    out = [Piece(h // t * h, h // t), Piece(kv // t * h, kv // t), Piece(kv // t * h, kv // t)]
+    out += [Piece(h * (h // t), h), Piece(up * h, up), Piece(h * (f // t), h)]
+    if model.bias:
+        out += [Piece(n, n) for n in (h // t, kv // t, kv // t, up, h, h)]
+    norms = 4 if model.norm == "layernorm" else 2
+    return out + [Piece(h, h)] * norms
+
+
+def dimension_placement(
+    model: ModelSpec,
+    parallel: ParallelSpec,
+    *,
+    chunks: tuple[tuple[int, ...], ...] | None = None,
+) -> Placement:
+    """The Megatron placement of a model known by its dimensions (its derived count, not
+    an explicit ``params``): blocks as ``_layer_pieces``, the embedding (and positions) on
+    the first stage, the final norm and the head on the last (a tied head's copy there
+    when there are several stages), split by vocabulary when ``vocab_parallel``.
+    ``chunks``: the blocks of each virtual chunk per stage (interleaved), which also give
+    the stages' layers; else the layout's ``stage_layers``. ZeRO-1 is Megatron's
+    distributed optimizer (an even flat split)."""
+    t, h, p = parallel.tp, model.hidden, parallel.pp
+    vt = t if parallel.vocab_parallel else 1
+    layers = tuple(sum(c) for c in chunks) if chunks else parallel.stage_layers(model.layers)
+    vocab = model.vocab_size // vt
+    norm = [Piece(h, h)] * (2 if model.norm == "layernorm" else 1)
+    stages = []
+    for i, n in enumerate(layers):
+        pieces = _layer_pieces(model, t) * n
+        if i == 0:
+            pieces = [Piece(vocab * h, vocab), *pieces]
+            if model.learned_positions and model.seq:
+                pieces.insert(1, Piece(model.seq * h, model.seq))
+        if i == p - 1:
+            head = [] if model.tied_embeddings and p == 1 else [Piece(vocab * h, vocab)]
+            pieces += norm + head
+        stages.append(tuple(pieces))
+    return Placement(
+        stages=tuple(stages),
+        layers=layers,
+        attn_tp=t,
+        mlp_tp=t,
+        vocab_tp=vt,
+        source=f"{model.name} by its dimensions (Megatron layout)",
+        chunks=chunks,
+        zero1_whole=False,
+    )

@@ -128,8 +128,11 @@ def _fields(spec: Any) -> dict[str, Any]:
     return {f.name: getattr(spec, f.name) for f in fields(spec)}
 
 
-def check_layout(model: ModelSpec, parallel: ParallelSpec) -> None:
-    """Raise ParallelError when the layout cannot split this model."""
+def check_layout(
+    model: ModelSpec, parallel: ParallelSpec, placement: Placement | None = None
+) -> None:
+    """Raise ParallelError when the layout cannot split this model (a placement's chunks
+    say themselves how each stage's blocks fill its virtual stages)."""
     tp, pp = parallel.tp, parallel.pp
     kv = model.kv_heads or model.heads
     if model.heads % tp or kv % tp:
@@ -140,6 +143,13 @@ def check_layout(model: ModelSpec, parallel: ParallelSpec) -> None:
             f"tp={tp} does not divide heads={model.heads} (kv_heads={kv}); valid tp: {valid}"
         )
     v = parallel.virtual_stages
+    if placement is not None and placement.chunks is not None:
+        if len(placement.chunks[0]) != v:
+            raise ParallelError(
+                f"the placement has {len(placement.chunks[0])} virtual chunks per stage but "
+                f"virtual_stages={v}"
+            )
+        return
     if pp * v > model.layers:
         raise ParallelError(
             f"pp={pp} (x virtual_stages={v}) is more stages than "
@@ -196,8 +206,8 @@ def evaluate(
     ``activation_scale``: measured / formula activation bytes (layers, embedding + head);
     ``placement``: the parameters each pipeline stage holds as built (model state from
     its pieces instead of the dimensions)."""
-    check_layout(model, parallel)
     _check_placement(parallel, placement)
+    check_layout(model, parallel, placement)
     seq = training.seq or model.seq
     if seq is None:
         raise ConfigError("no sequence length: give training seq=<tokens> or model seq=<tokens>")
