@@ -230,17 +230,7 @@ def plan_from(
     ``loss`` is included when given. ``settings`` are the planner's (tp=, pp=, dp=, zero=,
     micro_batch=, precision=, optimizer=, recompute=, flash_attention=, ...); ``tp_plan`` /
     ``pp_split`` as for a run's ``Layout`` (default: the model's own)."""
-    if sample is None and data is None:
-        raise ConfigError(
-            "plan_from needs a batch to measure on: give sample=(inputs, targets) or "
-            "data= (a Dataset or a callable, as for the Stepper)"
-        )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 1")
-    if seq_len is not None and (
-        isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1
-    ):
-        raise ConfigError(f"seq_len={seq_len!r} is not valid; it must be an integer >= 1")
+    _check_inputs(sample, data, batch_size, seq_len)
     spec = user_model_spec(model, seq=seq_len, seed=seed)
     module = meta_model(model, seed=seed)
     shape_sources = dict(read_shape(module).sources)
@@ -259,14 +249,7 @@ def plan_from(
     placement, why = _target_placement(module, base.parallel, tp_plan, pp_split)
     if why:
         notes.append(why)
-    scaled = evaluate(
-        base.model,
-        base.training,
-        base.parallel,
-        base.hardware,
-        activation_scale=scale,
-        placement=placement,
-    )
+    scaled = evaluate(*_specs(base), activation_scale=scale, placement=placement)
     return MeasuredPlan(
         plan=scaled,
         formula_plan=base,
@@ -276,6 +259,24 @@ def plan_from(
         notes=tuple(notes),
         placed=placement is not None,
     )
+
+
+def _check_inputs(sample: Any, data: Any, batch_size: Any, seq_len: Any) -> None:
+    if sample is None and data is None:
+        raise ConfigError(
+            "plan_from needs a batch to measure on: give sample=(inputs, targets) or "
+            "data= (a Dataset or a callable, as for the Stepper)"
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 1")
+    if seq_len is not None and (
+        isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1
+    ):
+        raise ConfigError(f"seq_len={seq_len!r} is not valid; it must be an integer >= 1")
+
+
+def _specs(p: Plan) -> tuple[Any, TrainingSpec, ParallelSpec, HardwareSpec]:
+    return p.model, p.training, p.parallel, p.hardware
 
 
 def _target_placement(

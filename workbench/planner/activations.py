@@ -222,10 +222,11 @@ def stage_activation_bytes(
     stages = stage_layout(model, parallel, placement)
     p = len(stages)
     out = []
-    chunked = placement is not None and placement.chunks and parallel.schedule == "interleaved"
+    interleaved = parallel.schedule == "interleaved" and placement is not None
+    chunks = placement.chunks if interleaved and placement is not None else None
     for i, n in enumerate(stages):
-        if chunked:
-            held, firsts, lasts = chunk_inflight(placement.chunks[i], p, i, micro_batches)
+        if chunks is not None:
+            held, firsts, lasts = chunk_inflight(chunks[i], p, i, micro_batches)
         else:
             inflight = stage_inflight(parallel, micro_batches, i)
             held, firsts, lasts = n * inflight, inflight, inflight
@@ -233,7 +234,6 @@ def stage_activation_bytes(
         # m on the last stage; 1F1B one).
         edge = (first * firsts if i == 0 else 0.0) + (last * lasts if i == p - 1 else 0.0)
         out.append((per_layer * held, edge))
-
     return out
 
 
