@@ -36,10 +36,14 @@ CASES: dict[int, list[dict[str, Any]]] = {
     4: [{"strategy": s} for s in STRATEGIES if s not in ("single", "pp")]
     + [{"strategy": "pp", "model": "gpt-small"}],
 }
-# The first pipeline stage keeps one partial forward's saved tensors alive across steps
-# (block 0 of micro-batch 0, up to its softmax: ~51 KB on gpt-tiny), which no backward
-# frees; it is not the planner's to model (see test_first_pipeline_stage_activations).
-FIRST_STAGE_GAP = "the first pipeline stage keeps a partial forward's saved tensors alive"
+# Under tracing the first pipeline stage keeps one partial forward alive across steps:
+# torch.distributed.pipelining runs a metadata-inference forward with grad enabled and
+# drops it without backward, and the tracer's pack hook holds each saved tensor in its
+# handle, so an op that saves its own output (softmax) makes a cycle tensor -> grad_fn ->
+# handle -> tensor that Python's gc cannot see through: embedding .. block 0's softmax of
+# one micro-batch (51 KB on gpt-tiny), counted as activations. The planner is right about
+# the run; the tracer's count is not (trace/saved_tensors.py), so this is a strict xfail.
+FIRST_STAGE_GAP = "the tracer keeps a dropped metadata forward alive on the first stage"
 
 
 def _key(case: dict[str, Any]) -> str:
