@@ -36,7 +36,7 @@ _DIMS = ("dp", "tp", "pp", "zero", "overlap", "tp_plan", "pp_split")
 
 PLANNER_TEXT = (
     "The planner's per-rank memory for the same layout against what the tracer measured "
-    "on rank 0. The planner places your model's parameters (built on the meta device) with "
+    "on rank 0. The planner places your model's parameters (counted on the meta device) with "
     "the same TP plan, split points and stage cuts the run applied, so model state "
     "(weights, gradients, optimizer) and data-parallel bytes are the tracer's to the byte "
     "for every layout: FSDP's padded shards, ZeRO-1's whole-parameter partition, the "
