@@ -35,15 +35,14 @@ USER_STRATEGIES: tuple[str, ...] = ("dp", "zero1", "fsdp", "pp")
 _DIMS = ("dp", "tp", "pp", "zero", "overlap", "tp_plan", "pp_split")
 
 PLANNER_TEXT = (
-    "The planner's per-rank memory for the same layout, from your model's parameter count "
-    "(counted on the meta device) and the dimensions read from it, against what the tracer "
-    "measured. Model state (weights, gradients, optimizer) and data-parallel bytes are "
-    "arithmetic on the count: they match to the byte for DDP, and for FSDP when every "
-    "parameter's first dimension divides by the number of ranks (FSDP pads each shard to "
-    "equal size); ZeRO-1 places whole parameters, so its optimizer share is the planner's "
-    "for an even split only. Activations come from the planner's transformer formula "
-    "(within 10% for a transformer; wb.plan_from measures them instead). TP and PP rows "
-    "depend on which modules your plan and split points place on each rank."
+    "The planner's per-rank memory for the same layout against what the tracer measured "
+    "on rank 0. The planner places your model's parameters (counted on the meta device) with "
+    "the same TP plan, split points and stage cuts the run applied, so model state "
+    "(weights, gradients, optimizer) and data-parallel bytes are the tracer's to the byte "
+    "for every layout: FSDP's padded shards, ZeRO-1's whole-parameter partition, the "
+    "modules a TP plan leaves whole, what each pipeline stage holds. Activations come "
+    "from the planner's transformer formula with the dimensions read from your model "
+    "(within 10% for a transformer; wb.plan_from measures them instead)."
 )
 
 
@@ -131,8 +130,9 @@ def _specs(
 
 def _planner(
     model: Any, data: Any, optimizer: Any, notes: list[str]
-) -> tuple[Any, int, str] | None:
-    """(ModelSpec, sequence length, optimizer name) when the objects are local."""
+) -> tuple[Any, int, str, Any] | None:
+    """(ModelSpec, sequence length, optimizer name, the module on the meta device) when
+    the objects are local."""
     if any(isinstance(x, str) for x in (model, data, optimizer)):
         notes.append(
             "the planner rows need the model, data and optimizer as local objects (a name "
@@ -142,10 +142,11 @@ def _planner(
     import torch
 
     from workbench.parallel.measure import first_batch
-    from workbench.parallel.model_spec import planner_optimizer, user_model_spec
+    from workbench.parallel.model_spec import meta_model, planner_optimizer, user_model_spec
 
     try:
         spec = user_model_spec(model)
+        module = meta_model(model)
         batch = first_batch(data, 1)
         inputs = batch[0] if isinstance(batch, tuple | list) else batch
         seq = int(inputs.shape[1]) if getattr(inputs, "dim", lambda: 0)() >= 2 else 1
@@ -154,17 +155,17 @@ def _planner(
     except ConfigError as exc:
         notes.append(f"no planner rows: {exc}")
         return None
-    return spec, seq, name
+    return spec, seq, name, module
 
 
 def _validation(
-    result: StrategyResult, spec: UserSpec, planned: tuple[Any, int, str], world: int
+    result: StrategyResult, spec: UserSpec, planned: tuple[Any, int, str, Any], world: int
 ) -> dict[str, Any]:
     from workbench.parallel.model_spec import planner_precision
     from workbench.parallel.run_plan import run_plan
     from workbench.planner import validate
 
-    model, seq, optimizer = planned
+    model, seq, optimizer, module = planned
     plan = run_plan(
         model,
         layout=spec.layout(world),
@@ -176,6 +177,7 @@ def _validation(
         grad_accum=spec.grad_accum,
         microbatches=spec.microbatches,
         schedule=spec.schedule,
+        module=module,
     )
     return validate(result.events, plan, rank=0).as_dict()
 
@@ -183,7 +185,7 @@ def _validation(
 def _checked_validation(
     result: StrategyResult,
     spec: UserSpec,
-    planned: tuple[Any, int, str],
+    planned: tuple[Any, int, str, Any],
     world: int,
     notes: list[str],
 ) -> dict[str, Any] | None:
@@ -251,7 +253,7 @@ def compare(
 def _run_all(
     cluster: Cluster,
     specs: list[UserSpec],
-    planned: tuple[Any, int, str] | None,
+    planned: tuple[Any, int, str, Any] | None,
     outcome: StrategyComparison,
     log: Callable[[str], None],
 ) -> None:

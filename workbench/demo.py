@@ -18,38 +18,18 @@ from typing import Any
 
 from workbench.cluster import Cluster
 from workbench.engine.equivalence import compare_with_reference
-from workbench.parallel.models import get_config, planner_model
-from workbench.parallel.run_plan import LOCAL_CPU
+from workbench.parallel.run_plan import strategy_plan
 from workbench.parallel.spec import RunSpec
-from workbench.planner import (
-    ParallelSpec,
-    TrainingSpec,
-    evaluate,
-    validate,
-)
+from workbench.planner import validate
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
 from workbench.report import ReportSection, write_report
 from workbench.session.training import TrainingSession
 from workbench.trace import CommEvent, Event, MemorySample, Metric, PhaseSpan, to_perfetto
-from workbench.vocab import planner_name
 
 __all__ = ["DEFAULT_STRATEGIES", "StrategyResult", "run_demo", "write_demo_report"]
 
 DEFAULT_STRATEGIES: tuple[str, ...] = ("dp", "zero1", "fsdp", "tp", "megatron", "pp")
 MiB = 2**20
-
-# Planner layout for each strategy on 2 ranks.
-_LAYOUTS: dict[str, dict[str, Any]] = {
-    "single": {},
-    "dp": {"dp": 2},
-    "zero1": {"dp": 2, "zero": 1},
-    "zero2": {"dp": 2, "zero": 2},
-    "fsdp": {"dp": 2, "zero": 3},
-    # The workbench's TP plans keep the (tied) embedding whole on every rank.
-    "tp": {"tp": 2, "vocab_parallel": False},
-    "megatron": {"tp": 2, "vocab_parallel": False},
-    "pp": {"pp": 2},
-}
 
 
 @dataclass(slots=True)
@@ -94,23 +74,10 @@ class StrategyResult:
         }
 
 
-def _validation(result: StrategyResult, spec: RunSpec) -> dict[str, Any]:
-    pipelined = spec.strategy == "pp"
-    layout = ParallelSpec(
-        **_LAYOUTS[spec.strategy],
-        micro_batches=spec.microbatches if pipelined else spec.grad_accum,
-        schedule=spec.schedule,
-    )
-    config = get_config(spec.model)
-    training = TrainingSpec(
-        micro_batch=spec.batch_size // layout.dp // (layout.micro_batches or 1),
-        seq=getattr(config, "seq_len", 1),
-        precision="fp32",
-        optimizer=planner_name("optimizer", spec.optimizer),
-        dropout=False,
-    )
-    plan = evaluate(planner_model(spec.model), training, layout, LOCAL_CPU)
-    return validate(result.events, plan, rank=0).as_dict()
+def _validation(result: StrategyResult, spec: RunSpec, world_size: int = 2) -> dict[str, Any]:
+    """The planner's rows for rank 0 of this run: the preset model's placement under the
+    strategy's layout (``run_plan.strategy_plan``) against what the tracer measured."""
+    return validate(result.events, strategy_plan(spec, world_size), rank=0).as_dict()
 
 
 def run_demo(
@@ -147,13 +114,14 @@ def run_demo(
 
 PLANNER_TEXT = (
     "The planner's per-rank memory for the same layout, against what the tracer "
-    "measured. Model state (weights, gradients, optimizer) is arithmetic and "
-    "matches to the byte for replicated and evenly sharded layouts (DDP, ZeRO, "
-    "FSDP); activations should be within 10%. The TP layouts are planned with the "
-    "embedding whole on every rank, as the workbench's plans keep it; the Megatron "
-    "teaching view also keeps attention whole, so it holds more per rank than "
-    "planned; a pipeline stage's share depends on where the split falls. "
-    "Optimizer step counters are bookkeeping and are recorded as 'other'."
+    "measured on rank 0. The planner places the model's parameters with the same TP plan, "
+    "split points and stage cuts the run applied (the Megatron teaching view: its MLP "
+    "split, attention whole), so model state (weights, gradients, optimizer) is exact for "
+    "every strategy, FSDP's padded shards and ZeRO-1's whole-parameter partition "
+    "included; activations should be within 10%. Under tracing a pipeline's first stage "
+    "reads high: the tracer keeps alive the forward that torch's pipelining runs once to "
+    "infer shapes and never backpropagates. Optimizer step counters are bookkeeping and "
+    "are recorded as 'other'."
 )
 
 

@@ -197,3 +197,22 @@ def test_a_sample_sliced_from_a_data_set_counts_only_itself() -> None:
     x = um.make_data().x  # 128 samples; the sample below is a view of 4 of them
     sliced = measure_activations(um.make_model(), (x[:4], (x[:4] + 1) % um.VOCAB), loss=um.lm_loss)
     assert sliced.total_bytes == _measure(um.SEQ)
+
+
+def test_target_layout_places_the_models_own_parameters() -> None:
+    """Model state at the target is the model's parameters as the layout places them (the
+    placement the tracer agrees with to the byte, tests/parallel/test_planner_layouts.py),
+    not the count divided: the TP plan leaves the embedding, head and norms whole."""
+    from workbench.parallel.parallelize import Layout
+    from workbench.parallel.placement import module_placement
+
+    r = plan_from(um.make_model, data=um.make_data, loss=um.lm_loss, gpus=8, gpu="h100-80gb",
+                  tp=2, zero=3, tp_plan=um.TP_PLAN, precision="fp32")  # fmt: skip
+    placement = module_placement(um.make_model(), Layout(tp=2, zero=3, tp_plan=um.TP_PLAN), 8)
+    shards = sum(p.shard(4) for p in placement.stages[0])
+    assert r.placed and r.plan.memory.weights == 4 * shards
+    assert r.plan.memory.weights > 4 * math.ceil(r.plan.model.n_params / 8)  # whole parts
+    assert all("counted" in row["how"] for row in r.rows if row["quantity"] == "grads / GPU")
+    # A layout the model cannot take (no TP plan given or found) falls back to the count.
+    fallback = plan_from(um.make_model, data=um.make_data, loss=um.lm_loss, gpus=8, tp=2, zero=3)
+    assert not fallback.placed and any("cannot place" in n for n in fallback.notes)

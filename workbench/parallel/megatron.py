@@ -34,6 +34,7 @@ __all__ = [
     "RowParallelLinear",
     "apply_megatron",
     "megatron_full_state_dict",
+    "megatron_plan",
 ]
 
 
@@ -79,26 +80,42 @@ class RowParallelLinear(_ShardedLinear):
         return y + self.bias if self.bias is not None else y
 
 
+def megatron_plan(model: nn.Module) -> dict[str, str]:
+    """The split ``apply_megatron`` makes, as a TP plan: every ``FeedForward``'s fc1
+    column-wise and fc2 row-wise; everything else (attention included) stays whole."""
+    plan: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, FeedForward):
+            prefix = f"{name}." if name else ""
+            plan[f"{prefix}fc1"] = "colwise"
+            plan[f"{prefix}fc2"] = "rowwise"
+    return plan
+
+
+_SLICES = {"colwise": ColumnParallelLinear, "rowwise": RowParallelLinear}
+
+
 def apply_megatron(model: nn.Module, group: ProcessGroup) -> nn.Module:
-    """Replace every ``FeedForward``'s fc1/fc2 by column/row-parallel slices, in place.
+    """Replace every ``FeedForward``'s fc1/fc2 by column/row-parallel slices, in place
+    (``megatron_plan``).
 
     Works on the MLP's blocks and on the GPT's MLP blocks; attention stays replicated (every
     rank computes it whole, so its gradients agree without communication).
     """
     t = group_size(group)
-    found = False
-    for module in model.modules():
-        if isinstance(module, FeedForward):
-            found = True
-            hidden = module.fc1.out_features
-            if hidden % t:
-                raise ParallelError(
-                    f"tp={t} does not divide the feed-forward hidden size {hidden}; "
-                    f"choose tp among {[d for d in range(1, hidden + 1) if hidden % d == 0]}"
-                )
-            module.fc1 = ColumnParallelLinear.from_linear(module.fc1, group)
-            module.fc2 = RowParallelLinear.from_linear(module.fc2, group)
-    if not found:
+    plan = megatron_plan(model)
+    for path, style in plan.items():
+        parent_name, _, attr = path.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        linear = getattr(parent, attr)
+        if style == "colwise" and linear.out_features % t:
+            hidden = linear.out_features
+            raise ParallelError(
+                f"tp={t} does not divide the feed-forward hidden size {hidden}; "
+                f"choose tp among {[d for d in range(1, hidden + 1) if hidden % d == 0]}"
+            )
+        setattr(parent, attr, _SLICES[style].from_linear(linear, group))
+    if not plan:
         raise ParallelError(
             f"apply_megatron found no FeedForward block in {type(model).__name__}; "
             "it works on workbench.parallel.models.MLP and GPT"

@@ -12,9 +12,12 @@
    edges, and whether they grow with the sequence (an s x s attention tensor).
 3. Extrapolated: the planner's formulas, scaled by measured / formula bytes at the
    measured size, give activations on the target (its sequence, micro-batch, TP split,
-   precision, recompute); model state is the planner's arithmetic on the counted
-   parameters; step time is the planner's estimate (nothing about a GPU's speed is
-   measured on a CPU). The result's ``rows`` say which number is which.
+   precision, recompute); model state is the planner's arithmetic on the model's own
+   parameters placed by the target layout (``placement.module_placement``: the TP plan,
+   split points and stage cuts the workbench would apply, FSDP padding and ZeRO-1's
+   partition included; from the count alone when the layout cannot be placed); step
+   time is the planner's estimate (nothing about a GPU's speed is measured on a CPU).
+   The result's ``rows`` say which number is which.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.errors import ConfigError
+from workbench.errors import ConfigError, WorkbenchError
 from workbench.parallel.measure import ActivationMeasurement, first_batch, measure_activations
 from workbench.parallel.model_spec import meta_model, read_shape, user_model_spec
+from workbench.parallel.parallelize import Layout
+from workbench.parallel.placement import module_placement
 from workbench.parallel.run_plan import LOCAL_CPU
 from workbench.planner import HardwareSpec, ParallelSpec, Plan, TrainingSpec, evaluate, plan
 from workbench.planner.memory import activation_bytes
+from workbench.planner.placement import Placement
 
 __all__ = ["MeasuredPlan", "plan_from"]
 
@@ -49,6 +55,7 @@ class MeasuredPlan:
     scale: tuple[float, float]  # measured / formula bytes: (per layer, embedding + head)
     shape_sources: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    placed: bool = False  # model state from the parameters as the layout places them
 
     @property
     def fits(self) -> bool:
@@ -65,6 +72,11 @@ class MeasuredPlan:
         p, m, x = self.plan, self.plan.memory, self.measurement
         t = p.time
         small = f"1 traced forward on CPU, batch {x.batch} x seq {x.seq}"
+        state = (
+            "counted: the model's parameters as the layout places them"
+            if self.placed
+            else "extrapolated: planner arithmetic on the count"
+        )
         rows = [
             _row("parameters", p.model.n_params, "", "counted on the meta device"),
             _row(
@@ -82,11 +94,9 @@ class MeasuredPlan:
                 if x.stores_scores is not None
                 else "assumed by the planner's formula (no sequence to halve)",
             ),
-            _row("weights / GPU", m.weights, "B", "extrapolated: planner arithmetic on the count"),
-            _row("grads / GPU", m.grads, "B", "extrapolated: planner arithmetic on the count"),
-            _row(
-                "optimizer / GPU", m.optimizer, "B", "extrapolated: planner arithmetic on the count"
-            ),
+            _row("weights / GPU", m.weights, "B", state),
+            _row("grads / GPU", m.grads, "B", state),
+            _row("optimizer / GPU", m.optimizer, "B", state),
             _row(
                 "activations / GPU",
                 m.activations,
@@ -210,26 +220,20 @@ def plan_from(
     gpu: str | HardwareSpec = "h100-80gb",
     seq_len: int | None = None,
     seed: int = 0,
+    tp_plan: Any = None,
+    pp_split: Any = None,
     **settings: Any,
 ) -> MeasuredPlan:
     """Plan ``model`` on a target cluster from its counted parameters and one small traced
     forward (see the module docstring). ``sample`` (inputs or (inputs, targets)) or
     ``data`` (as ``Stepper(data=...)``: the first ``batch_size`` samples) feed the forward;
     ``loss`` is included when given. ``settings`` are the planner's (tp=, pp=, dp=, zero=,
-    micro_batch=, precision=, optimizer=, recompute=, flash_attention=, ...)."""
-    if sample is None and data is None:
-        raise ConfigError(
-            "plan_from needs a batch to measure on: give sample=(inputs, targets) or "
-            "data= (a Dataset or a callable, as for the Stepper)"
-        )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 1")
-    if seq_len is not None and (
-        isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1
-    ):
-        raise ConfigError(f"seq_len={seq_len!r} is not valid; it must be an integer >= 1")
+    micro_batch=, precision=, optimizer=, recompute=, flash_attention=, ...); ``tp_plan`` /
+    ``pp_split`` as for a run's ``Layout`` (default: the model's own)."""
+    _check_inputs(sample, data, batch_size, seq_len)
     spec = user_model_spec(model, seq=seq_len, seed=seed)
-    shape_sources = dict(read_shape(meta_model(model, seed=seed)).sources)
+    module = meta_model(model, seed=seed)
+    shape_sources = dict(read_shape(module).sources)
     small = _measured_model(model, measure_with, spec.n_params, seed)
     batch = sample if sample is not None else first_batch(data, batch_size)
     small.train()
@@ -242,9 +246,10 @@ def plan_from(
         settings["flash_attention"] = True  # the model keeps no s x s tensor: nor will it there
     settings.setdefault("dropout", x.dropout)  # the model's own dropout, unless told
     base = plan(spec, gpu, gpus=gpus, seq=seq_len or x.seq, **settings)
-    scaled = evaluate(
-        base.model, base.training, base.parallel, base.hardware, activation_scale=scale
-    )
+    placement, why = _target_placement(module, base.parallel, tp_plan, pp_split)
+    if why:
+        notes.append(why)
+    scaled = evaluate(*_specs(base), activation_scale=scale, placement=placement)
     return MeasuredPlan(
         plan=scaled,
         formula_plan=base,
@@ -252,4 +257,46 @@ def plan_from(
         scale=scale,
         shape_sources=shape_sources,
         notes=tuple(notes),
+        placed=placement is not None,
     )
+
+
+def _check_inputs(sample: Any, data: Any, batch_size: Any, seq_len: Any) -> None:
+    if sample is None and data is None:
+        raise ConfigError(
+            "plan_from needs a batch to measure on: give sample=(inputs, targets) or "
+            "data= (a Dataset or a callable, as for the Stepper)"
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size!r} is not valid; it must be an integer >= 1")
+    if seq_len is not None and (
+        isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1
+    ):
+        raise ConfigError(f"seq_len={seq_len!r} is not valid; it must be an integer >= 1")
+
+
+def _specs(p: Plan) -> tuple[Any, TrainingSpec, ParallelSpec, HardwareSpec]:
+    return p.model, p.training, p.parallel, p.hardware
+
+
+def _target_placement(
+    module: nn.Module, parallel: ParallelSpec, tp_plan: Any, pp_split: Any
+) -> tuple[Placement | None, str]:
+    """The model's parameters placed by the target layout, or None and why not."""
+    if parallel.cp > 1 or parallel.first_stage_layers or parallel.last_stage_layers:
+        return None, (
+            "model state from the parameter count: context parallel and first/last stage "
+            "sizes are not layouts the workbench builds"
+        )
+    try:
+        layout = Layout(
+            dp=parallel.dp,
+            tp=parallel.tp,
+            pp=parallel.pp,
+            zero=parallel.zero,
+            tp_plan=tp_plan,
+            pp_split=pp_split,
+        )
+        return module_placement(module, layout, parallel.world), ""
+    except WorkbenchError as exc:
+        return None, f"model state from the parameter count; the layout cannot place it: {exc}"

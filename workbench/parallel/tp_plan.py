@@ -24,7 +24,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 
 from workbench.errors import ParallelError
 
-__all__ = ["TP_STYLES", "hf_tp_plan", "matching_modules", "resolve_tp_plan"]
+__all__ = ["TP_STYLES", "hf_tp_plan", "matching_modules", "resolve_tp_plan", "split_dims"]
 
 # style name -> what it does (the names Hugging Face's ``base_model_tp_plan`` uses).
 TP_STYLES: dict[str, str] = {
@@ -76,6 +76,39 @@ def _split_size(module: nn.Module, side: str) -> tuple[str, int] | None:
             name = out_name if side == "out" else in_name
             return name, int(getattr(module, name))
     return None
+
+
+# Which dimension of which parameter a style splits (torch's ColwiseParallel /
+# RowwiseParallel ``_partition_linear_fn`` / ``_partition_embedding_fn``): a column split
+# shards a linear's weight and bias on dim 0 and an embedding's table on dim 1; a row
+# split shards a linear's weight on dim 1 (its bias stays whole, added once after the sum)
+# and an embedding's table on dim 0.
+_SPLIT_DIMS: dict[tuple[type, str], dict[str, int]] = {
+    (nn.Linear, "colwise"): {"weight": 0, "bias": 0},
+    (nn.Linear, "rowwise"): {"weight": 1},
+    (nn.Embedding, "colwise"): {"weight": 1},
+    (nn.Embedding, "rowwise"): {"weight": 0},
+}
+
+
+def split_dims(module: nn.Module, style: str | ParallelStyle) -> dict[str, int]:
+    """Parameter name -> the dimension ``style`` splits over the TP ranks, for ``module``
+    (empty: every parameter stays whole, as ``replicate``, ``PrepareModuleInput`` and
+    ``SequenceParallel`` leave them)."""
+    resolved = _style(style) if isinstance(style, str) else style
+    if isinstance(resolved, ColwiseParallel):
+        side = "colwise"
+    elif isinstance(resolved, RowwiseParallel):
+        side = "rowwise"
+    else:
+        return {}
+    for cls in (nn.Linear, nn.Embedding):
+        if isinstance(module, cls):
+            return _SPLIT_DIMS[(cls, side)]
+    raise ParallelError(
+        f"a {side} style on a {type(module).__name__} is not modelled; colwise/rowwise split "
+        "nn.Linear and nn.Embedding modules only"
+    )
 
 
 def resolve_tp_plan(

@@ -37,6 +37,7 @@ from workbench.planner.params import (
     params_per_rank,
     stage_params,
 )
+from workbench.planner.placement import Piece, Placement, dimension_placement
 from workbench.planner.plan import Plan, check_layout, evaluate, plan, resolve_batch
 from workbench.planner.presets import (
     GPUS,
@@ -77,6 +78,8 @@ __all__ = [
     "ModelSpec",
     "ParallelSpec",
     "ParamCount",
+    "Piece",
+    "Placement",
     "Plan",
     "Recommendation",
     "ScalingPoint",
@@ -89,6 +92,7 @@ __all__ = [
     "check_layout",
     "count_params",
     "cpu_profile",
+    "dimension_placement",
     "evaluate",
     "executed_flops_per_token",
     "fit_alpha_beta",

@@ -3,9 +3,9 @@
 Model state follows the bytes-per-parameter table in DESIGN.md and ZeRO's sharding
 (stage 1 divides optimizer state over the data-parallel ranks, stage 2 also gradients,
 stage 3 also weights). Activations follow Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models"), written term by term so the same code covers
-the paper's setting (2-byte activations, 1-byte dropout masks, GeLU MLP of 4h) and the
-runs the workbench measures (fp32, CPU masks, SwiGLU, grouped-query attention).
+Recomputation in Large Transformer Models"), in ``activations``. With a ``Placement``
+(the parameters each stage holds as built) model state is counted parameter by parameter,
+FSDP's padding and ZeRO-1's whole-parameter partition included.
 """
 
 from __future__ import annotations
@@ -13,7 +13,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from workbench.errors import ConfigError
+from workbench.planner.activations import (
+    activation_bytes,
+    inflight_microbatches,
+    layer_activation_bytes,
+    model_layer_bytes,
+    stage_activation_bytes,
+    stage_inflight,
+    stage_layout,
+)
 from workbench.planner.params import largest_unit, stage_params
+from workbench.planner.placement import Placement, zero1_shares
 from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, TrainingSpec
 
 __all__ = [
@@ -26,14 +37,14 @@ __all__ = [
     "memory_breakdown",
     "model_layer_bytes",
     "model_state_bytes",
+    "rank_position",
+    "stage_activation_bytes",
     "stage_inflight",
+    "stage_layout",
     "state_bytes_per_param",
 ]
 
 GRAD_BYTES = {"bf16": 2, "fp32": 4, "bf16+fp32": 6}
-
-_ID_BYTES = 8  # int64 token ids (embedding input, loss targets)
-_STAT_BYTES = 4  # norm statistics are fp32
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,18 +83,36 @@ def _shard(count: int, parts: int) -> int:
 _HOST_GRAD_BYTES = 4
 
 
-def _state(
-    n: int, training: TrainingSpec, parallel: ParallelSpec, micro_batches: int
-) -> tuple[int, int, int, int]:
-    """(weights, grads, optimizer) bytes on the GPU and the bytes in host memory."""
-    per = state_bytes_per_param(training)
-    trainable = n if training.trainable == 1.0 else math.ceil(n * training.trainable)
-    group, z = parallel.grad_group, parallel.zero
+def _grads_sharded(training: TrainingSpec, parallel: ParallelSpec, micro_batches: int) -> bool:
     # Reduce-scattering once per step means accumulating unsharded gradients until then.
-    grads_sharded = z >= 2 and not (training.grad_sync == "per_step" and micro_batches > 1)
-    w = _shard(n, group) if z >= 3 else n
-    g = _shard(trainable, group) if grads_sharded else trainable
-    o = _shard(trainable, group) if z >= 1 else trainable
+    return parallel.zero >= 2 and not (training.grad_sync == "per_step" and micro_batches > 1)
+
+
+def _state(
+    n: int,
+    training: TrainingSpec,
+    parallel: ParallelSpec,
+    micro_batches: int,
+    *,
+    placement: Placement | None = None,
+    stage: int = 0,
+    dp_rank: int = 0,
+) -> tuple[int, int, int, int]:
+    """(weights, grads, optimizer) bytes on the GPU and the bytes in host memory; from the
+    placement's pieces when there is one (stage ``stage``, data-parallel rank ``dp_rank``),
+    else from ``n`` parameters."""
+    per = state_bytes_per_param(training)
+    group, z = parallel.grad_group, parallel.zero
+    sharded = _grads_sharded(training, parallel, micro_batches)
+    if placement is not None:
+        w, g, o = placement.state_elements(stage, group, z, sharded, dp_rank)
+        if training.trainable != 1.0:
+            g, o = math.ceil(g * training.trainable), math.ceil(o * training.trainable)
+    else:
+        trainable = n if training.trainable == 1.0 else math.ceil(n * training.trainable)
+        w = _shard(n, group) if z >= 3 else n
+        g = _shard(trainable, group) if sharded else trainable
+        o = _shard(trainable, group) if z >= 1 else trainable
     # FP8: Transformer Engine keeps an FP8 copy of each weight beside the bf16 one.
     weights = w * (per.weights + (1 if training.fp8 else 0))
     if training.offload_optimizer:  # streamed out per bucket: nothing stays on the GPU
@@ -98,199 +127,6 @@ def model_state_bytes(
     stages = parallel.stage_layers(model.layers)
     n = max(stage_params(model, parallel.tp, stages, vocab_parallel=parallel.vocab_parallel))
     return _state(n, training, parallel, micro_batches)[:3]
-
-
-def layer_activation_bytes(
-    *,
-    s: int,
-    b: int,
-    h: int,
-    a: int,
-    tp: int = 1,
-    sequence_parallel: bool = False,
-    recompute: str = "none",
-    dtype_bytes: int = 2,
-    mask_bytes: int = 1,
-    dropout: bool = True,
-    ffn: int | None = None,
-    kv_hidden: int | None = None,
-    gated_mlp: bool = False,
-    norm_stats: int = 0,
-    flash_attention: bool = False,
-    fused_swiglu: bool = False,
-    cp: int = 1,
-    fp8: bool = False,
-) -> float:
-    """Activation bytes one transformer layer keeps for backward (one micro-batch).
-
-    With the defaults this is exactly sbh(34 + 5as/h); with TP t it is
-    sbh(10 + 24/t + 5as/(ht)); with sequence parallel sbh(34/t + 5as/(ht)); selective
-    recompute drops the as² terms; full recompute keeps only the layer input (2sbh).
-    ``norm_stats`` is the number of fp32 per-token statistics each norm saves (LayerNorm 2:
-    mean and rstd; RMSNorm 1); the paper ignores them (0). ``flash_attention`` stores no
-    s x s tensor (an fp32 logsumexp per head and query instead), ``fused_swiglu`` keeps
-    three SwiGLU tensors (gate, up, product) instead of four; ``cp`` splits the sequence
-    (each rank keeps s/cp queries against all s keys). ``fp8`` saves the inputs of the
-    linear layers (the two norm outputs, the attention projection's input and the second
-    MLP matmul's input) as FP8, 1 byte, as Transformer Engine does for the weight
-    gradient; the rest stays in ``dtype_bytes``.
-    """
-    d, m = dtype_bytes, (mask_bytes if dropout else 0)
-    f = 4 * h if ffn is None else ffn
-    kv = h if kv_hidden is None else kv_hidden
-    s_kv = s
-    s = s / cp
-    sbh = s * b * h
-    sp = tp if sequence_parallel else 1
-    if recompute == "full":
-        return d * sbh / sp
-    # Kept whole on every TP rank unless sequence parallel shards it: the two norm inputs,
-    # the two norm outputs (QKV and MLP inputs), the two dropout masks after the residual
-    # branches, and the norms' statistics.
-    lin = 1 if fp8 else d  # a linear layer's saved input
-    replicated = (2 * d + 2 * lin + 2 * m) * sbh + 2 * norm_stats * _STAT_BYTES * s * b
-    # Split by TP: Q and K (for QKᵀ), V, the attention-projection input, and the MLP
-    # (GeLU: its input and output; SwiGLU: gate, up, silu(gate) and their product; the
-    # last of each is the second matmul's input).
-    mlp = (((2 if fused_swiglu else 3) if gated_mlp else 1) * d + lin) * s * b * f
-    sharded = d * s * b * (h + kv) + d * s * b * kv + lin * sbh + mlp
-    if flash_attention:
-        scores = _STAT_BYTES * a * s * b  # a logsumexp per head and query
-    else:  # as² per sample
-        scores = _score_bytes(d, m, recompute, dropout) * a * s * s_kv * b
-    return replicated / sp + (sharded + scores) / tp
-
-
-def _score_bytes(dtype_bytes: int, mask_bytes: int, recompute: str, dropout: bool) -> int:
-    """Bytes per s x s attention-score element a layer keeps without FlashAttention: the
-    softmax output, with dropout its mask and the dropped-out probabilities; none under
-    selective recompute, which recomputes them."""
-    if recompute == "selective":
-        return 0
-    return 2 * dtype_bytes + mask_bytes if dropout else dtype_bytes
-
-
-def stage_inflight(parallel: ParallelSpec, micro_batches: int, stage: int) -> int:
-    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak.
-
-    1F1B: min(p − stage, m); GPipe runs all forwards first: m; interleaved 1F1B
-    (Megatron): 2(p − stage − 1) + (v − 1)p + 1 warm-up chunks of 1/v of the stage,
-    ≈ p·(1 + (p−1)/(p·v)) micro-batches on stage 0 (rounded up).
-    """
-    p = parallel.pp
-    if p == 1:
-        return 1
-    if parallel.schedule == "gpipe":
-        return micro_batches
-    if parallel.schedule == "interleaved":
-        v = parallel.virtual_stages
-        chunks = 2 * (p - stage - 1) + (v - 1) * p + 1
-        return min(micro_batches, math.ceil(chunks / v))
-    return min(p - stage, micro_batches)
-
-
-def inflight_microbatches(parallel: ParallelSpec, micro_batches: int) -> int:
-    """Micro-batches whose activations the first pipeline stage holds at its peak."""
-    return stage_inflight(parallel, micro_batches, 0)
-
-
-def model_layer_bytes(
-    model: ModelSpec,
-    training: TrainingSpec,
-    parallel: ParallelSpec,
-    hardware: HardwareSpec,
-    seq: int,
-    *,
-    recompute: str | None = None,
-) -> float:
-    """``layer_activation_bytes`` for this model and layout (``recompute`` overrides the
-    training's: the step-time model uses the no-recompute count as memory traffic)."""
-    d = training.dtype_bytes
-    return layer_activation_bytes(
-        s=seq,
-        b=training.micro_batch,
-        h=model.hidden,
-        a=model.heads,
-        tp=parallel.tp,
-        sequence_parallel=parallel.sequence_parallel,
-        recompute=training.recompute if recompute is None else recompute,
-        dtype_bytes=d,
-        mask_bytes=1 if hardware.kind == "gpu" else d,  # CPU dropout keeps its mask in the dtype
-        dropout=training.dropout,
-        ffn=model.ffn_size,
-        kv_hidden=model.kv_hidden,
-        gated_mlp=model.gated_mlp,
-        norm_stats=2 if model.norm == "layernorm" else 1,
-        flash_attention=training.flash_attention,
-        fused_swiglu=training.fused_swiglu,
-        cp=parallel.cp,
-        fp8=training.fp8,
-    )
-
-
-def _edge_bytes(
-    model: ModelSpec,
-    training: TrainingSpec,
-    parallel: ParallelSpec,
-    hardware: HardwareSpec,
-    seq: int,
-) -> tuple[float, float]:
-    """(embedding, head) activation bytes of one micro-batch."""
-    d, t = training.dtype_bytes, parallel.tp
-    s, b = seq / parallel.cp, training.micro_batch
-    mask = 1 if hardware.kind == "gpu" else d
-    stats = 2 if model.norm == "layernorm" else 1
-    sp = t if parallel.sequence_parallel else 1
-    sbh = s * b * model.hidden
-    # Embedding: token ids (+ the embedding dropout mask when there is dropout).
-    first = _ID_BYTES * s * b + (mask * sbh / sp if training.dropout else 0.0)
-    # Head: final-norm input and stats, the output projection's input, the log-softmax
-    # output (vocab-parallel under TP) and the loss targets.
-    last = (
-        2 * d * sbh / sp
-        + stats * _STAT_BYTES * s * b
-        + d * s * b * model.vocab_size / t
-        + _ID_BYTES * s * b
-    )
-    return first, last
-
-
-def stage_activation_bytes(
-    model: ModelSpec,
-    training: TrainingSpec,
-    parallel: ParallelSpec,
-    hardware: HardwareSpec,
-    *,
-    seq: int,
-    micro_batches: int,
-) -> list[tuple[float, float]]:
-    """(transformer layers, embedding + head) activation bytes of every pipeline stage."""
-    per_layer = model_layer_bytes(model, training, parallel, hardware, seq)
-    first, last = _edge_bytes(model, training, parallel, hardware, seq)
-    stages = parallel.stage_layers(model.layers)
-    p = len(stages)
-    out = []
-    for i, n in enumerate(stages):
-        inflight = stage_inflight(parallel, micro_batches, i)
-        edge = (first * inflight if i == 0 else 0.0) + (last if i == p - 1 else 0.0)
-        out.append((per_layer * n * inflight, edge))
-    return out
-
-
-def activation_bytes(
-    model: ModelSpec,
-    training: TrainingSpec,
-    parallel: ParallelSpec,
-    hardware: HardwareSpec,
-    *,
-    seq: int,
-    micro_batches: int,
-) -> tuple[float, float]:
-    """(transformer layers, embedding + head) activation bytes on the stage holding most."""
-    stages = stage_activation_bytes(
-        model, training, parallel, hardware, seq=seq, micro_batches=micro_batches
-    )
-    return max(stages, key=lambda x: x[0] + x[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +176,17 @@ class MemoryBreakdown:
         }
 
 
+def rank_position(parallel: ParallelSpec, rank: int) -> tuple[int, int]:
+    """(pipeline stage, data-parallel index) of global ``rank``: ranks are laid out TP
+    innermost, then data (and context) parallel, then pipeline (the workbench's mesh order
+    pp, dp, tp, and Megatron's)."""
+    world = parallel.world
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise ConfigError(f"rank={rank!r} is not valid; choose a rank in 0..{world - 1}")
+    per_stage = world // parallel.pp
+    return rank // per_stage, (rank % per_stage) // parallel.tp
+
+
 def memory_breakdown(
     model: ModelSpec,
     training: TrainingSpec,
@@ -349,39 +196,41 @@ def memory_breakdown(
     seq: int,
     micro_batches: int,
     activation_scale: tuple[float, float] = (1.0, 1.0),
+    placement: Placement | None = None,
+    rank: int | None = None,
 ) -> MemoryBreakdown:
     """Bytes per GPU on the most loaded pipeline stage (every stage is evaluated: the
-    first holds the embedding and the most micro-batches, the last the head).
+    first holds the embedding and the most micro-batches, the last the head), or on
+    global ``rank`` when given.
 
     ``activation_scale`` multiplies the (transformer layers, embedding + head) activation
-    terms: the ratio of measured to formula bytes at a small scale (``wb.plan_from``)."""
-    layout = parallel.stage_layers(model.layers)
-    params = stage_params(model, parallel.tp, layout, vocab_parallel=parallel.vocab_parallel)
+    terms: the ratio of measured to formula bytes at a small scale (``wb.plan_from``).
+    ``placement``: the parameters each stage holds as built (``Placement``), instead of
+    the counts derived from the model's dimensions."""
+    layout = stage_layout(model, parallel, placement)
+    params = _stage_params(model, parallel, layout, placement)
     layer_scale, edge_scale = activation_scale
     acts = [
         (layers * layer_scale, edge * edge_scale)
         for layers, edge in stage_activation_bytes(
-            model, training, parallel, hardware, seq=seq, micro_batches=micro_batches
+            model, training, parallel, hardware, seq=seq, micro_batches=micro_batches,
+            placement=placement,
         )
-    ]
-    per = state_bytes_per_param(training)
-    temporary = 0
-    if parallel.zero >= 3 and parallel.grad_group > 1:
-        # One unit (block or embedding) gathered in full, and its full gradient in the
-        # compute dtype before the reduce-scatter (fp32 copies exist only as shards):
-        # DeepSpeed's 4 bytes x largest layer for bf16.
-        temporary += largest_unit(model, parallel.tp) * (per.weights + training.dtype_bytes)
-    elif parallel.grad_group > 1:
-        temporary += 2 * training.bucket_bytes  # gradient buckets in flight
+    ]  # fmt: skip
+    temporary = _temporary(model, training, parallel)
+    where = [rank_position(parallel, rank)] if rank is not None else None
+    if where is None:
+        where = [(i, _busiest_dp_rank(placement, parallel, i)) for i in range(len(layout))]
     best: MemoryBreakdown | None = None
-    for i, (n, (layers, head)) in enumerate(zip(params, acts, strict=True)):
-        weights, grads, optimizer, host = _state(n, training, parallel, micro_batches)
+    for i, dp_rank in where:
+        weights, grads, optimizer, host = _state(
+            params[i], training, parallel, micro_batches,
+            placement=placement, stage=i, dp_rank=dp_rank,
+        )  # fmt: skip
+        layers, head = acts[i]
         if training.offload_activations and layout[i]:
-            # Two layers of one micro-batch stay (the one computing, the one in transit).
-            held = layout[i] * stage_inflight(parallel, micro_batches, i)
-            kept = min(layers, 2 * layers / held)
-            host += math.ceil(layers - kept)
-            layers = kept
+            layers, offloaded = _offloaded(layers, layout[i], parallel, micro_batches, i)
+            host += offloaded
         candidate = MemoryBreakdown(
             weights=weights,
             grads=grads,
@@ -398,3 +247,44 @@ def memory_breakdown(
             best = candidate
     assert best is not None  # at least one stage
     return best
+
+
+def _stage_params(
+    model: ModelSpec, parallel: ParallelSpec, layout: tuple[int, ...], placement: Placement | None
+) -> tuple[int, ...]:
+    if placement is not None:
+        return tuple(placement.params(i) for i in range(placement.pp))
+    return stage_params(model, parallel.tp, layout, vocab_parallel=parallel.vocab_parallel)
+
+
+def _offloaded(
+    layers: float, n: int, parallel: ParallelSpec, micro_batches: int, stage: int
+) -> tuple[float, int]:
+    """(layer activation bytes kept on the GPU, bytes offloaded to the host): two layers
+    of one micro-batch stay (the one computing, the one in transit)."""
+    held = n * stage_inflight(parallel, micro_batches, stage)
+    kept = min(layers, 2 * layers / held)
+    return kept, math.ceil(layers - kept)
+
+
+def _temporary(model: ModelSpec, training: TrainingSpec, parallel: ParallelSpec) -> int:
+    per = state_bytes_per_param(training)
+    if parallel.zero >= 3 and parallel.grad_group > 1:
+        # One unit (block or embedding) gathered in full, and its full gradient in the
+        # compute dtype before the reduce-scatter (fp32 copies exist only as shards):
+        # DeepSpeed's 4 bytes x largest layer for bf16.
+        return largest_unit(model, parallel.tp) * (per.weights + training.dtype_bytes)
+    if parallel.grad_group > 1:
+        return 2 * training.bucket_bytes  # gradient buckets in flight
+    return 0
+
+
+def _busiest_dp_rank(placement: Placement | None, parallel: ParallelSpec, stage: int) -> int:
+    """The data-parallel rank of ``stage`` with the most optimizer state: ZeRO-1 places
+    whole parameters, so its shares differ; every other stage is even (index 0)."""
+    if placement is None or parallel.zero != 1 or parallel.grad_group == 1:
+        return 0
+    if not placement.zero1_whole:
+        return 0
+    shares = zero1_shares(placement.stages[stage], parallel.grad_group)
+    return shares.index(max(shares))

@@ -9,6 +9,7 @@ from typing import Any
 from workbench.errors import ConfigError, ParallelError
 from workbench.planner.comm import spans_nodes
 from workbench.planner.memory import MemoryBreakdown, memory_breakdown
+from workbench.planner.placement import Placement
 from workbench.planner.presets import hardware_preset, model_preset
 from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, TrainingSpec
 from workbench.planner.timing import StepTime, step_time
@@ -32,6 +33,24 @@ class Plan:
     memory: MemoryBreakdown
     time: StepTime
     notes: tuple[str, ...] = ()
+    # The parameters each stage holds as built (None: derived from the dimensions).
+    placement: Placement | None = None
+    activation_scale: tuple[float, float] = (1.0, 1.0)
+
+    def rank_memory(self, rank: int) -> MemoryBreakdown:
+        """Bytes on global ``rank`` (its pipeline stage and data-parallel index), where
+        ``memory`` is the most loaded rank's."""
+        return memory_breakdown(
+            self.model,
+            self.training,
+            self.parallel,
+            self.hardware,
+            seq=self.seq,
+            micro_batches=self.micro_batches,
+            activation_scale=self.activation_scale,
+            placement=self.placement,
+            rank=rank,
+        )
 
     @property
     def fits(self) -> bool:
@@ -109,8 +128,11 @@ def _fields(spec: Any) -> dict[str, Any]:
     return {f.name: getattr(spec, f.name) for f in fields(spec)}
 
 
-def check_layout(model: ModelSpec, parallel: ParallelSpec) -> None:
-    """Raise ParallelError when the layout cannot split this model."""
+def check_layout(
+    model: ModelSpec, parallel: ParallelSpec, placement: Placement | None = None
+) -> None:
+    """Raise ParallelError when the layout cannot split this model (a placement's chunks
+    say themselves how each stage's blocks fill its virtual stages)."""
     tp, pp = parallel.tp, parallel.pp
     kv = model.kv_heads or model.heads
     if model.heads % tp or kv % tp:
@@ -121,6 +143,13 @@ def check_layout(model: ModelSpec, parallel: ParallelSpec) -> None:
             f"tp={tp} does not divide heads={model.heads} (kv_heads={kv}); valid tp: {valid}"
         )
     v = parallel.virtual_stages
+    if placement is not None and placement.chunks is not None:
+        if len(placement.chunks[0]) != v:
+            raise ParallelError(
+                f"the placement has {len(placement.chunks[0])} virtual chunks per stage but "
+                f"virtual_stages={v}"
+            )
+        return
     if pp * v > model.layers:
         raise ParallelError(
             f"pp={pp} (x virtual_stages={v}) is more stages than "
@@ -171,10 +200,14 @@ def evaluate(
     hardware: HardwareSpec,
     *,
     activation_scale: tuple[float, float] = (1.0, 1.0),
+    placement: Placement | None = None,
 ) -> Plan:
     """The plan for one fully specified configuration (the pure core of ``plan``).
-    ``activation_scale``: measured / formula activation bytes (layers, embedding + head)."""
-    check_layout(model, parallel)
+    ``activation_scale``: measured / formula activation bytes (layers, embedding + head);
+    ``placement``: the parameters each pipeline stage holds as built (model state from
+    its pieces instead of the dimensions)."""
+    _check_placement(parallel, placement)
+    check_layout(model, parallel, placement)
     seq = training.seq or model.seq
     if seq is None:
         raise ConfigError("no sequence length: give training seq=<tokens> or model seq=<tokens>")
@@ -188,6 +221,7 @@ def evaluate(
         seq=seq,
         micro_batches=m,
         activation_scale=activation_scale,
+        placement=placement,
     )
     time = step_time(model, training, parallel, hardware, seq=seq, micro_batches=m)
     notes = _notes(model, training, parallel, hardware, memory, m)
@@ -202,7 +236,20 @@ def evaluate(
         memory=memory,
         time=time,
         notes=notes,
+        placement=placement,
+        activation_scale=activation_scale,
     )
+
+
+def _check_placement(parallel: ParallelSpec, placement: Placement | None) -> None:
+    if placement is None:
+        return
+    if not isinstance(placement, Placement):
+        raise ConfigError(f"placement={placement!r} is not valid; give a planner Placement")
+    if placement.pp != parallel.pp:
+        raise ParallelError(
+            f"the placement has {placement.pp} pipeline stage(s) but the layout pp={parallel.pp}"
+        )
 
 
 def _check_scale(activation_scale: tuple[float, float]) -> None:

@@ -125,8 +125,8 @@ def validate(
     wanted = set(steps) if steps is not None else None
     dp_run = plan.parallel.dp > 1  # otherwise "workbench" traffic is not data parallel
     measured = _measure(events, rank, wanted, dp_run)
-    rows = _memory_rows(plan, measured.mem, state_tol, activation_tol)
-    rows += _time_rows(plan, measured, comm_bytes_tol)
+    rows = _memory_rows(plan, rank, measured.mem, state_tol, activation_tol)
+    rows += _time_rows(plan, rank, measured, comm_bytes_tol)
     return ValidationReport(rows=tuple(rows), rank=rank, steps=tuple(sorted(measured.seen)))
 
 
@@ -169,11 +169,11 @@ def _measure(events: Iterable[Any], rank: int, wanted: set[int] | None, dp_run: 
 
 
 def _memory_rows(
-    plan: Plan, mem: dict[str, int], state_tol: float, activation_tol: float
+    plan: Plan, rank: int, mem: dict[str, int], state_tol: float, activation_tol: float
 ) -> list[Comparison]:
     if not mem:
         return []
-    m = plan.memory
+    m = plan.rank_memory(rank)  # this rank's stage and data-parallel share
     return [
         Comparison("weights", m.weights, mem["params"], state_tol),
         Comparison("grads", m.grads, mem["grads"], state_tol),
@@ -188,7 +188,9 @@ def _memory_rows(
     ]
 
 
-def _time_rows(plan: Plan, measured: _Measured, comm_bytes_tol: float) -> list[Comparison]:
+def _time_rows(
+    plan: Plan, rank: int, measured: _Measured, comm_bytes_tol: float
+) -> list[Comparison]:
     rows: list[Comparison] = []
     comm_bytes, phase_secs = measured.comm_bytes, measured.phase_secs
     if comm_bytes:
@@ -196,7 +198,7 @@ def _time_rows(plan: Plan, measured: _Measured, comm_bytes_tol: float) -> list[C
         rows.append(
             Comparison(
                 "dp bytes/step",
-                _dp_bytes(plan),
+                _dp_bytes(plan, rank),
                 sum(comm_bytes.values()) / n,
                 comm_bytes_tol,
             )
@@ -210,18 +212,24 @@ def _time_rows(plan: Plan, measured: _Measured, comm_bytes_tol: float) -> list[C
     return rows
 
 
-def _dp_bytes(plan: Plan) -> float:
+def _dp_bytes(plan: Plan, rank: int) -> float:
     """Bytes one rank hands to data-parallel collectives per step (buffer sizes, as the
     tracer records them: the gradient buffer for all-reduce / reduce-scatter, the
-    gathered weights for all-gather)."""
+    gathered weights for all-gather; FSDP's padded to equal shards)."""
+    from workbench.planner.memory import rank_position
     from workbench.planner.params import stage_params
 
     p, t = plan.parallel, plan.training
     if p.grad_group == 1:
         return 0.0
-    layout = p.stage_layers(plan.model.layers)
-    n = max(stage_params(plan.model, p.tp, layout, vocab_parallel=p.vocab_parallel))
-    trainable = n * t.trainable
+    if plan.placement is not None:
+        stage = rank_position(p, rank)[0]
+        grad_elements, n = plan.placement.collective_elements(stage, p.grad_group, p.zero)
+        trainable = grad_elements * t.trainable
+    else:
+        layout = p.stage_layers(plan.model.layers)
+        n = max(stage_params(plan.model, p.tp, layout, vocab_parallel=p.vocab_parallel))
+        trainable = n * t.trainable
     grads = trainable * t.grad_comm_bytes
     weights = n * t.dtype_bytes
     m = plan.micro_batches

@@ -1,0 +1,194 @@
+"""The planner against the tracer for every built-in strategy at 2 and 4 ranks, and for a
+user's model under every layout: model state per category to the byte on every rank,
+activations within 10% (issue 32: the planner models the layouts the workbench builds).
+
+Each rank runs the real strategy for two traced steps; the plan is ``strategy_plan`` /
+``run_plan`` with the model module, i.e. the placement derived from the same Layout, TP plan
+and split points that ``parallelize`` applied. Losses are not compared (the equivalence
+tests do that), so nothing here depends on seeds or loss values.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.harness import run_ranks
+from tests.parallel import _user_models as um
+from workbench.parallel.model_spec import planner_optimizer, user_model_spec
+from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout
+from workbench.parallel.run_plan import run_plan, strategy_plan
+from workbench.parallel.spec import STRATEGIES, RunSpec
+from workbench.planner import validate
+
+pytestmark = pytest.mark.engines
+
+STEPS = 2
+STATE = ("weights", "grads", "optimizer", "model state")
+# gpt-tiny has 2 blocks: a 4-stage pipeline runs gpt-small (4 blocks).
+CASES: dict[int, list[dict[str, Any]]] = {
+    2: [{"strategy": s} for s in STRATEGIES if s != "dp_tp"]
+    + [{"strategy": "pp", "schedule": "1f1b", "microbatches": 4}],
+    4: [{"strategy": s} for s in STRATEGIES if s not in ("single", "pp")]
+    + [{"strategy": "pp", "model": "gpt-small"}],
+}
+# Under tracing the first pipeline stage keeps one partial forward alive across steps:
+# torch.distributed.pipelining runs a metadata-inference forward with grad enabled and
+# drops it without backward, and the tracer's pack hook holds each saved tensor in its
+# handle, so an op that saves its own output (softmax) makes a cycle tensor -> grad_fn ->
+# handle -> tensor that Python's gc cannot see through: embedding .. block 0's softmax of
+# one micro-batch (51 KB on gpt-tiny), counted as activations. The planner is right about
+# the run; the tracer's count is not (trace/saved_tensors.py), so this is a strict xfail.
+FIRST_STAGE_GAP = "the tracer keeps a dropped metadata forward alive on the first stage"
+
+
+def _key(case: dict[str, Any]) -> str:
+    return json.dumps(case, sort_keys=True)
+
+
+def _traced(rank: int, world: int, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    from workbench.parallel import build_train_step
+
+    out = {}
+    for case in cases:
+        step = build_train_step(RunSpec(**{"model": "gpt-tiny", **case}))
+        for _ in range(STEPS):
+            step.run_step()
+        for tracer in (step.memory_tracer, step.comm_tracer):
+            tracer.stop()
+        out[_key(case)] = step.recorder.to_records()
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
+def runs(request: pytest.FixtureRequest) -> tuple[int, list[dict[str, Any]]]:
+    world = request.param
+    return world, run_ranks(_traced, CASES[world], world_size=world, timeout=900)
+
+
+def _reports(world: int, per_rank: list[dict[str, Any]]):
+    for case in CASES[world]:
+        spec = RunSpec(**{"model": "gpt-tiny", **case})
+        plan = strategy_plan(spec, world)
+        for rank in range(world):
+            # A single-device run records itself as rank 0 on every process.
+            seen = 0 if spec.strategy == "single" else rank
+            yield spec, rank, validate(per_rank[rank][_key(case)], plan, rank=seen)
+
+
+def test_every_builtin_strategy_is_in_the_cases() -> None:
+    assert {c["strategy"] for c in CASES[2]} == set(STRATEGIES) - {"dp_tp"}
+    assert {c["strategy"] for c in CASES[4]} == set(PRESET_LAYOUTS) - {"single"} | {"megatron"}
+
+
+def test_model_state_is_the_tracers_to_the_byte(runs) -> None:
+    world, per_rank = runs
+    for spec, rank, report in _reports(world, per_rank):
+        for category in STATE:
+            row = report.row(category)
+            assert row.measured == row.predicted, f"{spec.strategy} rank {rank}: {row}"
+            assert row.measured > 0, f"{spec.strategy} rank {rank} {category}"
+
+
+def test_activations_within_ten_percent(runs) -> None:
+    world, per_rank = runs
+    for spec, rank, report in _reports(world, per_rank):
+        if spec.strategy == "pp" and rank == 0:
+            continue  # FIRST_STAGE_GAP
+        row = report.row("activations")
+        assert row.ok, f"{spec.strategy} rank {rank}: {row}"
+
+
+@pytest.mark.xfail(strict=True, reason=FIRST_STAGE_GAP)
+def test_first_pipeline_stage_activations(runs) -> None:
+    world, per_rank = runs
+    for spec, rank, report in _reports(world, per_rank):
+        if spec.strategy == "pp" and rank == 0:
+            assert report.row("activations").ok, f"{spec.strategy} rank {rank}"
+
+
+# -- the user's model: uneven shards and stages ------------------------------------------
+
+
+class Gain(nn.Module):
+    """Three gains: a parameter whose first dimension no dp degree here divides (FSDP
+    pads it), and one ZeRO-1 cannot split evenly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.g.mean()
+
+
+class OddLM(um.TinyLM):
+    def __init__(self) -> None:
+        super().__init__(blocks=3)
+        self.gain = Gain()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(self.gain(h)))
+
+
+USER_LAYOUTS: dict[str, dict[str, Any]] = {
+    "ddp": {"zero": 0},
+    "zero1": {"zero": 1},
+    "zero2": {"zero": 2},
+    "fsdp": {"zero": 3},
+    "tp": {"tp": 2, "dp": 1, "tp_plan": um.TP_PLAN},
+    "pp uneven": {"pp": 2, "dp": 1, "pp_split": ["blocks.1"]},  # 1 block, then 2 + ends
+}
+
+
+def _user_runs(rank: int, world: int) -> dict[str, Any]:
+    from workbench.parallel.user_model import UserRun, build_user_train_step
+
+    out = {}
+    for name, kwargs in USER_LAYOUTS.items():
+        run = UserRun(
+            model=OddLM, data=um.make_data, loss=um.lm_loss, layout=Layout(**kwargs), batch_size=8
+        )
+        step = build_user_train_step(run)
+        for _ in range(STEPS):
+            step.run_step()
+        for tracer in (step.memory_tracer, step.comm_tracer):
+            tracer.stop()
+        out[name] = (step.recorder.to_records(), planner_optimizer(step.optimizer))
+    return out
+
+
+def test_user_model_state_to_the_byte_with_padding_and_uneven_stages() -> None:
+    per_rank = run_ranks(_user_runs, timeout=600)
+    model = user_model_spec(OddLM, seq=um.SEQ)
+    for name, kwargs in USER_LAYOUTS.items():
+        layout = Layout(**kwargs)
+        plan = run_plan(
+            model,
+            layout=layout,
+            world_size=2,
+            batch_size=8,
+            seq=um.SEQ,
+            optimizer=per_rank[0][name][1],
+            module=OddLM(),
+        )
+        shares = []
+        for rank in range(2):
+            report = validate(per_rank[rank][name][0], plan, rank=rank)
+            for category in (*STATE, "dp bytes/step") if layout.zero or name == "ddp" else STATE:
+                row = report.row(category)
+                assert row.measured == row.predicted, f"{name} rank {rank} {category}: {row}"
+            if name != "pp uneven" or rank == 1:
+                assert report.row("activations").ok, f"{name} rank {rank}"
+            shares.append(report.row("model state").measured)
+        if name == "zero1":  # whole parameters: the two ranks' shares differ
+            assert shares[0] != shares[1]
+        if name == "pp uneven":  # stage 1 holds two blocks, the norm and the head
+            assert shares[1] > shares[0]
