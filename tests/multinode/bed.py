@@ -13,6 +13,14 @@ Layout (every name and address below belongs to the bed; nothing else is touched
   (shared by every node, like an NFS home), an ssh key that logs into every node, and the
   nodes' host key in ``known_hosts`` (no host-key checks are switched off).
 - no node has a default route: no traffic can leave the machine.
+- python = a venv on the disk every node shares (``/var/tmp/wbmn-venv-<key>``) made from the
+  nodes' own interpreter (Debian 12's ``/usr/bin/python3``, 3.11.2; ``WB_BED_PYTHON`` for
+  another), with the project installed as a cluster user installs it (``pip install -c
+  constraints.txt torch==...`` then ``-e '.[mpi]'``). The "notebook" (``drive``) and every
+  engine run from it, so the bed runs what a user's cluster runs, not the kernel's own venv.
+  Making it takes minutes, so it is kept between beds, keyed by the interpreter, this
+  checkout and its ``constraints.txt`` / ``pyproject.toml`` (``ensure_venv``; the multi-node
+  conftest starts it in the background as soon as the bed's tests are collected).
 
 Everything started is stopped by pid or by namespace: a node's processes all end with its
 PID-namespace init. ``python -m tests.multinode.bed up|down|status`` drives it by hand.
@@ -21,6 +29,8 @@ PID-namespace init. ``python -m tests.multinode.bed up|down|status`` drives it b
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import pwd
@@ -47,6 +57,9 @@ SLURMD_PORT = 16818
 PID_BASE = 20000
 PID_STEP = 4000
 NODE_INIT = Path(__file__).with_name("node_init.py")
+CHECKOUT = Path(__file__).resolve().parents[2]
+NODE_PYTHON = os.environ.get("WB_BED_PYTHON", "/usr/bin/python3")
+TORCH_PIN = "torch==2.13.0"  # as the README's set-up installs it
 DRIVER = Path(__file__).with_name("driver.py")
 # The interpreter's own install (a venv's base) and this checkout (with its venv): every
 # bed process must be able to read them, wherever they are (node_init.expose).
@@ -66,6 +79,37 @@ REQUIRED_COMMANDS = (
 
 class BedError(RuntimeError):
     """The bed could not be built or torn down."""
+
+
+def venv_dir() -> Path:
+    """Where the bed's venv lives: one per interpreter, checkout and pinned install."""
+    h = hashlib.sha256(f"{os.path.realpath(NODE_PYTHON)}\n{CHECKOUT}\n".encode())
+    for name in ("constraints.txt", "pyproject.toml"):
+        h.update((CHECKOUT / name).read_bytes())
+    return Path("/var/tmp") / f"wbmn-venv-{h.hexdigest()[:12]}"
+
+
+def ensure_venv() -> Path:
+    """Make the bed's venv unless a complete one exists (one maker at a time: a lock)."""
+    venv = venv_dir()
+    done = venv / ".complete"
+    with open(f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)  # a make that died halfway
+        if shutil.which(NODE_PYTHON) is None:
+            raise BedError(f"the bed's nodes need {NODE_PYTHON} (set WB_BED_PYTHON)")
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+        constraints = ["-c", str(CHECKOUT / "constraints.txt")]
+        try:
+            _run(NODE_PYTHON, "-m", "venv", str(venv), timeout=300)
+            _run(*pip, *constraints, TORCH_PIN, "numpy", timeout=1800)
+            _run(*pip, *constraints, "-e", f"{CHECKOUT}[mpi]", timeout=1800)
+        except subprocess.CalledProcessError as exc:
+            raise BedError(f"the bed's venv could not be made: {exc.stderr[-3000:]}") from None
+        done.touch()
+    return venv
 
 
 def _run(*argv: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -130,6 +174,11 @@ class Bed:
         return self.root / "home"
 
     @property
+    def python(self) -> Path:
+        """The interpreter of the bed's venv (the driver's and every engine's)."""
+        return venv_dir() / "bin" / "python"
+
+    @property
     def uid(self) -> int:
         return pwd.getpwnam(self.user).pw_uid
 
@@ -174,6 +223,7 @@ class Bed:
         self._save()  # from here on, `down` can undo whatever part was built
         try:
             self._make_user()
+            self._make_venv()
             self._make_network()
             if self.slurm:
                 self._start_slurm_controller()
@@ -246,6 +296,9 @@ class Bed:
         names = [f"wbmn{i},{SUBNET}.{10 + i}" for i in range(1, self.nnodes + 1)]
         (ssh / "known_hosts").write_text("".join(f"{n} {pub[0]} {pub[1]}\n" for n in names))
         _run("chown", "-R", f"{self.user}:{self.user}", str(self.home))
+
+    def _make_venv(self) -> None:
+        ensure_venv()
 
     def _hosts_text(self, node: Node | None) -> str:
         lines = ["127.0.0.1 localhost"]
@@ -504,7 +557,7 @@ class Bed:
         """Run ``driver.py`` (the notebook side) as the user on the login node; its report."""
         out = self.home / f"result-{time.monotonic_ns()}.json"
         done = self.run_user(
-            [sys.executable, str(DRIVER), json.dumps(cfg), str(out)],
+            [str(self.python), str(DRIVER), json.dumps(cfg), str(out)],
             timeout=timeout,
             check=False,
             cwd=str(DRIVER.parents[2]),
@@ -523,7 +576,7 @@ class Bed:
         out = self.home / f"result-{time.monotonic_ns()}.json"
         with open(out.with_suffix(".log"), "w") as log:  # the driver's output, for failures
             proc = subprocess.Popen(
-                self.login_argv([sys.executable, str(DRIVER), json.dumps(cfg), str(out)]),
+                self.login_argv([str(self.python), str(DRIVER), json.dumps(cfg), str(out)]),
                 env=self.user_env(),
                 cwd=str(DRIVER.parents[2]),
                 text=True,

@@ -63,6 +63,7 @@ def replaced_only_the_dead_engine(run: dict[str, Any]) -> None:
     assert fault["ranks"] == [victim]
     assert f"rank {victim} (engine" in fault["error"] and fault["victim_host"] in fault["error"]
     assert f"rank {victim}: engine" in fault["report"]  # the dead engine was replaced
+    assert "to the checkpoint of step 3" in fault["report"], fault["report"]  # a real load
     before = {r["rank"]: r for r in fault["ranks_before"]}
     after = {r["rank"]: r for r in fault["ranks_after"]}
     for rank, r in after.items():  # every rank, replaced or not, stays on its host
@@ -84,3 +85,15 @@ def replaced_only_the_dead_engine(run: dict[str, Any]) -> None:
     assert [e["LOCAL_RANK"] for e in env] == [str(after[r]["local_rank"]) for r in sorted(after)]
     # the curve after recovery equals the uninterrupted run's
     assert close(fault["losses"], run["ddp"]), (fault["losses"], run["ddp"])
+
+
+def failed_load_leaves_nothing(bed: Bed, launcher: str) -> None:
+    """Recovery whose checkpoint load fails: the load's error, and nothing left on any node
+    after stop (a failed load once left an engine and a defunct child on a node)."""
+    report = bed.drive({"scenario": "failed_load", "launcher": launcher, "hosts": HOSTS, "n": 4})
+    ok(report)
+    assert report["died"], "the engine was to die mid-step"
+    assert report["recover_error"] is not None
+    assert "CheckpointError" in report["recover_error"], report["recover_error"]
+    assert "rng/rank-00000.pt" in report["recover_error"], report["recover_error"]
+    nothing_left(bed, report)

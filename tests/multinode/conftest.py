@@ -7,13 +7,28 @@ user, no namespace, no bridge, no user, no directory.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 
 import pytest
 
-from tests.multinode.bed import BRIDGE, STATE_FILE, Bed, unavailable_reason
+from tests.multinode.bed import BRIDGE, STATE_FILE, Bed, ensure_venv, unavailable_reason
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start making the bed's venv (minutes, once per checkout and pins) while the tests
+    before the bed's run; ``Bed.up`` waits for it (a file lock), so no test times out on it."""
+    wanted = any("tests/multinode/" in item.nodeid for item in session.items)
+    if wanted and unavailable_reason() is None:
+        threading.Thread(target=_make_venv_quietly, name="bed-venv", daemon=True).start()
+
+
+def _make_venv_quietly() -> None:
+    with contextlib.suppress(Exception):  # Bed.up tries again and reports the error
+        ensure_venv()
 
 
 @pytest.fixture(scope="session")

@@ -29,11 +29,14 @@ SPEC = {"model": "mlp-tiny", "strategy": "dp", "batch_size": 8}
 def _env() -> dict[str, str]:
     import os
     import socket
+    import sys
 
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")
     out = {k: os.environ.get(k, "") for k in keys}
     out["hostname"] = socket.gethostname()
     out["GLOO_SOCKET_IFNAME"] = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    out["python"] = ".".join(map(str, sys.version_info[:3]))
+    out["executable"] = sys.executable
     return out
 
 
@@ -170,6 +173,33 @@ def _training(cluster: Any, out: dict[str, Any], home: Path) -> None:
     out["fault"] = fault
 
 
+def _failed_load(cluster: Any, out: dict[str, Any], home: Path) -> None:
+    """An engine dies, and the checkpoint recovery would roll back to fails to load (a
+    file of it changed): recovery fails with that error; stop must still end everything."""
+    from workbench.errors import EngineDied
+    from workbench.parallel import RunSpec
+    from workbench.session.training import TrainingSession
+
+    root = home / f"ckpt-{os.getpid()}"
+    session = TrainingSession(
+        cluster, RunSpec(**SPEC), timeout=120, checkpoint_dir=root, checkpoint_every=3
+    )
+    session.run(3)
+    cluster.run(_die_in_forward, ranks=[cluster.world_size - 1])
+    try:
+        session.step()
+        out["died"] = False
+    except EngineDied:
+        out["died"] = True
+    newest = Path(session.checkpoints()[-1]["path"])
+    (newest / "rng" / "rank-00000.pt").write_bytes(b"changed after the save")
+    try:
+        session.recover()
+        out["recover_error"] = None
+    except Exception as exc:
+        out["recover_error"] = f"{type(exc).__name__}: {exc}"
+
+
 def main(cfg: dict[str, Any], out_path: str) -> None:
     from workbench.cluster import Cluster
 
@@ -191,10 +221,13 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
         out["timings"] = dict(cluster.timings)
         out["ranks"] = _ranks(cluster)
         out["env"] = cluster.run(_env)
+        out["kernel_env"] = _env()
         out["all_reduce"] = cluster.run(_all_reduce)
         if cfg["scenario"] in ("full", "train"):
             _interrupt(cluster, cluster.world_size - 2, out)
             _training(cluster, out, home)
+        if cfg["scenario"] == "failed_load":
+            _failed_load(cluster, out, home)
         if cfg["scenario"] == "orphan":  # the test SIGKILLs this process (the "kernel")
             out["pid"] = os.getpid()
             tmp = Path(f"{out_path}.tmp")

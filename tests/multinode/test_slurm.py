@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from tests.multinode.bed import Bed
-from tests.multinode.checks import HOSTS, ok, replaced_only_the_dead_engine
+from tests.multinode.checks import (
+    HOSTS,
+    failed_load_leaves_nothing,
+    ok,
+    replaced_only_the_dead_engine,
+)
 from tests.multinode.contract import LauncherContract
 
 pytestmark = pytest.mark.engines
@@ -61,3 +66,9 @@ def test_sbatch_refusal_surfaces_at_once_with_its_own_words(bed: Bed) -> None:
     assert report["error"] is not None and "no-such-partition" in report["error"].lower()
     assert "start_timeout" not in report["error"]
     assert report["left"] == []
+
+
+def test_a_failed_load_during_recovery_leaves_nothing_running(bed: Bed) -> None:
+    if not bed.slurm:
+        pytest.skip("slurm-wlm and munge are not installed")
+    failed_load_leaves_nothing(bed, "slurm")

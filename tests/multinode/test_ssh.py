@@ -13,7 +13,12 @@ from typing import Any
 import pytest
 
 from tests.multinode.bed import Bed
-from tests.multinode.checks import HOSTS, ok, replaced_only_the_dead_engine
+from tests.multinode.checks import (
+    HOSTS,
+    failed_load_leaves_nothing,
+    ok,
+    replaced_only_the_dead_engine,
+)
 from tests.multinode.contract import LauncherContract
 
 pytestmark = pytest.mark.engines
@@ -75,3 +80,7 @@ def test_unreachable_master_addr_and_missing_python_fail_at_once(bed: Bed) -> No
     assert "does not exist on wbmn1" in bad["error"]
     assert "start_timeout" not in bad["error"]  # at once, not after the timeout
     assert bad["left"] == []
+
+
+def test_a_failed_load_during_recovery_leaves_nothing_running(bed: Bed) -> None:
+    failed_load_leaves_nothing(bed, "ssh")
