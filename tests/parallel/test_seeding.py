@@ -125,5 +125,5 @@ def test_a_resumed_run_with_dropout_equals_the_uninterrupted_one(
 
 @pytest.mark.parametrize("seed", [-1, MAX_SEED + 1, 1.0, True, "0"])
 def test_a_bad_seed_is_refused_at_the_entry_point(seed: object) -> None:
-    with pytest.raises(ConfigError, match=rf"^seed={seed!r} is not valid: .*a seed"):
+    with pytest.raises(ConfigError, match=rf"^seed={seed!r} is not valid: "):
         _run({}, seed=seed)  # type: ignore[arg-type]

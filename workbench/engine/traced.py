@@ -66,7 +66,7 @@ def traced(
         from workbench import validate
         from workbench.parallel.seeding import MAX_SEED, seed_everything
 
-        validate.integer("seed", seed, minimum=0, maximum=MAX_SEED, what="a seed")
+        validate.integer("seed", seed, minimum=0, maximum=MAX_SEED)
         seed_everything(seed)
     cell = engine_state().get(_CELL)
     own_comm = cell is None  # inside a traced cell, the cell's CommTracer already records

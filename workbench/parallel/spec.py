@@ -79,7 +79,7 @@ class RunSpec:
         # Upper bounds of these follow from batch_size (check_batch lists the divisors).
         validate.integer("microbatches", self.microbatches, minimum=1)
         validate.integer("grad_accum", self.grad_accum, minimum=1)
-        validate.integer("seed", self.seed, minimum=0, maximum=MAX_SEED, what="a seed")
+        validate.integer("seed", self.seed, minimum=0, maximum=MAX_SEED)
         validate.number(
             "lr",
             self.lr,

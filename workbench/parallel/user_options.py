@@ -43,7 +43,7 @@ class UserOptions:
         int_at_least("batch_size", self.batch_size, 1)
         int_at_least("grad_accum", self.grad_accum, 1)
         int_at_least("microbatches", self.microbatches, 1)
-        validate.integer("seed", self.seed, minimum=0, maximum=MAX_SEED, what="a seed")
+        validate.integer("seed", self.seed, minimum=0, maximum=MAX_SEED)
         if self.schedule not in SCHEDULES:
             raise ConfigError(
                 f"schedule={self.schedule!r} is not valid; choose from {sorted(SCHEDULES)}"
