@@ -95,6 +95,7 @@ RESEARCH = [
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_a_researchers_notebook_passes_strict_nbval_twice_after_one_recording(
     tmp_path: Path,
 ) -> None:

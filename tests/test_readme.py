@@ -16,7 +16,7 @@ import pytest
 
 from tests._readme_blocks import Block, blocks
 
-pytestmark = [pytest.mark.engines, pytest.mark.slow]
+pytestmark = [pytest.mark.engines, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

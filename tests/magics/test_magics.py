@@ -42,6 +42,12 @@ def test_wb_and_torch_are_predefined_in_cells(attached: Any, capsys: Any) -> Non
     assert capsys.readouterr().out == "workbench torch True\n"
 
 
+def test_a_comment_after_a_magic_is_ignored_as_in_a_shell(attached: Any, capsys: Any) -> None:
+    # As the README writes them: `%%wb --ranks 0 --timeout 30    # a subset of ranks ...`
+    attached.run_cell_magic("wb", "--ranks 0 --no-labels   # only rank 0", "print('#', rank)")
+    assert capsys.readouterr().out == "# 0\n"
+
+
 def test_cell_on_a_subset(attached: Any, capsys: Any) -> None:
     attached.run_cell_magic("wb", "--ranks 1", "print('only', rank)")
     assert capsys.readouterr().out == "[rank 1]\nonly 1\n"
