@@ -55,7 +55,9 @@ def _run_block(shell: object, block: Block) -> None:
             if line.strip():
                 argv = shlex.split(line.split(" #")[0])
                 argv[0] = str(Path(sys.executable).with_name(argv[0]))
-                subprocess.run(argv, check=True, capture_output=True, text=True, timeout=600)
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+                if done.returncode:
+                    raise RuntimeError(f"{line}: exit {done.returncode}\n{done.stderr[-2000:]}")
         return
     for cell in cells:
         result = shell.run_cell(cell)  # type: ignore[attr-defined]
