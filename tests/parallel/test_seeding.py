@@ -127,3 +127,17 @@ def test_a_resumed_run_with_dropout_equals_the_uninterrupted_one(
 def test_a_bad_seed_is_refused_at_the_entry_point(seed: object) -> None:
     with pytest.raises(ConfigError, match=rf"^seed={seed!r} is not valid: "):
         _run({}, seed=seed)  # type: ignore[arg-type]
+
+
+def test_a_traced_loop_is_seeded_when_asked() -> None:
+    from workbench.engine.traced import traced
+
+    def draws(seed: int | None) -> tuple[float, float, float]:
+        _draw_unevenly(3)
+        with traced(seed=seed):
+            return float(torch.rand(1)), random.random(), float(numpy.random.rand())
+
+    assert draws(7) == draws(7)
+    assert draws(None) != draws(None)  # without seed= the generators run on
+    with pytest.raises(ConfigError, match=r"^seed=-1 is not valid: "):
+        traced(seed=-1)
