@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "workbench.demo",
             "workbench.compare",
             "workbench.kernel_launcher",
+            "workbench.nbval",
             "workbench.__main__",
         ),
     ),

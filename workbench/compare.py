@@ -27,6 +27,7 @@ from workbench.cluster import Cluster
 from workbench.demo import StrategyResult, format_table, write_demo_report
 from workbench.engine.equivalence import compare_user_with_reference
 from workbench.errors import ConfigError, WorkbenchError
+from workbench.parallel.seeding import DEFAULT_SEED
 from workbench.session.user_training import UserSpec, UserTrainingSession, user_spec
 
 __all__ = ["USER_STRATEGIES", "StrategyComparison", "compare"]
@@ -208,6 +209,7 @@ def compare(
     strategies: Sequence[str | Mapping[str, Any]] = USER_STRATEGIES,
     steps: int = 4,
     batch_size: int = 8,
+    seed: int = DEFAULT_SEED,
     tp_plan: Mapping[str, Any] | None = None,
     pp_split: Sequence[str] | None = None,
     cluster: Cluster | None = None,
@@ -223,6 +225,7 @@ def compare(
         "loss": loss,
         "optimizer": optimizer,
         "batch_size": batch_size,
+        "seed": seed,  # every strategy's run draws from it: run to run, the same numbers
     }
     if tp_plan is not None:
         common["tp_plan"] = tp_plan

@@ -34,6 +34,20 @@ def test_cell_runs_on_every_rank_in_rank_order(attached: Any, capsys: Any) -> No
     assert out == "[rank 0]\n[3.0, 3.0, 3.0]\n[rank 1]\n[3.0, 3.0, 3.0]\n"
 
 
+def test_wb_and_torch_are_predefined_in_cells(attached: Any, capsys: Any) -> None:
+    # The README's traced loop calls wb.traced in a cell without importing anything.
+    attached.run_cell_magic(
+        "wb", "--ranks 0 --no-labels", "print(wb.__name__, torch.__name__, callable(wb.traced))"
+    )
+    assert capsys.readouterr().out == "workbench torch True\n"
+
+
+def test_a_comment_after_a_magic_is_ignored_as_in_a_shell(attached: Any, capsys: Any) -> None:
+    # As the README writes them: `%%wb --ranks 0 --timeout 30    # a subset of ranks ...`
+    attached.run_cell_magic("wb", "--ranks 0 --no-labels   # only rank 0", "print('#', rank)")
+    assert capsys.readouterr().out == "# 0\n"
+
+
 def test_cell_on_a_subset(attached: Any, capsys: Any) -> None:
     attached.run_cell_magic("wb", "--ranks 1", "print('only', rank)")
     assert capsys.readouterr().out == "[rank 1]\nonly 1\n"

@@ -131,3 +131,23 @@ def adamw(params: Any) -> torch.optim.Optimizer:
 
 
 OPTIMIZERS = {"sgd": sgd, "adamw": adamw}
+
+
+class DropoutLM(TinyLM):
+    """``TinyLM`` with dropout, as every Hugging Face model has by default: on the
+    embeddings and on each block's output (activations every tensor-parallel rank holds
+    whole), drawn from the global torch generator."""
+
+    def __init__(self, p: float = 0.1) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(self.embed(x))
+        for block in self.blocks:
+            h = self.drop(block(h))
+        return self.head(self.norm(h))
+
+
+def make_dropout_model() -> nn.Module:
+    return DropoutLM()

@@ -16,13 +16,15 @@ from workbench.errors import WorkbenchError
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
-# name -> one-line help. The module workbench.cli.<name> provides the full parser; a
-# missing module is skipped so a partial install still runs the commands it has.
+# name -> one-line help. The module workbench.cli.<name> (dashes as underscores) provides
+# the full parser; a missing module is skipped so a partial install still runs the
+# commands it has.
 SUBCOMMANDS: dict[str, str] = {
     "plan": "predict per-GPU memory, OOM, step time; recommend a layout",
     "calibrate": "measure local all-reduce and fit the planner's latency/bandwidth",
     "demo": "run one model under every strategy and write an HTML report",
     "kernel": "install the workbench's Jupyter kernel (a local cluster's processes started ahead)",
+    "nbval-config": "print the path of the nbval sanitizer the workbench ships",
 }
 
 
@@ -60,10 +62,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         if argv is not None and name != chosen:
             subparsers.add_parser(name, help=help_text)  # listed in --help, never run
             continue
+        module_name = f"workbench.cli.{name.replace('-', '_')}"
         try:
-            module = importlib.import_module(f"workbench.cli.{name}")
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name == f"workbench.cli.{name}":
+            if exc.name == module_name:
                 continue
             raise
         module.register(subparsers)

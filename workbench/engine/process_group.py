@@ -144,7 +144,9 @@ def setup_rank(
     clock_offset_ns: int = 0,
     run_dir: str | None = None,
 ) -> dict:
-    """Join the process group and predefine ``rank, world_size, device, dist, torch``.
+    """Join the process group and predefine ``rank, world_size, local_rank, device, dist,
+    torch`` and ``wb`` (the ``workbench`` package: ``wb.traced`` in a cell, as the README
+    writes it).
 
     Every engine calls this concurrently; ``timeout_s`` bounds the rendezvous so a peer
     that never arrives is an error, not a hang. With ``run_dir`` the engine's status thread
@@ -153,6 +155,7 @@ def setup_rank(
     import torch
     import torch.distributed as dist
 
+    import workbench
     from workbench.trace import Clock
 
     teardown_rank()  # a re-init (restart, new port) starts from a clean slate
@@ -187,6 +190,7 @@ def setup_rank(
         device=device,
         dist=dist,
         torch=torch,
+        wb=workbench,
     )
     return {"rank": assignment["rank"], "init_s": time.perf_counter() - started}
 

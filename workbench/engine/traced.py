@@ -54,8 +54,20 @@ def traced(
     *,
     name: str = "traced",
     per_module: bool = False,
+    seed: int | None = None,
 ) -> Traced:
-    """``with wb.traced(model, optimizer) as t:`` — trace a hand-written loop on this rank."""
+    """``with wb.traced(model, optimizer) as t:`` — trace a hand-written loop on this rank.
+
+    ``seed=N`` seeds torch, numpy and ``random`` here first (the same ``N`` on every rank,
+    as a stepper run is seeded), so the loop's dropout masks and draws are the same on
+    every run of the notebook; ``None`` leaves the generators as the loop finds them.
+    """
+    if seed is not None:
+        from workbench import validate
+        from workbench.parallel.seeding import MAX_SEED, seed_everything
+
+        validate.integer("seed", seed, minimum=0, maximum=MAX_SEED)
+        seed_everything(seed)
     cell = engine_state().get(_CELL)
     own_comm = cell is None  # inside a traced cell, the cell's CommTracer already records
     return Traced(

@@ -6,8 +6,9 @@ one round trip both advances the run and returns the increment for the live figu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from workbench.engine.fail_together import fail_together
 from workbench.engine.state import engine_state
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 _RUN = "run"
+T = TypeVar("T")
 _AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None, "key": bytes}
 
 
@@ -60,6 +62,8 @@ def build_run(
 
     ``autosave`` ({"root", "every", "keep_last", "key"}) checkpoints every ``every`` steps.
     """
+    if spec_fields.get("strategy") == "single":  # one rank: no peer waits for it
+        return _build_run(spec_fields, autosave)
     return fail_together(_build_run, spec_fields, autosave)
 
 
@@ -85,6 +89,14 @@ def _build_run(spec_fields: dict[str, Any], autosave: dict[str, Any] | None) -> 
         train_step.memory_tracer.sample(label="start")
     state[_RUN] = train_step
     return {"phases": train_step.phases, **_summary(0)}
+
+
+def together(fn: Callable[..., T], *args: Any) -> T:
+    """``fail_together`` for a run on every rank; a plain call for a ``single`` run, which
+    lives on one rank: no peer waits for it, so a failure must not close the group."""
+    if getattr(engine_state().get(_RUN), "strategy", None) == "single":
+        return fn(*args)
+    return fail_together(fn, *args)
 
 
 def _agreed(exc: Exception) -> bool:
@@ -114,7 +126,7 @@ def _autosave(train_step: Any) -> tuple[str | None, str | None]:
 def run_phases(count: int, cursor: int) -> dict[str, Any]:
     """Run ``count`` phases (crossing step boundaries as needed)."""
     _run()  # no run is the same on every rank: an error, not a failure to spread
-    return fail_together(_run_phases, count, cursor)
+    return together(_run_phases, count, cursor)
 
 
 def _run_phases(count: int, cursor: int) -> dict[str, Any]:
@@ -133,7 +145,7 @@ def _run_phases(count: int, cursor: int) -> dict[str, Any]:
 def run_steps(count: int, cursor: int) -> dict[str, Any]:
     """Finish the step in progress, then run ``count - 1`` more whole steps."""
     _run()  # no run is the same on every rank: an error, not a failure to spread
-    return fail_together(_run_steps, count, cursor)
+    return together(_run_steps, count, cursor)
 
 
 def _run_steps(count: int, cursor: int) -> dict[str, Any]:
@@ -153,7 +165,7 @@ def save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -
     ``key`` signs the manifest (the client's checkpoint key). A failure every rank agreed
     on comes back as ``error`` (the run is intact)."""
     _run()  # no run is the same on every rank: an error, not a failure to spread
-    return fail_together(_save_run, root, keep_last, key, cursor)
+    return together(_save_run, root, keep_last, key, cursor)
 
 
 def _save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
@@ -173,7 +185,7 @@ def load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> dic
     one whose manifest ``key`` signed. A failure every rank agreed on comes back as
     ``error`` (the run is unchanged)."""
     _run()  # no run is the same on every rank: an error, not a failure to spread
-    return fail_together(_load_run, root, step, key, cursor)
+    return together(_load_run, root, step, key, cursor)
 
 
 def _load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:

@@ -53,6 +53,8 @@ def build_user_run(
     # Resolving the factories touches no collective and fails alike on every rank (a name
     # not defined there): a plain error, the process group stays as it is.
     run = _user_run(payload)
+    if run.strategy == "single":  # one rank: no peer waits for it
+        return _build_user_run(run, autosave)
     return fail_together(_build_user_run, run, autosave)
 
 

@@ -50,8 +50,10 @@ class MagicParser(argparse.ArgumentParser):
 
 
 def split_line(line: str) -> list[str]:
+    """The words of a magic's line; ``#`` outside quotes starts a comment, as in a shell
+    (``%wb start -n 2  # two local engines``, as the README writes it)."""
     try:
-        return shlex.split(line)
+        return shlex.split(line, comments=True)
     except ValueError as exc:  # unbalanced quotes
         raise UsageError(f"could not parse arguments {line!r}: {exc}") from exc
 

@@ -22,6 +22,7 @@ from workbench.magics.args import MagicParser, seconds_option, whole_number
 from workbench.magics.launcher_args import add_launcher_args, launcher_options_from
 from workbench.magics.progress import notebook_progress
 from workbench.magics.registry import command
+from workbench.magics.tables import start_banner, status_table
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
     from workbench.magics.core import WorkbenchMagics
@@ -89,12 +90,7 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
             close()
         cluster.progress = None
     magics.started.append(cluster)  # and it is now the current cluster (Cluster.latest)
-    r0 = cluster.ranks[0]
-    hosts = len({r.host for r in cluster.ranks})
-    print(
-        f"workbench: {cluster.world_size} ranks on {hosts} host(s), "
-        f"backend {r0.backend}, device {'cuda' if r0.device.startswith('cuda') else 'cpu'}"
-    )
+    print(start_banner(cluster.ranks))
     if args.profile_startup:
         print(cluster.startup.table())
 
@@ -195,9 +191,5 @@ def status(magics: WorkbenchMagics, args: Any) -> Any:
     rows = magics.require_cluster().status()
     if args.json:
         return rows
-    columns = ["rank", "engine", "host", "pid", "device", "backend", "state"]
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns))
-    for row in rows:
-        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
+    print(status_table(rows))
     return None

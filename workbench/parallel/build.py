@@ -32,6 +32,7 @@ from workbench.parallel.models import build_model, get_config, loss_fn_for
 from workbench.parallel.options import apply_checkpointing, check_precision, compute_dtype
 from workbench.parallel.parallelize import layout_for, parallelize
 from workbench.parallel.pp import PipelineModule
+from workbench.parallel.seeding import rank_seed, seed_everything
 from workbench.parallel.spec import RunSpec
 from workbench.parallel.step import TrainStep
 from workbench.trace.recorder import Recorder
@@ -40,6 +41,7 @@ __all__ = [
     "SAMPLES_PER_EPOCH_IN_BATCHES",
     "build_train_step",
     "full_state_dict",
+    "pipeline_stage",
     "reference_losses_and_params",
 ]
 
@@ -108,7 +110,13 @@ def build_train_step(
         loader=loader,
     )
     step.spec = spec
+    seed_everything(rank_seed(spec.seed, stage=pipeline_stage(dims)))  # what the run draws
     return step
+
+
+def pipeline_stage(dims: ParallelDims) -> int:
+    """This rank's pipeline stage (0 without a pipeline): stages draw distinct streams."""
+    return dims.mesh.get_local_rank("pp") if dims.pp > 1 else 0
 
 
 def _resolve_device(

@@ -6,7 +6,8 @@ A checkpoint is a directory ``<root>/step-00000003`` holding
   each rank writes the shards it owns (DDP: rank 0 writes the replicated tensors once;
   FSDP2 / DTensor: every rank its shard), so a load under another layout reshards;
 - ``rng/rank-00001.pt``: each rank's torch RNG states (tensors only, loaded with
-  ``weights_only=True``) and ``rng/rank-00001.json``: its Python ``random`` state;
+  ``weights_only=True``) and ``rng/rank-00001.json``: its Python ``random`` and numpy
+  states (numpy's absent from checkpoints written before runs seeded it);
 - ``meta.json``: step, data position, last loss, strategy, world size and the run's spec;
 - ``manifest.json``: the SHA-256 sum of every other file, signed (HMAC) with a key kept
   outside the checkpoint (``checkpoint_trust``).

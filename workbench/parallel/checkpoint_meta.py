@@ -147,7 +147,37 @@ def rng_state() -> RngState:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         tensors["cuda"] = torch.cuda.get_rng_state_all()
     version, internal, gauss = random.getstate()
-    return tensors, {"version": version, "state": list(internal), "gauss": gauss}
+    py = {"version": version, "state": list(internal), "gauss": gauss}
+    return tensors, {**py, "numpy": _numpy_state()}
+
+
+def _numpy_state() -> dict[str, Any]:
+    """numpy's global generator (seeded with the run, ``seeding``) as JSON."""
+    import numpy
+
+    kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+    return {
+        "kind": kind,
+        "keys": keys.tolist(),
+        "pos": pos,
+        "has_gauss": has_gauss,
+        "cached": cached,
+    }
+
+
+def _set_numpy_state(state: dict[str, Any], target: Any = None) -> None:
+    """Apply a ``_numpy_state`` to ``target`` (a ``RandomState``; default the global one)."""
+    import numpy
+
+    keys = numpy.asarray(state["keys"], dtype=numpy.uint32)
+    value = (
+        state["kind"],
+        keys,
+        int(state["pos"]),
+        int(state["has_gauss"]),
+        float(state["cached"]),
+    )
+    (target if target is not None else numpy.random).set_state(value)
 
 
 def parse_rng(pt: bytes, js: bytes, name: str, where: str) -> RngState:
@@ -172,6 +202,10 @@ def parse_rng(pt: bytes, js: bytes, name: str, where: str) -> RngState:
         py = json.loads(js)
         state = (py["version"], tuple(py["state"]), py["gauss"])
         random.Random().setstate(state)
+        if "numpy" in py:  # absent in checkpoints written before runs seeded numpy
+            import numpy
+
+            _set_numpy_state(py["numpy"], numpy.random.RandomState())
     except Exception as exc:
         raise CheckpointError(
             f"{name}.json of the checkpoint at {where} is not a valid Python random "
@@ -185,3 +219,5 @@ def set_rng_state(tensors: dict[str, Any], py: dict[str, Any]) -> None:
     if tensors.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(tensors["cuda"])
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    if "numpy" in py:
+        _set_numpy_state(py["numpy"])

@@ -88,7 +88,14 @@ def make_loader(
     sampler = DistributedSampler(
         dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True
     )
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=True)
+    # A loader of its own generator: without one, each new iterator (every epoch, and
+    # the first after a checkpoint load) draws its base seed from the global torch
+    # generator, shifting the run's dropout masks by one draw — a resumed run would then
+    # not equal the uninterrupted one.
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, drop_last=True, generator=generator
+    )
 
 
 def batches(loader: DataLoader, start: int = 0) -> Iterator[tuple[torch.Tensor, ...]]:

@@ -10,6 +10,7 @@ from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.models import PRESETS
 from workbench.parallel.options import PRECISIONS
 from workbench.parallel.pp import SCHEDULES
+from workbench.parallel.seeding import DEFAULT_SEED, MAX_SEED
 from workbench.vocab import RUN_OPTIMIZERS
 
 __all__ = ["DEFAULT_LR", "MAX_BATCH_SIZE", "MAX_SEED", "OPTIMIZERS", "STRATEGIES", "RunSpec"]
@@ -33,11 +34,10 @@ OPTIMIZERS = RUN_OPTIMIZERS  # "sgd" has momentum 0.9; see workbench.vocab
 DEFAULT_LR: dict[str, float] = {"sgd": 1e-2, "adamw": 1e-3}
 
 
-# Bounds that keep a typo from reaching the engines: the data set holds 32 global batches
-# (build.py), so a huge batch would exhaust every rank's memory before the first step; the
-# seed feeds torch generators as ``seed + epoch`` (a 64-bit range), 2**32 - 1 as in numpy.
+# A bound that keeps a typo from reaching the engines: the data set holds 32 global batches
+# (build.py), so a huge batch would exhaust every rank's memory before the first step. The
+# seed seeds numpy too (``seeding``): below 2**32.
 MAX_BATCH_SIZE = 65536
-MAX_SEED = 2**32 - 1
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -63,7 +63,7 @@ class RunSpec:
     microbatches: int = 2
     schedule: str = "gpipe"
     grad_accum: int = 1
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     trace: bool = True
     per_module: bool = False
 

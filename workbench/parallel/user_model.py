@@ -32,13 +32,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset
 
 from workbench.errors import ConfigError, ParallelError
-from workbench.parallel.build import _default_device, full_state_dict
+from workbench.parallel.build import _default_device, full_state_dict, pipeline_stage
 from workbench.parallel.data import batches, make_loader
 from workbench.parallel.dims import ParallelDims
 from workbench.parallel.fsdp import zero_optimizer
 from workbench.parallel.options import check_precision, compute_dtype
 from workbench.parallel.parallelize import Layout, check_zero_optimizer, parallelize
 from workbench.parallel.pp import PipelineModule
+from workbench.parallel.seeding import rank_seed, seed_everything
 from workbench.parallel.step import TrainStep
 from workbench.parallel.user_options import UserOptions, int_at_least
 from workbench.trace.recorder import Recorder
@@ -226,8 +227,11 @@ def build_user_train_step(
 ) -> TrainStep:
     """A ``TrainStep`` for ``run`` on this rank (call on every rank of the process group).
 
-    ``world_size=1`` builds the single-device reference even inside a process group.
+    ``world_size=1`` builds the single-device reference even inside a process group, as
+    does ``strategy='single'`` (one device on whichever rank builds it).
     """
+    if world_size is None and run.strategy == "single":
+        world_size = 1
     world, dev = _placement(world_size, device)
     distributed = world > 1
     check_precision(run.precision, dev)
@@ -272,6 +276,7 @@ def build_user_train_step(
         loss_mean_group=wrapped.loss_mean_group,
     )
     step.spec = run
+    seed_everything(rank_seed(run.seed, stage=pipeline_stage(dims)))  # what the run draws
     return step
 
 

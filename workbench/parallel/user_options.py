@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from workbench import validate
 from workbench.errors import ConfigError
 from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.options import PRECISIONS
 from workbench.parallel.pp import SCHEDULES
+from workbench.parallel.seeding import DEFAULT_SEED, MAX_SEED
 
 __all__ = ["UserOptions", "int_at_least"]
 
@@ -33,7 +35,7 @@ class UserOptions:
     microbatches: int = 2
     schedule: str = "gpipe"
     precision: str = "fp32"
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     trace: bool = True
     per_module: bool = False
 
@@ -41,7 +43,7 @@ class UserOptions:
         int_at_least("batch_size", self.batch_size, 1)
         int_at_least("grad_accum", self.grad_accum, 1)
         int_at_least("microbatches", self.microbatches, 1)
-        int_at_least("seed", self.seed, 0)
+        validate.integer("seed", self.seed, minimum=0, maximum=MAX_SEED)
         if self.schedule not in SCHEDULES:
             raise ConfigError(
                 f"schedule={self.schedule!r} is not valid; choose from {sorted(SCHEDULES)}"

@@ -92,6 +92,11 @@ class TrainingSession:
         return self._state.spec
 
     @property
+    def run_ranks(self) -> list[int]:
+        """Where the run lives: rank 0 for ``single`` (one device on any cluster), else all."""
+        return [0] if self.spec.strategy == "single" else list(range(self.cluster.world_size))
+
+    @property
     def phases(self) -> list[str]:
         return list(self._state.phases)
 
@@ -152,7 +157,7 @@ class TrainingSession:
             self.cluster.recover_sync()
             self._regroup = False
         try:
-            return self.cluster.run(fn, *args, timeout=self.timeout)
+            return self.cluster.run(fn, *args, ranks=self.run_ranks, timeout=self.timeout)
         except RankError as exc:
             self._regroup = closed_group(exc)
             self.built = False
@@ -160,8 +165,7 @@ class TrainingSession:
 
     @property
     def _regroup(self) -> bool:
-        """The cluster's process group was closed by a failing rank: kept on the cluster,
-        so every session (and a new one) re-creates the group before its next build."""
+        """A failing rank closed the group (kept on the cluster: every session regroups)."""
         return self.cluster.group_closed
 
     @_regroup.setter
@@ -169,8 +173,7 @@ class TrainingSession:
         self.cluster.group_closed = value
 
     def _built(self, results: list[dict[str, Any]], *, keep_events: bool) -> None:
-        """Bookkeeping once every rank built its run: phases, cursors, the baseline events
-        and which engines hold the run (a restart since then means rebuilding)."""
+        """Once every rank built: phases, cursors, baseline events, the engines holding it."""
         self._state.phases = list(results[0]["phases"])
         self._state.cursors = {}
         before = len(self._state.events)
@@ -297,7 +300,7 @@ class TrainingSession:
 
     def close(self) -> None:
         if self.built and self.cluster.state == "running" and not self.cluster.stuck_ranks:
-            self.cluster.run(train_run.close_run, timeout=60)
+            self.cluster.run(train_run.close_run, ranks=self.run_ranks, timeout=60)
         self.built = False
 
     def reference_losses(self, steps: int | None = None) -> list[float]:
@@ -307,11 +310,7 @@ class TrainingSession:
             # Compute ahead so a long Run N does not recompute the reference every refresh.
             ahead = max(steps, 2 * len(self._reference), 8)
             self._reference = self.cluster.run(
-                train_run.run_reference,
-                asdict(self.spec),
-                ahead,
-                ranks=[0],
-                timeout=self.timeout,
+                train_run.run_reference, asdict(self.spec), ahead, ranks=[0], timeout=self.timeout
             )[0]
         return self._reference[:steps]
 
@@ -343,7 +342,7 @@ class TrainingSession:
                 "on every rank, so that none waits for it; roll back with session.recover() "
                 "/ `%wb restart` (to the last checkpoint) or start over with reset()"
             )
-        ranks = sorted(self._state.status) or list(range(self.cluster.world_size))
+        ranks = sorted(self._state.status) or self.run_ranks
         cursors = {r: self._state.cursors.get(r, 0) for r in ranks}
         self.cluster.client  # noqa: B018  (fails fast when the controller died or stopped)
         try:  # a dead engine, also one that died after ensure_alive looked, is EngineDied

@@ -99,6 +99,11 @@ class UserSpec(UserOptions):
             **extra,
         }
 
+    def run_world(self, world_size: int) -> int:
+        """How many ranks the run spans on a cluster of ``world_size``: one device (rank 0)
+        for ``single``, whatever the cluster's size."""
+        return 1 if self.strategy == "single" else world_size
+
     def layout(self, world_size: int) -> Layout:
         return Layout(**self._layout_kwargs(world_size))
 
@@ -117,6 +122,7 @@ class UserSpec(UserOptions):
 
     def validate(self, world_size: int) -> None:
         """Everything that can be checked on the client, before any engine works."""
+        world_size = self.run_world(world_size)
         layout = self.layout(world_size)
         dims = layout.dims(world_size)
         self.check_batch(dims)
@@ -186,9 +192,10 @@ class UserTrainingSession(TrainingSession):
 
     def __repr__(self) -> str:
         spec: UserSpec = self._state.spec  # type: ignore[assignment]
+        world = spec.run_world(self.cluster.world_size)
         return (
             f"<TrainingSession model={spec.model!r} "
-            f"layout={spec.layout(self.cluster.world_size).describe(self.cluster.world_size)!r}"
+            f"layout={spec.layout(world).describe(world)!r}"
             f" ranks={self.cluster.world_size} step={self.step_index} "
             f"events={len(self._state.events)}>"
         )
@@ -235,7 +242,9 @@ class UserTrainingSession(TrainingSession):
         """Which samples each rank sees in ``epoch``: disjoint and complete over the
         data-parallel ranks (ranks of one dp group, e.g. TP peers, see the same ones)."""
         self._ensure_built()
-        shards = self.cluster.run(user_run.user_shard_indices, epoch, timeout=self.timeout)
+        shards = self.cluster.run(
+            user_run.user_shard_indices, epoch, ranks=self.run_ranks, timeout=self.timeout
+        )
         if not shards[0]["sharded"]:
             return {"sharded": False, "reason": "the data is a callable, not a Dataset"}
         by_dp: dict[int, list[int]] = {}
