@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from workbench.cluster import hosts as hostinfo
+from workbench.cluster import mpi_checks
 from workbench.cluster.slurm_launcher import SlurmJobsEngineSetLauncher
 from workbench.cluster.ssh_launcher import SSHParallelEngineSetLauncher
 from workbench.errors import ClusterError, ConfigError
@@ -34,7 +35,6 @@ __all__ = [
     "controller_address",
     "engines_per_host",
     "ipp_settings",
-    "is_openmpi",
     "launcher_output",
     "mpi_args",
     "parse_options",
@@ -222,19 +222,9 @@ def ipp_settings(
     return kwargs
 
 
-def is_openmpi(mpiexec: str) -> bool:
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "Open MPI" in out.stdout or "OpenRTE" in out.stdout
-
-
 def _cidr(address: str) -> str | None:
     """The network (a.b.c.d/len) of the interface holding ``address`` on this host."""
     import ipaddress
-
-    import psutil
 
     for addrs in psutil.net_if_addrs().values():
         for a in addrs:
@@ -259,7 +249,7 @@ def mpi_args(
         with open(path, "w") as f:
             f.writelines(f"{h} slots={k}\n" for h, k in engines_per_host(hosts, n).items())
         args += ["--hostfile", path]
-    if is_openmpi(options.mpiexec):
+    if mpi_checks.is_openmpi(options.mpiexec):
         network = _cidr(address) if address else None
         if network:  # keep openmpi's own traffic on the network that joins the hosts
             args += ["--mca", "oob_tcp_if_include", network, "--mca", "btl_tcp_if_include", network]
@@ -333,8 +323,8 @@ async def preflight(
     """Before any engine starts: every ssh host answers and has the engines' interpreter.
     (This also opens the shared ssh connection to each host.)"""
     if launcher == "mpi":
-        _preflight_mpi(options)
-        _check_mpi_slots(n, hosts, options)
+        mpi_checks.preflight_mpi(options)
+        mpi_checks.check_mpi_slots(n, hosts, options)
     if launcher == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError(
             "launcher='slurm' needs sbatch on PATH (the Slurm client: apt-get install slurm-client)"
@@ -350,54 +340,6 @@ async def preflight(
     found = [p for p in problems if p]
     if found:
         raise ClusterError(f"launcher={launcher!r} cannot start engines: " + "\n".join(found))
-
-
-def _preflight_mpi(options: LauncherOptions) -> None:
-    import importlib.util
-
-    if shutil.which(options.mpiexec) is None:
-        raise ClusterError(
-            f"launcher='mpi' needs {options.mpiexec!r} on PATH (Debian: apt-get install "
-            "openmpi-bin), or launcher_options={'mpiexec': '/path/to/mpiexec'}"
-        )
-    if importlib.util.find_spec("mpi4py") is None:
-        raise ClusterError(
-            "launcher='mpi' runs `ipengine --mpi`, which needs mpi4py: "
-            "pip install 'distributed-workbench[mpi]' (in the environment of every node)"
-        )
-    if (
-        os.geteuid() == 0
-        and is_openmpi(options.mpiexec)
-        and "--allow-run-as-root" not in (options.mpi_args)
-    ):
-        raise ClusterError(
-            "openmpi's mpiexec refuses to run as root; run the notebook as a regular user "
-            "(or, knowingly, launcher_options={'mpi_args': ['--allow-run-as-root']})"
-        )
-
-
-# mpiexec options that say where the engines go, or that more of them than cores may run
-_PLACEMENT = ("--host", "-H", "-host", "--hostfile", "-hostfile", "--machinefile", "-machinefile")
-
-
-def _check_mpi_slots(n: int, hosts: Sequence[str], options: LauncherOptions) -> None:
-    """Without hosts or a hostfile, openmpi starts every engine here and, with more engines
-    than this machine's cores (its default slots), fails with its own "not enough slots"
-    text that names none of the workbench's options: say which ones to pass, first."""
-    if hosts or options.hostfile or not is_openmpi(options.mpiexec):
-        return
-    if any(a in _PLACEMENT or "oversubscribe" in a.lower() for a in options.mpi_args):
-        return
-    slots = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    if n > slots:
-        raise ConfigError(
-            f"launcher='mpi' with n={n} and neither hosts nor a hostfile starts every engine "
-            f"on this machine, where openmpi has {slots} slot(s) (one per core); name the "
-            "nodes with hosts=['node1', 'node2'] (`%wb start --hosts node1,node2`) or "
-            "launcher_options={'hostfile': '/path/to/hostfile'} (`--hostfile PATH`), or "
-            "run more engines than cores here with "
-            "launcher_options={'mpi_args': ['--oversubscribe']}"
-        )
 
 
 def launcher_output(ipp_cluster: Any, limit: int = 3000) -> str:
