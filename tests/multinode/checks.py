@@ -48,7 +48,7 @@ def trained_like_single_device(report: dict[str, Any]) -> None:
 
 
 def nothing_left(bed: Bed, report: dict[str, Any]) -> None:
-    assert report["left"] == [], report["left"]  # nothing of this user, 10 s after stop
+    assert report["left"] == [], report["left"]  # nothing of this user, 20 s after stop
     for node in bed.nodes:
         assert bed.node_processes(node) == []
         tmp = bed.node_exec(node, ["ls", "/tmp"]).stdout.split()
