@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -78,6 +79,32 @@ def test_bad_ranks_are_config_errors(cluster: Cluster) -> None:
         cluster.run(int, ranks=[7])
     with pytest.raises(ConfigError):
         cluster.execute("1", ranks=[])
+
+
+@pytest.mark.parametrize(
+    ("ranks", "why"),
+    [
+        (range(10**12), "rank 2 is outside this cluster"),
+        (range(10**40), "rank 2 is outside this cluster"),  # len() of it overflows
+        (itertools.count(), "rank 2 is outside this cluster"),
+        (itertools.repeat(0), "it lists more than 128 ranks, with repeats"),
+        (["0"], "'0' is not a rank number"),
+        (1.0, "not a rank or a list of ranks"),
+    ],
+)
+def test_a_huge_or_endless_rank_list_is_refused_without_being_built(
+    cluster: Cluster, ranks: object, why: str
+) -> None:
+    # (the list used to be built before it was checked: a bare MemoryError, or a hang)
+    for call in (lambda: cluster.execute("1", ranks=ranks), lambda: cluster.run(int, ranks=ranks)):
+        with pytest.raises(ConfigError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith("ranks=") and why in message and "choose from 0..1" in message
+        assert len(message) < 200
+    assert cluster.execute("rank", ranks=range(1, 2))[0].execute_result["data"] == {
+        "text/plain": "1"
+    }
 
 
 def test_timeout_reports_pending_ranks(cluster: Cluster) -> None:
