@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -84,21 +86,28 @@ def test_bad_ranks_are_config_errors(cluster: Cluster) -> None:
 @pytest.mark.parametrize(
     ("ranks", "why"),
     [
-        (range(10**12), "rank 2 is outside this cluster"),
-        (range(10**40), "rank 2 is outside this cluster"),  # len() of it overflows
-        (itertools.count(), "rank 2 is outside this cluster"),
-        (itertools.repeat(0), "it lists more than 128 ranks, with repeats"),
-        (["0"], "'0' is not a rank number"),
-        (1.0, "not a rank or a list of ranks"),
+        (lambda: range(10**12), "rank 2 is outside this cluster"),
+        (lambda: range(10**40), "rank 2 is outside this cluster"),  # len() of it overflows
+        (itertools.count, "rank 2 is outside this cluster"),
+        (lambda: itertools.repeat(0), "it lists more than 128 ranks, with repeats"),
+        (lambda: ["0"], "'0' is not a rank number"),
+        (lambda: 1.0, "not a rank or a list of ranks"),
     ],
+    ids=["range-1e12", "range-1e40", "count", "repeat", "str", "float"],
 )
 def test_a_huge_or_endless_rank_list_is_refused_without_being_built(
-    cluster: Cluster, ranks: object, why: str
+    cluster: Cluster, ranks: Callable[[], Any], why: str
 ) -> None:
     # (the list used to be built before it was checked: a bare MemoryError, or a hang)
-    for call in (lambda: cluster.execute("1", ranks=ranks), lambda: cluster.run(int, ranks=ranks)):
+    def execute(r: Any) -> Any:
+        return cluster.execute("1", ranks=r)
+
+    def run(r: Any) -> Any:
+        return cluster.run(int, ranks=r)
+
+    for call in (execute, run):
         with pytest.raises(ConfigError) as info:
-            call()
+            call(ranks())  # a fresh iterable each time
         message = str(info.value)
         assert message.startswith("ranks=") and why in message and "choose from 0..1" in message
         assert len(message) < 200

@@ -46,7 +46,7 @@ def test_a_stop_from_another_thread_ends_a_waiting_cell_with_the_clusters_error(
         except BaseException as exc:
             raised.append(exc)
 
-    waiter = threading.Thread(target=waiting)
+    waiter = threading.Thread(target=waiting, daemon=True)  # a failure must not hang exit
     waiter.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not started.exists():

@@ -34,7 +34,7 @@ def _at_once(calls: list[Callable[[], Any]]) -> list[Any]:
         except BaseException as exc:
             outcomes[i] = exc
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
     for thread in threads:
         thread.start()
     for thread in threads:
