@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Collection, Mapping, Set
+from collections.abc import Collection, Iterable, Mapping, Set
 
 from workbench.errors import ConfigError, choices_error
 
@@ -28,7 +28,9 @@ __all__ = [
     "invalid",
     "number",
     "parse_number",
+    "rank_list",
     "seconds",
+    "shown",
 ]
 
 # Longer waits than this are not a timeout but a typo; ``None`` means "no limit". (Also
@@ -37,15 +39,18 @@ MAX_SECONDS = 365 * 24 * 3600.0
 # Auto-refresh (the dashboard) probes every engine; more often than this would keep them
 # busy answering instead of running cells.
 MIN_REFRESH_S = 0.5
+# A rank list may repeat ranks, but not more than this many times the world size: beyond
+# that it is an endless iterable, not a choice of ranks.
+MAX_RANK_REPEATS = 64
 
 
 def invalid(name: str, value: object, why: str, valid: str) -> ConfigError:
     """The standard "bad value, why, what is valid" error."""
-    shown = f"{name} {_shown(value)}" if name.startswith("-") else f"{name}={_shown(value)}"
-    return ConfigError(f"{shown} is not valid: {why}; {valid}")
+    text = f"{name} {shown(value)}" if name.startswith("-") else f"{name}={shown(value)}"
+    return ConfigError(f"{text} is not valid: {why}; {valid}")
 
 
-def _shown(value: object, limit: int = 60) -> str:
+def shown(value: object, limit: int = 60) -> str:
     """``repr`` of the value, cut short: a message stays one line whatever was passed (a
     list of a million hosts, an int too long for ``repr``)."""
     try:
@@ -162,3 +167,31 @@ def parse_number(flag: str, text: str) -> float:
         return float(text)
     except ValueError:
         raise invalid(flag, text, "not a number", "use a number, e.g. 10 or 2.5") from None
+
+
+def rank_list(ranks: int | Iterable[int], world_size: int) -> list[int]:
+    """``ranks`` (one rank or an iterable of them) as a list of ints in
+    ``0..world_size-1``, checked while it is read: ``range(10**12)``, or any long or
+    endless iterable, fails at its first bad element instead of being built first."""
+    valid = range(world_size)
+
+    def refused(why: str) -> ConfigError:
+        return invalid("ranks", ranks, why, f"choose from 0..{world_size - 1}")
+
+    items: Iterable[object] = [ranks] if isinstance(ranks, numbers.Integral) else ranks
+    try:
+        iterator = iter(items)
+    except TypeError:
+        raise refused("not a rank or a list of ranks") from None
+    wanted: list[int] = []
+    for r in iterator:
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise refused(f"{shown(r, 20)} is not a rank number")
+        if r not in valid:
+            raise refused(f"rank {shown(r, 20)} is outside this cluster")
+        wanted.append(r)
+        if len(wanted) > MAX_RANK_REPEATS * world_size:
+            raise refused(f"it lists more than {len(wanted) - 1} ranks, with repeats")
+    if not wanted:
+        raise refused("no rank chosen")
+    return wanted

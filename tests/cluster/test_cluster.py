@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -78,6 +81,39 @@ def test_bad_ranks_are_config_errors(cluster: Cluster) -> None:
         cluster.run(int, ranks=[7])
     with pytest.raises(ConfigError):
         cluster.execute("1", ranks=[])
+
+
+@pytest.mark.parametrize(
+    ("ranks", "why"),
+    [
+        (lambda: range(10**12), "rank 2 is outside this cluster"),
+        (lambda: range(10**40), "rank 2 is outside this cluster"),  # len() of it overflows
+        (itertools.count, "rank 2 is outside this cluster"),
+        (lambda: itertools.repeat(0), "it lists more than 128 ranks, with repeats"),
+        (lambda: ["0"], "'0' is not a rank number"),
+        (lambda: 1.0, "not a rank or a list of ranks"),
+    ],
+    ids=["range-1e12", "range-1e40", "count", "repeat", "str", "float"],
+)
+def test_a_huge_or_endless_rank_list_is_refused_without_being_built(
+    cluster: Cluster, ranks: Callable[[], Any], why: str
+) -> None:
+    # (the list used to be built before it was checked: a bare MemoryError, or a hang)
+    def execute(r: Any) -> Any:
+        return cluster.execute("1", ranks=r)
+
+    def run(r: Any) -> Any:
+        return cluster.run(int, ranks=r)
+
+    for call in (execute, run):
+        with pytest.raises(ConfigError) as info:
+            call(ranks())  # a fresh iterable each time
+        message = str(info.value)
+        assert message.startswith("ranks=") and why in message and "choose from 0..1" in message
+        assert len(message) < 200
+    assert cluster.execute("rank", ranks=range(1, 2))[0].execute_result["data"] == {
+        "text/plain": "1"
+    }
 
 
 def test_timeout_reports_pending_ranks(cluster: Cluster) -> None:

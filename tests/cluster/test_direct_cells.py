@@ -3,7 +3,10 @@ as through the controller, loopback only, signed, and never confused by a late r
 
 from __future__ import annotations
 
+import contextlib
+import random
 import re
+import socket
 from typing import Any
 
 import psutil
@@ -15,7 +18,7 @@ from workbench.cluster import Cluster
 from workbench.cluster.direct_channel import open_if_same_network
 from workbench.cluster.hosts import net_space
 from workbench.cluster.results import CellResult
-from workbench.engine.direct_cells import REPLY_TYPE, REQUEST_TYPE
+from workbench.engine.direct_cells import REPLY_TYPE, REQUEST_TYPE, TARGET
 
 pytestmark = pytest.mark.engines
 
@@ -98,7 +101,9 @@ def test_unsigned_or_foreign_cells_are_refused(cluster: Cluster) -> None:
             session.send(sock, REQUEST_TYPE, {"code": "forged = True"})
         assert not sock.poll(1000)  # no reply: the engine dropped them
         signed = Session(key=key, signature_scheme=cluster.client.session.signature_scheme)
-        sent = signed.send(sock, REQUEST_TYPE, {"code": "'signed'"})
+        header = signed.msg_header(REQUEST_TYPE)
+        header[TARGET] = cluster.ranks[0].engine_id  # the engine it is sent to
+        sent = signed.send(sock, REQUEST_TYPE, {"code": "'signed'"}, header=header)
         assert sock.poll(30_000)
         _, body = signed.feed_identities(sock.recv_multipart())
         reply = signed.deserialize(body)
@@ -227,3 +232,105 @@ def test_top_level_await_is_told_from_the_source(code: str, awaits: bool) -> Non
     from workbench.cluster.cell_routes import top_level_await
 
     assert top_level_await(code) is awaits
+
+
+def _send_frames(port: int, messages: list[list[bytes]]) -> zmq.Socket:
+    """A DEALER that sends ``messages`` (each a list of frames) to a cell port and stays
+    connected (the caller closes it)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    for frames in messages:
+        sock.send_multipart(frames)
+    return sock
+
+
+def _assert_rank0_answers(cluster: Cluster) -> None:
+    # bounded generously: on a loaded machine a healthy cell takes well under a second
+    results = cluster.execute("print('ok')", ranks=[0], timeout=60)
+    assert [r.stdout for r in results] == ["ok\n"]
+    assert cluster._direct.port(cluster.ranks[0].engine_id) is not None  # it was direct
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [[b"x"], [b"y"]],  # two one-frame messages, no <IDS|MSG> delimiter
+        [[b"x", b"y"]],  # one two-frame message, no delimiter
+        [[random.Random(seed).randbytes(64) for _ in range(5)] for seed in range(4)],
+        [[b"<IDS|MSG>"], [b"<IDS|MSG>", b"sig", b"{", b"", b"", b""]],  # torn after it
+        [[b"<IDS|MSG>", b"", b"not json", b"{}", b"{}", b"{}"]],
+    ],
+    ids=["x-then-y", "x-y", "random-frames", "truncated", "unsigned-garbage"],
+)
+def test_malformed_frames_leave_the_cell_socket_readable(
+    cluster: Cluster, messages: list[list[bytes]]
+) -> None:
+    cluster.execute("1")  # the channels are open
+    port = cluster._direct.port(cluster.ranks[0].engine_id)
+    assert port is not None
+    sock = _send_frames(port, messages)
+    try:  # the sender stays connected while the kernel's next cell runs
+        assert not sock.poll(500)  # and gets no answer
+        _assert_rank0_answers(cluster)
+        _assert_rank0_answers(cluster)
+    finally:
+        sock.close()
+
+
+def test_random_bytes_over_plain_tcp_leave_the_cell_socket_readable(cluster: Cluster) -> None:
+    # Not ZMTP at all: libzmq may read such bytes as ZMTP 1.0 frames and hand them on.
+    cluster.execute("1")
+    port = cluster._direct.port(cluster.ranks[0].engine_id)
+    assert port is not None
+    connections = []
+    try:
+        for seed in range(6):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+            connections.append(conn)
+            with contextlib.suppress(OSError):  # the engine's zmq may close it: fine
+                conn.sendall(random.Random(seed).randbytes(4096))
+        _assert_rank0_answers(cluster)
+    finally:
+        for conn in connections:
+            conn.close()
+    _assert_rank0_answers(cluster)
+
+
+class _Recorder:
+    """Stands in for a channel's socket and keeps a copy of every frame set sent on it:
+    what a local process could read off the loopback interface."""
+
+    def __init__(self, socket: zmq.Socket) -> None:
+        self.socket = socket
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames: list[Any], *args: Any, **kwargs: Any) -> Any:
+        self.sent.append([bytes(f) for f in frames])
+        return self.socket.send_multipart(frames, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.socket, name)
+
+
+def test_a_cell_signed_for_one_rank_does_not_run_on_another(cluster: Cluster) -> None:
+    cluster.execute("1")  # the channels are open
+    channel = cluster._direct._channels[cluster.ranks[0].engine_id]
+    recorder = _Recorder(channel.socket)
+    channel.socket = recorder  # type: ignore[assignment]
+    try:
+        first = cluster.execute("hits = globals().get('hits', 0) + 1\nhits", ranks=[0])
+    finally:
+        channel.socket = recorder.socket
+    assert first[0].execute_result["data"]["text/plain"] == "1"
+    [frames] = recorder.sent
+    port1 = cluster._direct.port(cluster.ranks[1].engine_id)
+    assert port1 is not None
+    sock = _send_frames(port1, [frames])  # replayed, byte for byte, to rank 1's cell port
+    try:
+        assert not sock.poll(3000)  # no reply: rank 1 dropped it
+    finally:
+        sock.close()
+    # it did not run there either (a later cell on rank 1 runs after anything queued)
+    counts = cluster.execute("globals().get('hits', 0)")
+    assert [r.execute_result["data"]["text/plain"] for r in counts] == ["1", "0"]

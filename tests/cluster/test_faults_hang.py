@@ -7,7 +7,9 @@ import _thread
 import signal
 import threading
 from collections.abc import Iterator
+from typing import Any
 
+import psutil
 import pytest
 
 from tests.processes import raises_without_hanging
@@ -120,5 +122,34 @@ def test_a_rank_blocked_after_a_ddp_run_is_freed_not_replaced(own_cluster: Clust
     recovery = own_cluster.recover_sync()
     assert recovery.freed == [0] and recovery.replaced == {} and recovery.killed == []
     assert [r.pid for r in own_cluster.ranks] == pids
+    results = own_cluster.execute(TOGETHER, timeout=30)
+    assert [r.execute_result["data"]["text/plain"] for r in results] == ["2.0", "2.0"]
+
+
+def _cell_connections(cluster: Cluster) -> dict[int, set[tuple[Any, Any]]]:
+    """Per rank: the engine's established connections on its cell socket (the kernel's)."""
+    out = {}
+    for r in cluster.ranks:
+        port = cluster._direct.port(r.engine_id)
+        out[r.rank] = {
+            (tuple(c.laddr), tuple(c.raddr))
+            for c in psutil.Process(r.pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+        }
+    return out
+
+
+def test_recovery_keeps_the_kernels_cell_connections(own_cluster: Cluster) -> None:
+    """Freeing a stuck rank cuts the group's connections at the socket; the kernel's
+    connection to each engine's cell socket is not the group's and stays as it was (it
+    was cut too, and zmq reconnected from a new port)."""
+    own_cluster.execute("1")  # the cell connections are made
+    before = _cell_connections(own_cluster)
+    assert all(len(conns) == 1 for conns in before.values()), before
+    with pytest.raises(CollectiveTimeout):
+        own_cluster.execute(ALONE, timeout=TIMEOUT)
+    recovery = own_cluster.recover_sync()
+    assert recovery.freed == [0] and recovery.replaced == {}
+    assert _cell_connections(own_cluster) == before
     results = own_cluster.execute(TOGETHER, timeout=30)
     assert [r.execute_result["data"]["text/plain"] for r in results] == ["2.0", "2.0"]

@@ -7,6 +7,8 @@ the ones made after for a process group's."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -86,3 +88,63 @@ def test_connections_to_a_new_store_are_not_taken_for_the_engines_own(
     group_sockets.remember_engine_connections({port})
     assert group_sockets.sever_group_connections() == 2
     assert server.recv(1) == b""
+
+
+def _connected_from_another_process(
+    listener: socket.socket, opened: list[socket.socket]
+) -> tuple[socket.socket, subprocess.Popen[bytes]]:
+    """A connection from a child process (an echo client: the kernel, say) accepted here."""
+    port = listener.getsockname()[1]
+    child = subprocess.Popen([sys.executable, "-c", _ECHO, str(port)], stdin=subprocess.DEVNULL)
+    server, _ = listener.accept()
+    server.settimeout(30)
+    opened.append(server)
+    return server, child
+
+
+_ECHO = """
+import socket, sys
+conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60)
+while (data := conn.recv(1)):
+    conn.sendall(data)
+"""
+
+
+@pytest.mark.parametrize("when", ["before the first group", "the cell socket, opened later"])
+def test_connections_accepted_on_a_listener_no_group_opened_are_kept(
+    fresh: list[socket.socket], monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    from workbench.engine import direct_cells
+
+    if when == "before the first group":
+        listener = socket.create_server(("127.0.0.1", 0))
+        group_sockets.remember_engine_connections(set())
+    else:  # a replacement engine opens its cell socket after its first group
+        group_sockets.remember_engine_connections(set())
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        monkeypatch.setattr(direct_cells, "cell_port", lambda: port)
+    fresh.append(listener)
+    server, child = _connected_from_another_process(listener, fresh)
+    try:
+        assert group_sockets.sever_group_connections() == 0
+        server.sendall(b"k")
+        assert server.recv(1) == b"k"  # still connected, both ways
+    finally:
+        child.kill()
+        child.wait(30)
+
+
+def test_connections_accepted_on_a_listener_opened_since_are_cut(
+    fresh: list[socket.socket],
+) -> None:
+    group_sockets.remember_engine_connections(set())
+    listener = socket.create_server(("127.0.0.1", 0))  # as gloo's, made by the group
+    fresh.append(listener)
+    server, child = _connected_from_another_process(listener, fresh)
+    try:
+        assert group_sockets.sever_group_connections() == 1
+        assert server.recv(1) == b""
+    finally:
+        child.kill()
+        child.wait(30)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+
 import psutil
 import pytest
 
@@ -23,3 +27,34 @@ def test_start_stop_leaves_no_processes() -> None:
         assert len(started) >= 3  # controller + 2 engines (+ schedulers, nannies)
     assert cluster.state == "stopped"
     assert alive(started) == []
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "via-controller"])
+def test_a_stop_from_another_thread_ends_a_waiting_cell_with_the_clusters_error(
+    own_cluster: Cluster, direct: bool, tmp_path: Path
+) -> None:
+    from workbench.errors import ClusterError
+
+    own_cluster.execute("1")  # the cell sockets are open
+    started = tmp_path / "started"
+    cell = f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(300)"
+    raised: list[BaseException] = []
+
+    def waiting() -> None:
+        try:
+            own_cluster.execute(cell, ranks=[0], timeout=600, direct=direct)
+        except BaseException as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=waiting, daemon=True)  # a failure must not hang exit
+    waiter.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not started.exists():
+        time.sleep(0.05)
+    assert started.exists()
+    own_cluster.stop_sync()
+    waiter.join(60)
+    assert not waiter.is_alive()
+    [error] = raised
+    assert type(error) is ClusterError, repr(error)
+    assert "the cluster was stopped while ranks [0] were running this work" in str(error)

@@ -180,6 +180,19 @@ def test_a_huge_rank_range_is_refused_at_once_with_a_short_message() -> None:
         assert "valid ranks are 0..1 (world size 2)" in str(exc.value)
 
 
+@pytest.mark.parametrize(
+    "text", ["\u0661", "\u0660-\u0661", "1_0", "0-1_0", "+1", "0,+1", "\uff11", "1\u00b2"]
+)
+def test_ranks_are_ascii_digits_only(text: str) -> None:
+    """int() reads an Arabic-Indic or a full-width digit, '1_0' and '+1': refused here."""
+    with pytest.raises(UsageError, match="is not a rank or a range"):
+        parse_ranks(text, 16)
+
+
+def test_ranks_may_have_spaces_around_their_numbers() -> None:
+    assert parse_ranks("0, 1 - 2", 4) == [0, 1, 2]
+
+
 @settings(max_examples=300, deadline=None)
 @given(lo=st.integers(-5, 10**12), hi=st.integers(-5, 10**12), world=st.integers(1, 8))
 def test_rank_ranges_are_bounded_by_the_world_size(lo: int, hi: int, world: int) -> None:

@@ -99,6 +99,9 @@ def test_status_table(attached: Any, capsys: Any) -> None:
             r"rank 50000000 is outside this cluster; valid ranks are 0\.\.1",
         ),
         ("", "--bogus", "unrecognized arguments"),
+        # ASCII digits only: int() reads an Arabic-Indic one as rank 1 and 1_0 as 10
+        ("", "--ranks \u0661", "'\u0661' is not a rank or a range"),
+        ("", "--ranks 1_0", "'1_0' is not a rank or a range"),
     ],
 )
 def test_bad_cell_arguments(attached: Any, line: str, cell: str, message: str) -> None:

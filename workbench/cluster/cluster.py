@@ -27,7 +27,7 @@ from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.hosts import local_pid_space
-from workbench.cluster.loop import async_first, sync_twin
+from workbench.cluster.loop import OneAtATime, async_first, sync_twin
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.shutdown import shutdown
 from workbench.cluster.start_sequence import init_process_group, start_engines
@@ -145,6 +145,9 @@ class Cluster(ProcessTracking, RankDispatch):
         # Every process this cluster started, remembered from the moment it is seen: once a
         # parent dies (a killed controller), its children cannot be found from here any more.
         self._known: dict[int, psutil.Process] = {}
+        # start, stop, restart and recover one at a time, from any thread or event loop: two
+        # recoveries at once started two replacements and left no working group
+        self._lifecycle = OneAtATime()
 
     @classmethod
     def latest(cls) -> Cluster | None:
@@ -246,13 +249,51 @@ class Cluster(ProcessTracking, RankDispatch):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    # Lifecycle calls run one at a time (``_lifecycle``): a second caller, from another
+    # thread or task, waits for the first to finish, then does its own work on the state
+    # the first left (a second recovery of a healthy cluster re-creates the group).
     @async_first
     async def start(self) -> Cluster:
         """Start (or connect to) engines, assign ranks and initialise the process group."""
+        async with self._lifecycle.hold("cluster.start()"):
+            return await self._start()
+
+    @async_first
+    async def stop(self) -> None:
+        """Leave the process group; stop controller and engines if this cluster started them
+        (every process it started, by pid, also after its controller died)."""
+        async with self._lifecycle.hold("cluster.stop()"):
+            await self._stop()
+
+    @async_first
+    async def restart(self) -> Cluster:
+        """Stop everything and start again with the same settings (fresh ranks and port).
+        This is the way back from a dead controller."""
+        async with self._lifecycle.hold("cluster.restart()"):
+            await self._stop()
+            return await self._start()
+
+    @async_first
+    async def recover(self) -> Any:
+        """Replace dead engines, free or replace stuck ones, keep the rest and their rank
+        numbers, and re-create the process group on a fresh port. Returns a
+        ``RecoveryReport``. See ``workbench.cluster.recovery``."""
+        from workbench.cluster.recovery import recover
+
+        async with self._lifecycle.hold("cluster.recover()"):
+            return await recover(self)
+
+    # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
+    start_sync = sync_twin(start)
+    stop_sync = sync_twin(stop)
+    restart_sync = sync_twin(restart)
+    recover_sync = sync_twin(recover)
+
+    async def _start(self) -> Cluster:
         if self.state in ("running", "degraded"):
             return self
         if self.state == "broken":  # reap what outlived the controller before starting anew
-            await self.stop()
+            await self._stop()
         self.state = "starting"
         notes, self.startup = self.startup.notes, StartupProfile()
         self.startup.notes.update(notes)  # e.g. the kernel's import of the magics
@@ -289,38 +330,13 @@ class Cluster(ProcessTracking, RankDispatch):
         _current[:] = [r for r in _current if r() not in (None, self)] + [weakref.ref(self)]
         return self
 
-    @async_first
-    async def stop(self) -> None:
-        """Leave the process group; stop controller and engines if this cluster started them
-        (every process it started, by pid, also after its controller died)."""
+    async def _stop(self) -> None:
         if self.state == "stopped" and self._ipp is None and self._client is None:
             return
         self.state = "stopping"
         await self._shutdown(quiet=False)
         self.state = "stopped"
         _live.discard(self)
-
-    @async_first
-    async def restart(self) -> Cluster:
-        """Stop everything and start again with the same settings (fresh ranks and port).
-        This is the way back from a dead controller."""
-        await self.stop()
-        return await self.start()
-
-    @async_first
-    async def recover(self) -> Any:
-        """Replace dead engines, free or replace stuck ones, keep the rest and their rank
-        numbers, and re-create the process group on a fresh port. Returns a
-        ``RecoveryReport``. See ``workbench.cluster.recovery``."""
-        from workbench.cluster.recovery import recover
-
-        return await recover(self)
-
-    # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
-    start_sync = sync_twin(start)
-    stop_sync = sync_twin(stop)
-    restart_sync = sync_twin(restart)
-    recover_sync = sync_twin(recover)
 
     @property
     def stuck_ranks(self) -> list[int]:

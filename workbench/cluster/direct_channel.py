@@ -21,6 +21,7 @@ from workbench.cluster.hosts import net_space
 from workbench.engine.direct_cells import (
     REPLY_TYPE,
     REQUEST_TYPE,
+    TARGET,
     json_session,
     open_direct_cells,
 )
@@ -107,9 +108,13 @@ class _Channel:
         self._lock = lock
 
     def send(self, code: str, engine_id: int) -> DirectReply | None:
+        header = self.session.msg_header(REQUEST_TYPE)
+        header[TARGET] = engine_id  # signed: the request runs on this engine only
         with self._lock:
+            if self.socket.closed:  # stopped meanwhile: the controller path says so
+                return None
             try:
-                msg = self.session.send(self.socket, REQUEST_TYPE, {"code": code})
+                msg = self.session.send(self.socket, REQUEST_TYPE, {"code": code}, header=header)
             except zmq.Again:
                 return None
         reply = DirectReply(self, msg["header"]["msg_id"], engine_id)
@@ -119,6 +124,8 @@ class _Channel:
     def drain(self, timeout: float | None) -> None:
         """Read every reply that arrived (waiting up to ``timeout`` seconds for one)."""
         with self._lock:
+            if self.socket.closed:  # the cluster stopped: no reply comes any more; the
+                return  # dispatcher waiting for one sees the stop and says so
             ms = None if timeout is None else max(0, int(timeout * 1000))
             if not self.socket.poll(ms):
                 return
@@ -130,10 +137,10 @@ class _Channel:
                 self._deliver(frames)
 
     def _deliver(self, frames: list[bytes]) -> None:
-        _, body = self.session.feed_identities(frames)
         try:
+            _, body = self.session.feed_identities(frames)
             msg = self.session.deserialize(body, content=True)
-        except Exception:  # not signed with our key: not from our engine
+        except Exception:  # malformed or not signed with our key: not from our engine
             return
         if msg["header"].get("msg_type") != REPLY_TYPE:
             return

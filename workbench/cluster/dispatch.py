@@ -27,7 +27,6 @@ from workbench.cluster.signals import signal_rank_sync
 from workbench.errors import (
     ClusterError,
     CollectiveTimeout,
-    ConfigError,
     EngineDied,
     RankError,
 )
@@ -78,18 +77,8 @@ class RankDispatch:
         self.check_controller()  # (it read the state: once per call is enough)
         if not self.ranks or self._state not in ("running", "degraded"):
             raise ClusterError("the cluster is not running; start it first (%wb start)")
-        if ranks is None:
-            wanted = list(range(self.world_size))
-        else:
-            wanted = [ranks] if isinstance(ranks, int) else list(ranks)
-            valid = range(self.world_size)
-            bad = [
-                r for r in wanted if isinstance(r, bool) or not isinstance(r, int) or r not in valid
-            ]
-            if bad or not wanted:
-                raise ConfigError(
-                    f"ranks={wanted!r} is not valid; choose from 0..{self.world_size - 1}"
-                )
+        size = self.world_size
+        wanted = list(range(size)) if ranks is None else validate.rank_list(ranks, size)
         self.ensure_alive(None if ranks is None else wanted)
         if not blocked_ok:
             self._ensure_free(wanted)
@@ -218,8 +207,11 @@ class RankDispatch:
         deadline = None if timeout is None else time.monotonic() + timeout
         death_deadline: float | None = None
         next_health = time.monotonic() + _HEALTH_S
+        client = self._client  # a stop (or restart) from another thread replaces it
         try:
             while True:
+                if self._client is not client or self._state in ("stopping", "stopped"):
+                    raise self._stopped_while_waiting(targets)
                 pending = [i for i, f in enumerate(futures) if not f.ready()]
                 if not pending:
                     return
@@ -261,6 +253,16 @@ class RankDispatch:
                 "(cluster.recover_sync()) frees them."
             )
         raise CollectiveTimeout(message, report=report)
+
+    @staticmethod
+    def _stopped_while_waiting(targets: list[RankAssignment]) -> ClusterError:
+        """What a call waiting for ranks gets when the cluster is stopped under it: its
+        replies can never come (the engines, the client and the cell sockets are gone)."""
+        return ClusterError(
+            f"the cluster was stopped while ranks {[r.rank for r in targets]} were running "
+            "this work (stop_sync() or `%wb stop` from elsewhere); start it again with "
+            "`%wb start` (cluster.start_sync())"
+        )
 
     def _give_up(self, targets: list[RankAssignment], futures: list[Any]) -> list[int]:
         """Interrupt the ranks still busy (ends Python code at once), wait a moment, and

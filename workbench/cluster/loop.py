@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
+import logging
 import threading
 import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-__all__ = ["async_first", "run_sync", "submit", "sync_twin", "wait"]
+__all__ = ["OneAtATime", "async_first", "run_sync", "submit", "sync_twin", "wait"]
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -29,6 +31,8 @@ P = ParamSpec("P")
 
 _loop: asyncio.AbstractEventLoop | None = None
 _lock = threading.Lock()
+log = logging.getLogger("workbench.cluster")
+_ONE_AT_A_TIME_POLL_S = 0.02
 
 
 def _get_loop() -> asyncio.AbstractEventLoop:
@@ -137,3 +141,27 @@ def sync_twin(
         + (target.__doc__ or "")
     )
     return twin
+
+
+class OneAtATime:
+    """A lock for coroutines that may run on different event loops and threads (a ``_sync``
+    twin runs on the workbench loop, a notebook's ``await`` on the kernel's): a second
+    holder waits, polling, without blocking its loop. Not reentrant: what runs under it
+    calls the unlocked internals, never another locked method."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.holder: str | None = None  # what holds it, for the waiting caller's log line
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str) -> Any:
+        if not self._lock.acquire(blocking=False):
+            log.info("%s waits for %s, which is still running", name, self.holder)
+            while not self._lock.acquire(blocking=False):
+                await asyncio.sleep(_ONE_AT_A_TIME_POLL_S)
+        self.holder = name
+        try:
+            yield
+        finally:
+            self.holder = None
+            self._lock.release()

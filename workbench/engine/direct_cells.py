@@ -8,7 +8,11 @@ a socket of its own, bound to 127.0.0.1 only:
 
 - every message is signed with the cluster's session key (HMAC, as ipyparallel's own
   messages are; replays are refused by the session) and carries JSON only: the cell's
-  source in, its outputs and error text out — nothing is unpickled;
+  source in, its outputs and error text out — nothing is unpickled. A request names its
+  engine in its signed header (``TARGET``): each engine remembers only the digests it saw,
+  so without it a request taken off the wire for one rank would run on any other;
+- a malformed message (any local process can connect) is dropped on its own: the
+  socket keeps serving the kernel's cells;
 - the cell runs through the engine kernel's own ``do_execute``, on its main thread and
   event loop, so it shares the namespace, history, interrupts (SIGINT) and error replies
   of a cell sent through the controller, and is serialised with the controller's work;
@@ -35,6 +39,8 @@ from workbench.engine.await_cells import execute_cell
 __all__ = [
     "REPLY_TYPE",
     "REQUEST_TYPE",
+    "TARGET",
+    "cell_port",
     "json_session",
     "open_direct_cells",
 ]
@@ -43,6 +49,7 @@ log = logging.getLogger("workbench.engine")
 
 REQUEST_TYPE = "wb_cell_request"
 REPLY_TYPE = "wb_cell_reply"
+TARGET = "wb_engine_id"  # the request header's field naming the engine it is for
 
 _SERVER: list[DirectCellServer] = []  # at most one per engine process
 
@@ -60,6 +67,12 @@ def open_direct_cells() -> int | None:
     server = DirectCellServer(kernel)
     _SERVER.append(server)
     return server.port
+
+
+def cell_port() -> int | None:
+    """This engine's cell socket port, if it opened one (``group_sockets`` keeps the
+    kernel's connection to it when a recovery cuts the group's connections)."""
+    return _SERVER[0].port if _SERVER else None
 
 
 def json_session(cluster_session: Any) -> Any:
@@ -85,7 +98,14 @@ def _engine_kernel() -> Any:
         return None
     kernel = getattr(shell, "kernel", None)
     hooks = ("register_hook", "unregister_hook")
-    needed = ("do_execute", "pre_handler_hook", "post_handler_hook", "set_parent", "get_parent")
+    needed = (
+        "do_execute",
+        "pre_handler_hook",
+        "post_handler_hook",
+        "set_parent",
+        "get_parent",
+        "engine_id",  # what a request must name (TARGET)
+    )
     if kernel is None or not all(hasattr(kernel, name) for name in needed):
         return None
     for publisher in (shell.displayhook, shell.display_pub):  # ipykernel >= 7's capture hooks
@@ -112,13 +132,22 @@ class DirectCellServer:
         self._tasks: set[asyncio.Future[None]] = set()  # held: the loop keeps weak references
 
     def _on_recv(self, frames: list[bytes]) -> None:
-        idents, body = self.session.feed_identities(frames, copy=True)
+        # Anything on 127.0.0.1 can connect and send any frames. Whatever fails here is
+        # caught: an exception escaping a ZMQStream callback leaves the stream's poll state
+        # unrebuilt, and the socket would never be read again (every later cell hangs).
         try:
+            idents, body = self.session.feed_identities(frames, copy=True)
             msg = self.session.deserialize(body, content=True, copy=True)
-        except Exception as exc:  # a bad signature or a replay: not from our kernel
+            header = msg["header"]
+            wanted = header.get("msg_type") == REQUEST_TYPE
+            ours = header.get(TARGET) == self.kernel.engine_id
+        except Exception as exc:  # malformed, a bad signature or a replay: not our kernel's
             log.warning("refused a direct cell message: %s", exc)
             return
-        if msg["header"].get("msg_type") != REQUEST_TYPE:
+        if not wanted:
+            return
+        if not ours:  # signed, but for another engine: replayed here by someone else
+            log.warning("refused a direct cell message for engine %r", header.get(TARGET))
             return
         task = asyncio.ensure_future(self._run(idents, msg))
         self._tasks.add(task)

@@ -13,9 +13,14 @@ not a signal). The descriptors themselves stay with their owner; only the connec
 
 Which connections: every TCP connection of this engine process except those it had when it
 first joined a group (its connections to the controller, made at boot), any later one to
-the same endpoints (a reconnect to the controller), and the rendezvous store's (which
-``fail_together`` reads after a failure). So a connection a user's cell opened after the
-first group was made is cut too; recovery, the only caller, rebuilds everything anyway.
+the same endpoints (a reconnect to the controller), the rendezvous store's (which
+``fail_together`` reads after a failure), and those accepted on a port this engine listens
+on that no group opened: its direct cell socket (``direct_cells.py``; the kernel's
+connection to it carries the next cell's request and reply) and any listener it had before
+its first group. So a connection a user's cell opened after the first group was made, to
+a server anywhere (the kernel's process too), is cut: what a process group's connection
+looks like from here (a TCP connection to some port, made after the group) is all the
+engine sees of it. README ("Survive faults") tells users to reopen such connections.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class _EngineConnections:
 
     inodes: set[int] = field(default_factory=set)
     remotes: set[tuple[str, int]] = field(default_factory=set)
+    listening: set[int] = field(default_factory=set)  # ports; what they accept is kept
 
 
 # Per engine process (one process = one rank), kept across groups: the engine state dict
@@ -59,6 +65,22 @@ def _tcp_connections() -> list[tuple[int, tuple[str, int], tuple[str, int], str]
     return out
 
 
+def _listening_ports() -> set[int]:
+    import psutil
+
+    conns = psutil.Process().net_connections(kind="tcp")
+    return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
+
+
+def _kept_listeners(own: _EngineConnections) -> set[int]:
+    """Ports whose accepted connections are never a group's: the listeners this engine had
+    before its first group, and its cell socket (opened later on a replacement engine)."""
+    from workbench.engine.direct_cells import cell_port
+
+    port = cell_port()
+    return own.listening | ({port} if port is not None else set())
+
+
 def remember_engine_connections(store_ports: set[int]) -> None:
     """Before the first ``init_process_group`` of this engine: note what is not the group's
     (leaving out connections to ``store_ports``: peers that already reached rank 0's new
@@ -74,6 +96,7 @@ def remember_engine_connections(store_ports: set[int]) -> None:
         if inode is not None:
             own.inodes.add(inode)
         own.remotes.add(remote)
+    own.listening = _listening_ports() - store_ports
     _before_first_group = own
 
 
@@ -92,9 +115,10 @@ def sever_group_connections() -> int:
     if own is None:
         return 0
     keep_ports = _store_ports()
+    listeners = _kept_listeners(own)
     cut = 0
     for fd, local, remote, _status in _tcp_connections():
-        if remote in own.remotes or keep_ports & {local[1], remote[1]}:
+        if remote in own.remotes or keep_ports & {local[1], remote[1]} or local[1] in listeners:
             continue
         inode = _inode(fd)
         if inode is None or inode in own.inodes:

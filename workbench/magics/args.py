@@ -73,10 +73,13 @@ def parse_ranks(text: str | None, world_size: int) -> list[int] | None:
     usage = f"use 'all', a list like '0,1' or a range like '0-{max(last, 0)}'"
     ranks: set[int] = set()
     for part in text.split(","):
-        bounds = part.split("-", 1)
+        bounds = [b.strip() for b in part.split("-", 1)]
+        # ASCII digits only: int() also reads '١' (an Arabic-Indic one), '1_0' and '+1'
         try:
+            if not all(b.isascii() and b.isdigit() for b in bounds):
+                raise ValueError(part)
             lo, hi = int(bounds[0]), int(bounds[-1])
-        except ValueError:
+        except ValueError:  # (also a number too long for int())
             raise bad(f"{_cut(part.strip())!r} is not a rank or a range", usage) from None
         for rank in (lo, hi):
             if not 0 <= rank < world_size:
