@@ -8,6 +8,9 @@ folder as working directory and the environment torchrun gives a worker
 (``LocalElasticAgent._start_workers``). What a process would have ended at exit ends
 when the script does:
 
+- Accelerate's singletons (``AcceleratorState``, ``GradientState``) are reset before and
+  after, and ``ACCELERATE_USE_CPU`` is set on CPU ranks (else ``Accelerator()`` runs each
+  gloo rank alone);
 - ``atexit`` handlers it registered run at its end, last registered first (those a module
   registers while it is first imported stay: the module outlives the script);
 - process groups it created are destroyed; the cluster's is kept (``group_guard``);
@@ -78,8 +81,12 @@ def run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None
         )
     group_guard.install()
     folder = os.path.dirname(path)
+    _reset_accelerate()  # what an earlier run or cell left in Accelerate's singletons
     with _restored(folder), _exit_handlers() as handlers, _own_groups():
         os.environ.update(torchrun_environment(assignment, run_id))
+        if str(assignment["device"]).startswith("cpu"):
+            # otherwise Accelerate sees no GPU and runs every gloo rank alone, as 0 of 1
+            os.environ["ACCELERATE_USE_CPU"] = "true"
         if cwd is not None and os.path.isdir(cwd):  # not there on another host: stay
             os.chdir(cwd)
         sys.argv = [path, *args]
@@ -88,6 +95,17 @@ def run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None
             _run_main(path, assignment["rank"])
         finally:
             _run_handlers(handlers)
+            _reset_accelerate()
+
+
+def _reset_accelerate() -> None:
+    """Accelerate keeps its state in per-process singletons (``AcceleratorState``,
+    ``GradientState``): a new process would start without them, so each run does too
+    (``TrainingArguments._setup_devices`` resets them the same way)."""
+    state = sys.modules.get("accelerate.state")
+    if state is not None:
+        state.AcceleratorState._reset_state(reset_partial_state=True)
+        state.GradientState._reset_state()
 
 
 def _run_main(path: str, rank: int) -> None:
