@@ -16,8 +16,8 @@ from workbench.cluster import Cluster
 from workbench.magics.args import (
     HelpShown,
     MagicParser,
+    add_cell_options,
     parse_ranks,
-    seconds_option,
     split_line,
 )
 
@@ -35,19 +35,9 @@ __all__ = ["COMMANDS", "WorkbenchMagics"]
 def _cell_parser() -> MagicParser:
     """Built once: %%wb parses its line on every cell, and building argparse is the cost."""
     p = MagicParser(prog="%%wb", description="Run this cell on every rank (or some ranks).")
-    p.add_argument("--ranks", "-r", default=None, help="'all' (default), '0,2' or '0-3'")
-    p.add_argument(
-        "--timeout",
-        "-t",
-        type=seconds_option("--timeout"),
-        default=None,
-        help="seconds before giving up",
-    )
-    p.add_argument("--no-labels", action="store_true", help="do not prefix output with [rank N]")
-    p.add_argument(
-        "--via-controller",
-        action="store_true",
-        help="send the cell through the ipyparallel controller, not straight to the engines "
+    add_cell_options(
+        p,
+        "send the cell through the ipyparallel controller, not straight to the engines "
         "(for widgets created on the engines)",
     )
     return p

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 
 from workbench.cluster.scripts import script_path
 from workbench.errors import ConfigError
-from workbench.magics.args import MagicParser, parse_ranks, seconds_option
+from workbench.magics.args import MagicParser, add_cell_options, parse_ranks
 from workbench.magics.registry import command
 from workbench.magics.render import show_results
 
@@ -18,19 +18,8 @@ if TYPE_CHECKING:  # the magics object is only a parameter here
 
 
 def _run_args(p: MagicParser) -> None:
-    p.add_argument("--ranks", "-r", default=None, help="'all' (default), '0,2' or '0-3'")
-    p.add_argument(
-        "--timeout",
-        "-t",
-        type=seconds_option("--timeout"),
-        default=None,
-        help="seconds before giving up",
-    )
-    p.add_argument("--no-labels", action="store_true", help="do not prefix output with [rank N]")
-    p.add_argument(
-        "--via-controller",
-        action="store_true",
-        help="send the run through the ipyparallel controller, not straight to the engines",
+    add_cell_options(
+        p, "send the run through the ipyparallel controller, not straight to the engines"
     )
     p.add_argument("script", help="the Python script, as for `torchrun script.py`")
     # everything after the script is its own (argparse.REMAINDER keeps its --options)
