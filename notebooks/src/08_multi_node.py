@@ -91,7 +91,10 @@ for r in ranks:
 # - `MASTER_ADDR` is rank 0's address, reachable from the other node.
 #
 # Each engine gets these as the usual `torchrun` environment variables before it joins the
-# process group, so code written for `torchrun` runs unchanged:
+# process group, so code that reads them finds what `torchrun` would have set. A whole
+# `torchrun` script runs unchanged with `%wb run train.py ARGS` (`cluster.run_script`): its
+# `init_process_group(...)` adopts the cluster's group, which its `destroy_process_group()`
+# leaves alone (README, *Your torchrun script, unchanged*). The variables of rank 2:
 
 # %%
 for key, value in ranks[2].env().items():

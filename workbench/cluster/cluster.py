@@ -29,6 +29,7 @@ from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import OneAtATime, async_first, sync_twin
 from workbench.cluster.ranks import RankAssignment
+from workbench.cluster.scripts import ScriptRuns
 from workbench.cluster.shutdown import shutdown
 from workbench.cluster.start_sequence import init_process_group, start_engines
 from workbench.cluster.startup import StartupProfile
@@ -62,7 +63,7 @@ def _stop_all_at_exit() -> None:
             log.debug("atexit stop failed for %r", cluster, exc_info=True)
 
 
-class Cluster(ProcessTracking, RankDispatch):
+class Cluster(ProcessTracking, RankDispatch, ScriptRuns):
     """Engines + process group. Use as a context manager or call ``start_sync``/``stop_sync``.
 
     >>> with Cluster(n=2) as cluster:                # doctest: +SKIP

@@ -13,7 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from workbench.engine import group_sockets
+from workbench.engine import group_guard, group_sockets
 from workbench.engine.state import engine_state, user_namespace
 
 __all__ = [
@@ -176,6 +176,7 @@ def setup_rank(
         timeout=timedelta(seconds=timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
+    group_guard.install()  # the user's init_process_group adopts this group from now on
     state = engine_state()
     state.clear()
     state.update(assignment=dict(assignment), clock=Clock(offset_ns=clock_offset_ns))

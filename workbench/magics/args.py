@@ -15,6 +15,7 @@ from workbench.errors import ConfigError
 __all__ = [
     "HelpShown",
     "MagicParser",
+    "add_cell_options",
     "parse_ranks",
     "seconds_option",
     "split_line",
@@ -47,6 +48,20 @@ class MagicParser(argparse.ArgumentParser):
             return self.parse_args(list(argv))
         except argparse.ArgumentError as exc:
             self.error(str(exc))
+
+
+def add_cell_options(p: argparse.ArgumentParser, via_controller_help: str) -> None:
+    """The options of everything that runs as a cell on the ranks (``%%wb``, ``%wb run``)."""
+    p.add_argument("--ranks", "-r", default=None, help="'all' (default), '0,2' or '0-3'")
+    p.add_argument(
+        "--timeout",
+        "-t",
+        type=seconds_option("--timeout"),
+        default=None,
+        help="seconds before giving up",
+    )
+    p.add_argument("--no-labels", action="store_true", help="do not prefix output with [rank N]")
+    p.add_argument("--via-controller", action="store_true", help=via_controller_help)
 
 
 def split_line(line: str) -> list[str]:

@@ -16,14 +16,15 @@ from workbench.cluster import Cluster
 from workbench.magics.args import (
     HelpShown,
     MagicParser,
+    add_cell_options,
     parse_ranks,
-    seconds_option,
     split_line,
 )
 
 # Importing a command module registers its subcommands; this order is `%wb --help`'s order.
 from workbench.magics import cluster_cmds, step_cmds, ui_cmds  # noqa: F401  # isort: skip
 from workbench.magics import checkpoint_cmds  # noqa: F401  # isort: skip
+from workbench.magics import script_cmds  # noqa: F401  # isort: skip
 from workbench.magics.registry import COMMANDS, usage
 from workbench.magics.render import show_results
 
@@ -34,19 +35,9 @@ __all__ = ["COMMANDS", "WorkbenchMagics"]
 def _cell_parser() -> MagicParser:
     """Built once: %%wb parses its line on every cell, and building argparse is the cost."""
     p = MagicParser(prog="%%wb", description="Run this cell on every rank (or some ranks).")
-    p.add_argument("--ranks", "-r", default=None, help="'all' (default), '0,2' or '0-3'")
-    p.add_argument(
-        "--timeout",
-        "-t",
-        type=seconds_option("--timeout"),
-        default=None,
-        help="seconds before giving up",
-    )
-    p.add_argument("--no-labels", action="store_true", help="do not prefix output with [rank N]")
-    p.add_argument(
-        "--via-controller",
-        action="store_true",
-        help="send the cell through the ipyparallel controller, not straight to the engines "
+    add_cell_options(
+        p,
+        "send the cell through the ipyparallel controller, not straight to the engines "
         "(for widgets created on the engines)",
     )
     return p

@@ -1,0 +1,50 @@
+"""``%wb run [--ranks R] [--timeout S] script.py [args ...]``: a torchrun script on the ranks."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from workbench.cluster.scripts import script_path
+from workbench.errors import ConfigError
+from workbench.magics.args import MagicParser, add_cell_options, parse_ranks
+from workbench.magics.registry import command
+from workbench.magics.render import show_results
+
+if TYPE_CHECKING:  # the magics object is only a parameter here
+    from workbench.magics.core import WorkbenchMagics
+
+
+def _run_args(p: MagicParser) -> None:
+    add_cell_options(
+        p, "send the run through the ipyparallel controller, not straight to the engines"
+    )
+    p.add_argument("script", help="the Python script, as for `torchrun script.py`")
+    # everything after the script is its own (argparse.REMAINDER keeps its --options)
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+
+
+@command(
+    "run",
+    "run a script file on the ranks as torchrun would (its init_process_group adopts "
+    "the cluster's group)",
+    _run_args,
+)
+def run(magics: WorkbenchMagics, args: Any) -> None:
+    try:
+        path = script_path(args.script, "script")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    cluster = magics.require_cluster()
+    if cluster.group_closed:  # a failed run closed the process group on every rank
+        cluster.recover_sync()
+    ranks = parse_ranks(args.ranks, cluster.world_size)
+    try:
+        results = cluster.run_script(
+            path, args.args, ranks=ranks, timeout=args.timeout, direct=not args.via_controller
+        )
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    show_results(results, label_single=not args.no_labels)
