@@ -8,12 +8,15 @@ then ``make notebooks`` (all) or ``python notebooks/build.py 06`` (one).
 
     python notebooks/build.py [--check] [NAME ...]
 
-``--check`` executes nothing: it lists notebooks whose cells differ from their sources.
+``--check`` executes nothing: it lists notebooks whose cells differ from their sources or
+whose saved outputs show a widget's repr (``IntProgress(value=0, ...)``) as text.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import re
 import sys
 from pathlib import Path
 
@@ -75,6 +78,33 @@ def differences(source: Path) -> list[str]:
     return out
 
 
+@functools.cache
+def _widget_repr() -> re.Pattern[str]:
+    """``Name(`` for every ipywidgets widget class (and plotly's FigureWidget)."""
+    import ipywidgets
+
+    names = {
+        name
+        for name, value in vars(ipywidgets).items()
+        if isinstance(value, type) and issubclass(value, ipywidgets.Widget)
+    }
+    return re.compile(r"\b(" + "|".join(sorted(names | {"FigureWidget"})) + r")\(")
+
+
+def widget_reprs(nb: nbformat.NotebookNode) -> list[str]:
+    """Saved outputs whose text is a widget's repr: what every reader without a live kernel
+    (GitHub, nbviewer, JupyterLab before it runs) would see in place of the widget."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", ()):
+            for text in (output.get("text", ""), output.get("data", {}).get("text/plain", "")):
+                text = "".join(text) if isinstance(text, list) else text
+                match = _widget_repr().search(text)
+                if match:
+                    found.append(f"cell {index}: {text[match.start() : match.start() + 60]!r}")
+    return found
+
+
 def build(source: Path) -> Path:
     """Execute the source in a fresh kernel, from the notebooks folder, and write the .ipynb."""
     nb = from_source(source)
@@ -89,6 +119,9 @@ def build(source: Path) -> Path:
         cell.metadata.pop("execution", None)
     path = notebook_path(source)
     nbformat.write(nb, path)
+    shown = widget_reprs(nb)
+    if shown:
+        raise SystemExit(f"{path.name} saves widget repr text: " + "; ".join(shown))
     return path
 
 
@@ -100,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     chosen = sources(opts.names)
     if opts.check:
         problems = [line for s in chosen for line in differences(s)]
+        for s in chosen:
+            if notebook_path(s).exists():
+                nb = nbformat.read(notebook_path(s), as_version=4)
+                problems += [f"{notebook_path(s).name} {line}" for line in widget_reprs(nb)]
         print("\n".join(problems) or f"{len(chosen)} notebooks match their sources")
         return 1 if problems else 0
     for source in chosen:

@@ -32,6 +32,31 @@ def test_notebook_matches_its_source(source: Path) -> None:
     assert BUILD.differences(source) == []
 
 
+@pytest.mark.parametrize("source", BUILD.sources(), ids=lambda p: p.stem)
+def test_saved_outputs_show_no_widget_repr(source: Path) -> None:
+    """A reader without a live kernel sees an output's text: never ``IntProgress(...)``."""
+    import nbformat
+
+    nb = nbformat.read(BUILD.notebook_path(source), as_version=4)
+    assert BUILD.widget_reprs(nb) == []
+
+
+def test_widget_repr_text_is_found() -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("%wb start -n 2")
+    shown = {"text/plain": "IntProgress(value=0, description='starting', max=4)"}
+    cell.outputs = [nbformat.v4.new_output("display_data", data=shown)]
+    nb.cells = [cell, nbformat.v4.new_code_cell("print(1)")]
+    nb.cells[1].outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="HBox(children=())")
+    ]
+    assert [line.split(":")[0] for line in BUILD.widget_reprs(nb)] == ["cell 0", "cell 1"]
+    cell.outputs[0].data["text/plain"] = "workbench: starting 2 engines and their process group"
+    assert [line.split(":")[0] for line in BUILD.widget_reprs(nb)] == ["cell 1"]
+
+
 def test_a_changed_source_is_reported(tmp_path: Path) -> None:
     source = BUILD.sources()[0]
     changed = tmp_path / source.name
