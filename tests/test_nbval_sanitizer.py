@@ -169,6 +169,10 @@ def _transformers_warnings() -> str:
     handler.setFormatter(logging.Formatter("[transformers] %(message)s"))
     logger = hf_logging.get_logger("transformers")
     logger.addHandler(handler)
+    # transformers says some of these once per process (warning_once): earlier tests in the
+    # same process may have had them, so forget what was said
+    hf_logging.warning_once.cache_clear()
+    hf_logging.info_once.cache_clear()
     try:
         GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32))
     finally:

@@ -35,6 +35,12 @@ SKIPS = {
     "commands on a notebook it writes",
     "errors.py, config.py": "a directory tree, not code",
     "$ pytest --nbval": "a transcript of the command above, not code",
+    "%wb run train.py --epochs 2": "runs your own train.py / evaluate.py; "
+    "tests/cluster/test_run_script.py runs a torchrun script through %wb run",
+    'cluster.run_script("train.py"': "runs your own train.py; tests/cluster/test_run_script.py "
+    "runs a torchrun script through Cluster.run_script",
+    "python3 -m venv .venv-gpu": "a GPU machine's venv (CUDA wheels); make gpu-check runs it "
+    "(tools/gpu_check.sh, dry-run here)",
 }
 # The README's cluster is stopped by its `%wb stop`; the sections after it assume one is
 # running, as in a notebook: started again before this block.

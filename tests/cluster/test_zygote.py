@@ -32,8 +32,11 @@ def _draw() -> tuple[int, float, bool]:
 
 
 def test_engines_are_forked_children_of_one_process_with_their_own_random_streams(
-    cluster: Cluster,
+    own_cluster: Cluster,
 ) -> None:
+    # A cluster of its own: on the shared one, an earlier seeded run (every run seeds its
+    # ranks from its seed, DP ranks alike) has made the ranks' streams equal on purpose.
+    cluster = own_cluster
     draws = cluster.run(_draw)
     pids = [pid for pid, _, _ in draws]
     assert len(set(pids)) == len(pids) == len(cluster.ranks)
