@@ -17,33 +17,27 @@ def startup_line(total: int) -> str:
 def notebook_progress(
     total: int,
 ) -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
-    """Return (callback, close). The bar is an ipywidgets IntProgress; ``close`` closes it
-    and turns its output into a line of text.
+    """Return (callback, close). The bar is an ipywidgets IntProgress that closes itself
+    when the cluster is ready.
 
-    The output never reads as the widget's repr (``IntProgress(value=0, ...)``) where no
-    bar can be drawn (GitHub, nbviewer, JupyterLab without a kernel): its plain-text part is
-    the line from the start, and once closed the output is that line alone (nbclient, which
-    builds the committed notebooks, saves the update; a closed bar left behind would point
-    at a widget that no longer exists). Strict nbval sees only the first display and skips
-    the widget part of it: the same line, every run."""
+    Its output's plain-text part is a line of text, not the widget's repr
+    (``IntProgress(value=0, ...)``): that part is what a reader of a saved notebook sees
+    (GitHub, nbviewer, JupyterLab without a kernel: the bar's model is gone once it closed),
+    and what nbclient saves and strict nbval compares, the same every run."""
     shell = get_ipython()
     if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
         return None, lambda: None
     import ipywidgets as widgets
     from IPython.display import display
 
-    line = {"text/plain": startup_line(total)}
     bar = widgets.IntProgress(value=0, min=0, max=2 * total, description="starting")
-    handle = display({**bar._repr_mimebundle_(), **line}, raw=True, display_id=True)
+    bundle = bar._repr_mimebundle_()
+    bundle["text/plain"] = startup_line(total)
+    display(bundle, raw=True)
 
     def update(stage: str, done: int, n: int) -> None:
         offset = 0 if stage == "engines" else n
         bar.value = offset + done
         bar.description = stage
 
-    def close() -> None:
-        bar.close()
-        if handle is not None:
-            handle.update(line, raw=True)
-
-    return update, close
+    return update, bar.close
