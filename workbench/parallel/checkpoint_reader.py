@@ -16,7 +16,6 @@ through ``torch.load(weights_only=True)``; tensor shards DCP itself reads with
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import io
 import os
@@ -35,12 +34,10 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from workbench.errors import CheckpointError
-from workbench.parallel.checkpoint_trust import MANIFEST
+from workbench.parallel.checkpoint_trust import MANIFEST, stream_digest
 from workbench.parallel.checkpoint_unpickler import load_metadata
 
 __all__ = ["VerifiedReader", "WeightsOnlyPlanner", "describe_failure", "load_metadata"]
-
-_CHUNK = 1024 * 1024
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -80,7 +77,7 @@ class _VerifiedFiles(FileSystem):
             raise CheckpointError(f"{where} cannot be opened: {exc.strerror}") from None
         with os.fdopen(fd, "rb") as stream:
             before = os.fstat(stream.fileno())
-            if not hmac.compare_digest(_digest(stream), expected):
+            if not hmac.compare_digest(stream_digest(stream), expected):
                 raise CheckpointError(
                     f"{where} does not match the SHA-256 sum in {MANIFEST} (changed or "
                     "replaced after the save); refusing to load it"
@@ -89,13 +86,6 @@ class _VerifiedFiles(FileSystem):
             yield cast(io.IOBase, stream)
             if _changed(before, os.fstat(stream.fileno())):
                 raise CheckpointError(f"{where} was written to while it was read; run again")
-
-
-def _digest(stream: io.BufferedReader) -> str:
-    h = hashlib.sha256()
-    while chunk := stream.read(_CHUNK):
-        h.update(chunk)
-    return h.hexdigest()
 
 
 def _changed(before: os.stat_result, after: os.stat_result) -> bool:

@@ -20,7 +20,7 @@ import secrets
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from workbench.errors import CheckpointError
 
@@ -33,6 +33,7 @@ __all__ = [
     "read_manifest",
     "read_verified",
     "state_dir",
+    "stream_digest",
     "verify_files",
     "write_manifest",
 ]
@@ -111,10 +112,15 @@ def checkpoint_key(path: str | os.PathLike[str] | None = None) -> bytes:
 
 
 def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+        return stream_digest(f)
+
+
+def stream_digest(stream: BinaryIO) -> str:
+    """SHA-256 of what is left to read in ``stream``, read in chunks."""
+    h = hashlib.sha256()
+    while chunk := stream.read(_CHUNK):
+        h.update(chunk)
     return h.hexdigest()
 
 
