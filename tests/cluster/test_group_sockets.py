@@ -110,6 +110,7 @@ while (data := conn.recv(1)):
 """
 
 
+@pytest.mark.engines  # a child process connects to the listener
 @pytest.mark.parametrize("when", ["before the first group", "the cell socket, opened later"])
 def test_connections_accepted_on_a_listener_no_group_opened_are_kept(
     fresh: list[socket.socket], monkeypatch: pytest.MonkeyPatch, when: str
@@ -135,6 +136,7 @@ def test_connections_accepted_on_a_listener_no_group_opened_are_kept(
         child.wait(30)
 
 
+@pytest.mark.engines  # a child process connects to the listener
 def test_connections_accepted_on_a_listener_opened_since_are_cut(
     fresh: list[socket.socket],
 ) -> None:

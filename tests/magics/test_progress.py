@@ -12,6 +12,7 @@ from workbench.magics.progress import notebook_progress, startup_line
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
+@pytest.mark.engines  # a real kernel, run by nbclient
 @pytest.mark.timeout(120)
 def test_bar_output_reads_as_text_where_no_bar_is_drawn() -> None:
     nb = nbformat.v4.new_notebook()
