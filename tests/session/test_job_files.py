@@ -117,3 +117,36 @@ def test_job_files_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str
         read_job(bad)
     assert main([str(tmp_path / "missing.json")]) == 2
     assert "does not exist; write one with %wb export DIR" in capsys.readouterr().err
+
+
+MIGRATION = Path(__file__).resolve().parents[1] / "cluster" / "scripts" / "migration_ddp.py"
+
+
+def test_the_command_line_exports_a_script_and_a_job_again(tmp_path: Path) -> None:
+    from workbench.cli import main as cli
+
+    first = tmp_path / "one"
+    assert cli(["export", "--procs-per-node", "3", str(first), str(MIGRATION), "--batch", "6"]) == 0
+    assert (
+        f"--nproc-per-node 3 \\\n    {MIGRATION} --batch 6\n" in (first / "torchrun.sh").read_text()
+    )
+    job = tmp_path / "run.json"
+    job.write_text(json.dumps(job_for_run(RunSpec(model="mlp-tiny"), 2, 3)))
+    again = ["export", "--job", str(job), "--nodes", "2", "--steps", "7", "--procs-per-node", "4"]
+    assert cli([*again, str(tmp_path / "two")]) == 0
+    assert json.loads((tmp_path / "two" / "run.json").read_text())["steps"] == 7
+    assert "#SBATCH --nodes=2" in (tmp_path / "two" / "job.sbatch").read_text()
+    assert cli(["export", "--job", str(tmp_path / "none.json"), str(tmp_path / "three")]) == 2
+    assert cli(["export", str(tmp_path / "four")]) == 2  # neither a script nor a job
+
+
+def test_the_magic_exports_a_script_and_says_what_is_missing(
+    ipython_shell: object, tmp_path: Path
+) -> None:
+    from IPython.core.error import UsageError
+
+    run = ipython_shell.run_line_magic  # type: ignore[attr-defined]
+    run("wb", f"export --procs-per-node 2 {tmp_path / 'a'} {MIGRATION} --batch 8")
+    assert f"{MIGRATION} --batch 8" in (tmp_path / "a" / "torchrun.sh").read_text()
+    with pytest.raises(UsageError, match="--nodes after DIR is not valid; options go before"):
+        run("wb", f"export {tmp_path / 'b'} --nodes 2")

@@ -1,4 +1,5 @@
-"""``%wb export DIR``: the current stepper's run (or ``--script``) as torchrun + sbatch files."""
+"""``%wb export [options] DIR [script.py [args ...]]``: the current stepper's run, or a
+script, as ``torchrun.sh`` + ``job.sbatch`` (and ``run.json`` for a run) in ``DIR``."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ if TYPE_CHECKING:  # the magics object is only a parameter here
 
 
 def _export_args(p: MagicParser) -> None:
-    p.add_argument("directory", help="the folder to write run.json, torchrun.sh, job.sbatch")
     p.add_argument("--steps", type=int, default=None, help="default: the stepper's steps so far")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--procs-per-node", type=int, default=None, help="default: the run's ranks")
     p.add_argument("--gpus", action="store_true", help="one GPU per process")
-    p.add_argument("--script", default=None, help="export this script instead of the stepper")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    p.add_argument("directory", help="the folder to write run.json, torchrun.sh, job.sbatch")
+    # options come before DIR: everything after it is the script and its own arguments
+    p.add_argument("script", nargs=argparse.REMAINDER, help="script.py and its arguments")
 
 
 @command(
@@ -35,15 +36,19 @@ def export_cmd(magics: WorkbenchMagics, args: Any) -> None:
     from workbench.ui.stepper import Stepper
 
     shape = {"nodes": args.nodes, "procs_per_node": args.procs_per_node, "gpus": args.gpus}
+    if args.script and args.script[0].startswith("-"):
+        raise UsageError(
+            f"{args.script[0]} after DIR is not valid; options go before DIR "
+            "(%wb export --nodes 2 DIR [script.py args ...])"
+        )
     try:
-        if args.script is None:
-            if args.args:
-                raise ConfigError(f"{args.args} given without --script; a run takes none")
+        if not args.script:
             done = export(Stepper.current(), args.directory, steps=args.steps, **shape)
         else:
             if shape["procs_per_node"] is None and magics.cluster is not None:
                 shape["procs_per_node"] = magics.cluster.world_size
-            done = export(args.script, args.directory, args=args.args, **shape)
+            script, *rest = args.script
+            done = export(script, args.directory, args=rest, **shape)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     print(done)
