@@ -172,6 +172,8 @@ def export_job(
         validate.integer("steps", steps, minimum=1, maximum=10_000_000, what="a step count")
         job["steps"] = steps
     shape = JobShape(nodes=nodes, procs_per_node=procs_per_node, gpus=gpus)
+    if job["kind"] == "user":
+        _check_user_layout(job["layout"], shape.world_size)
     key_dir = None
     if job.get("checkpoint"):
         from workbench.parallel.checkpoint_trust import checkpoint_key, state_dir
@@ -179,3 +181,18 @@ def export_job(
         checkpoint_key()  # as a save would: the job refuses to start without it
         key_dir = str(state_dir())
     return write_export(directory, shape=shape, job=job, key_dir=key_dir, port=port)
+
+
+def _check_user_layout(layout: dict[str, Any], world: int) -> None:
+    """A user run's layout is written out by dimension: it fits only its own rank count."""
+    from workbench.errors import ParallelError
+    from workbench.parallel.parallelize import Layout
+
+    kwargs = {**layout, "pp_split": tuple(layout["pp_split"]) if layout.get("pp_split") else None}
+    try:
+        Layout(**kwargs).dims(world)
+    except ParallelError as exc:
+        raise ConfigError(
+            f"this run.json does not fit nodes x procs_per_node = {world} ranks: {exc}; "
+            "export it again from the notebook with nodes= and procs_per_node="
+        ) from None

@@ -127,9 +127,8 @@ def test_the_command_line_exports_a_script_and_a_job_again(tmp_path: Path) -> No
 
     first = tmp_path / "one"
     assert cli(["export", "--procs-per-node", "3", str(first), str(MIGRATION), "--batch", "6"]) == 0
-    assert (
-        f"--nproc-per-node 3 \\\n    {MIGRATION} --batch 6\n" in (first / "torchrun.sh").read_text()
-    )
+    text = (first / "torchrun.sh").read_text()
+    assert "--nproc-per-node 3 \\\n" in text and text.endswith(f"    {MIGRATION} --batch 6\n")
     job = tmp_path / "run.json"
     job.write_text(json.dumps(job_for_run(RunSpec(model="mlp-tiny"), 2, 3)))
     again = ["export", "--job", str(job), "--nodes", "2", "--steps", "7", "--procs-per-node", "4"]
@@ -138,6 +137,16 @@ def test_the_command_line_exports_a_script_and_a_job_again(tmp_path: Path) -> No
     assert "#SBATCH --nodes=2" in (tmp_path / "two" / "job.sbatch").read_text()
     assert cli(["export", "--job", str(tmp_path / "none.json"), str(tmp_path / "three")]) == 2
     assert cli(["export", str(tmp_path / "four")]) == 2  # neither a script nor a job
+
+
+def test_a_user_job_is_exported_again_only_for_its_own_rank_count(tmp_path: Path) -> None:
+    from workbench.export import export_job
+
+    job = tmp_path / "run.json"
+    job.write_text(json.dumps(_user_job(strategy="fsdp")))  # dp=2, written out
+    export_job(job, tmp_path / "same", nodes=2, procs_per_node=1)
+    with pytest.raises(ConfigError, match=r"does not fit nodes x procs_per_node = 8 ranks: dp\*tp"):
+        export_job(job, tmp_path / "more", nodes=2, procs_per_node=4)
 
 
 def test_the_magic_exports_a_script_and_says_what_is_missing(
