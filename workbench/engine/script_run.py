@@ -67,8 +67,25 @@ def torchrun_environment(assignment: dict[str, Any], run_id: str) -> dict[str, s
     }
 
 
-def run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None:
-    """Run the script at ``path`` as ``__main__`` with ``sys.argv = [path, *args]``."""
+def run_script(
+    path: str, args: list[str], cwd: str | None, run_id: str, trace: bool = False
+) -> None:
+    """Run the script at ``path`` as ``__main__`` with ``sys.argv = [path, *args]``;
+    ``trace``: the run is one span of this rank's ``wb.traced`` recorder, its collectives
+    recorded (``%wb trace plot`` / ``export`` draw them with the traced loops')."""
+    if not trace:
+        _run_script(path, args, cwd, run_id)
+        return
+    from workbench.engine import traced
+
+    traced.begin_cell(f"script {os.path.basename(path)}")
+    try:
+        _run_script(path, args, cwd, run_id)
+    finally:
+        traced.end_cell()
+
+
+def _run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None:
     import socket
 
     assignment = engine_state().get("assignment")
