@@ -118,3 +118,28 @@ def test_sbatch_script_is_bash_and_meets_at_the_first_node(tmp_path: Path) -> No
     ):
         assert line in text
     assert str(MIGRATION) in text
+
+
+def test_the_job_checkpoints_where_the_stepper_does_and_the_stepper_loads_them(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    stepper = Stepper(
+        "mlp-tiny",
+        "fsdp",
+        cluster=cluster,
+        optimizer="sgd",
+        checkpoint_dir=ckpt,
+        checkpoint_every=2,
+    )
+    try:
+        stepper.step()  # one step: no checkpoint yet
+        done = wb.export(stepper, tmp_path / "job", steps=4)
+        job = json.loads(done.files["job"].read_text())
+        assert job["checkpoint"] == {"dir": str(ckpt), "every": 2, "keep_last": 3}
+        printed = _printed_losses(_run(done.files["torchrun"]).stdout)
+        assert [c["step"] for c in stepper.checkpoints()] == [2, 4]
+        meta = stepper.load()  # signed by the job with the notebook's key: trusted
+        assert meta["step"] == 4 and meta["last_loss"] == printed[-1]
+    finally:
+        stepper.close()

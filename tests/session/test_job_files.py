@@ -159,3 +159,18 @@ def test_the_magic_exports_a_script_and_says_what_is_missing(
     assert f"{MIGRATION} --batch 8" in (tmp_path / "a" / "torchrun.sh").read_text()
     with pytest.raises(UsageError, match="--nodes after DIR is not valid; options go before"):
         run("wb", f"export {tmp_path / 'b'} --nodes 2")
+
+
+def test_a_comparison_exports_one_folder_per_strategy(tmp_path: Path) -> None:
+    from workbench.compare import StrategyComparison
+
+    specs = [user_spec(um.make_model, s, dict(FACTORIES)) for s in ("dp", "fsdp")]
+    comparison = StrategyComparison(model="make_model", steps=3, specs=[(s, 2) for s in specs])
+    done = wb.export(comparison, tmp_path)
+    assert isinstance(done, list)
+    assert [d.directory.name for d in done] == ["dp", "fsdp"]
+    jobs = [json.loads(d.files["job"].read_text()) for d in done]
+    assert [(j["strategy"], j["steps"], j["layout"]["zero"]) for j in jobs] == [
+        ("dp", 3, 0),
+        ("fsdp", 3, 3),
+    ]
