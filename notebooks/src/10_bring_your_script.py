@@ -163,13 +163,17 @@ print("equal within 1e-6:", diff <= 1e-6)
 # ## 5. Traced
 #
 # `%wb run --trace` records the script's collectives where `wb.traced` records (notebook
-# 09): one span per rank named after the script, DDP's bucket all-reduces inside it.
+# 09): one span per rank named after the script, DDP's bucket all-reduces inside it, and
+# the memory of the model the script wrapped in DDP, sampled after every optimizer step.
 
 # %%
 %wb run --trace {ddp} --out {out}
 
 # %% tags=["nbval-ignore-output"]
 %wb trace plot comm
+
+# %% tags=["nbval-ignore-output"]
+%wb trace plot memory
 
 # %% [markdown]
 # The numbers behind the figure, from the same log:
@@ -181,12 +185,16 @@ log = get_ipython()._workbench_magics.trace_log
 comm = [e for e in log.events if e.kind == "comm" and e.rank == 0]
 print("rank 0's collectives (op, bytes): count =", dict(Counter((e.op, e.bytes) for e in comm)))
 print("gradient bytes:", 4 * (6 * 16 + 16 + 16 + 1))
+after_step = [e for e in log.events if e.kind == "memory" and e.rank == 0 and e.label == "optimizer"]
+print("after each of the", len(after_step), "steps (params, grads, optimizer state):",
+      sorted({(e.params, e.grads, e.optimizer) for e in after_step}))
 
 # %% [markdown]
 # One all-reduce per step of exactly the model's gradient bytes (one DDP bucket: the model
 # is small), and DDP's start-up when the model was wrapped: the parameters broadcast from
 # rank 0 (516 bytes, so every rank starts from the same weights) and a few small messages
-# of DDP's own set-up.
+# of DDP's own set-up. In memory, the parameters and their gradients hold those 516 bytes
+# each and plain SGD keeps no state.
 #
 # ## 6. From the notebook to the job
 #

@@ -1,5 +1,6 @@
-"""``run_script(..., trace=True)`` / ``%wb run --trace``: a torchrun script's collectives in
-the timeline ``wb.traced`` and ``%wb trace`` draw (the shared 2-rank cluster)."""
+"""``run_script(..., trace=True)`` / ``%wb run --trace``: a torchrun script's collectives, and
+the memory of the model it wraps in DDP, in the timeline ``wb.traced`` and ``%wb trace``
+draw (the shared 2-rank cluster)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from workbench.cluster import Cluster
 from workbench.plots import comm_timeline_figure
 from workbench.session.traced_log import TraceLog
-from workbench.trace import CommEvent, PhaseSpan
+from workbench.trace import CommEvent, MemorySample, PhaseSpan
 
 MIGRATION = Path(__file__).resolve().parent / "scripts" / "migration_ddp.py"
 STEPS = 16  # migration_ddp.py: 64 samples, global batch 8, 2 epochs
@@ -40,12 +41,27 @@ def test_a_traced_script_records_every_collective_it_makes(
     ]
     for rank in (0, 1):
         comm = [e for e in events if isinstance(e, CommEvent) and e.rank == rank]
-        sizes = Counter((e.op, e.bytes) for e in comm)
-        assert sizes[("all_reduce", 4)] == STEPS  # the script's own loss all-reduce
-        assert sizes[("all_reduce", GRAD_BYTES)] == STEPS  # DDP's gradient bucket
+        sizes = Counter((e.op, e.bytes, e.source) for e in comm)
+        assert sizes[("all_reduce", 4, "user")] == STEPS  # the script's own loss all-reduce
+        assert sizes[("all_reduce", GRAD_BYTES, "ddp-bucket")] == STEPS  # DDP's bucket
         assert all(spans[rank].start <= e.start <= e.end <= spans[rank].end for e in comm)
     figure = comm_timeline_figure(events, ranks=[0, 1])
     assert len(figure.data) > 0
+
+
+def test_a_traced_script_samples_the_memory_of_its_ddp_model(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    events = _traced_run(cluster, tmp_path, trace=True)
+    for rank in (0, 1):
+        memory = [e for e in events if isinstance(e, MemorySample) and e.rank == rank]
+        labels = Counter(e.label for e in memory)
+        assert labels["start"] == labels["end"] == 1 and labels["optimizer"] == STEPS
+        steps = [e for e in memory if e.label == "optimizer"]
+        first = steps[0].step  # the recorder counts on from earlier traced runs
+        assert [e.step for e in steps] == list(range(first, first + STEPS))  # one per step
+        assert {(e.params, e.grads, e.optimizer) for e in steps} == {(GRAD_BYTES, GRAD_BYTES, 0)}
+        assert max(e.activations for e in memory) > 0  # saved for backward, in a step
 
 
 def test_an_untraced_script_records_nothing(cluster: Cluster, tmp_path: Path) -> None:

@@ -76,8 +76,9 @@ class ScriptRuns:
         and run in this process's working directory when they have it.
 
         ``trace=True`` records the run's collectives (one span per rank, named after the
-        script) where ``wb.traced`` records: ``%wb trace pull`` / ``plot`` / ``export`` and
-        ``TraceLog`` draw them with the traced loops' events.
+        script) and the memory of the model it wraps in DDP where ``wb.traced`` records:
+        ``%wb trace pull`` / ``plot`` / ``export`` and ``TraceLog`` draw them with the
+        traced loops' events (``engine/script_trace.py``).
         """
         full = script_path(path)
         argv = script_args(args)

@@ -72,17 +72,14 @@ def run_script(
 ) -> None:
     """Run the script at ``path`` as ``__main__`` with ``sys.argv = [path, *args]``;
     ``trace``: the run is one span of this rank's ``wb.traced`` recorder, its collectives
-    recorded (``%wb trace plot`` / ``export`` draw them with the traced loops')."""
+    and its DDP model's memory recorded (``engine/script_trace.py``)."""
     if not trace:
         _run_script(path, args, cwd, run_id)
         return
-    from workbench.engine import traced
+    from workbench.engine.script_trace import traced_script
 
-    traced.begin_cell(f"script {os.path.basename(path)}")
-    try:
+    with traced_script(f"script {os.path.basename(path)}"):
         _run_script(path, args, cwd, run_id)
-    finally:
-        traced.end_cell()
 
 
 def _run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None:
