@@ -144,13 +144,17 @@ def export(
 def _export_comparison(
     comparison: StrategyComparison, folder: Path, steps: int | None, shape_args: dict[str, Any]
 ) -> list[Export]:
-    """One folder per strategy (no checkpoints: compare saves none)."""
-    exports = []
+    """One folder per strategy (no checkpoints: compare saves none); a label that comes
+    again (the same layout with other options) gets ``-2``, ``-3``, ..."""
+    exports: list[Export] = []
+    seen: dict[str, int] = {}
     for spec, world in comparison.specs:
         shape = _shape(_run_world(spec, world), shape_args)
         job = job_for_run(spec, shape.world_size, steps or comparison.steps)
-        sub = folder / spec.label(world)
-        exports.append(write_export(sub, shape=shape, job=job, port=shape_args["port"]))
+        label = spec.label(world)
+        seen[label] = seen.get(label, 0) + 1
+        name = label if seen[label] == 1 else f"{label}-{seen[label]}"
+        exports.append(write_export(folder / name, shape=shape, job=job, port=shape_args["port"]))
     return exports
 
 

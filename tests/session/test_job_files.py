@@ -164,13 +164,22 @@ def test_the_magic_exports_a_script_and_says_what_is_missing(
 def test_a_comparison_exports_one_folder_per_strategy(tmp_path: Path) -> None:
     from workbench.compare import StrategyComparison
 
-    specs = [user_spec(um.make_model, s, dict(FACTORIES)) for s in ("dp", "fsdp")]
+    specs = [user_spec(um.make_model, s, dict(FACTORIES)) for s in ("dp", "fsdp", "fsdp")]
     comparison = StrategyComparison(model="make_model", steps=3, specs=[(s, 2) for s in specs])
     done = wb.export(comparison, tmp_path)
     assert isinstance(done, list)
-    assert [d.directory.name for d in done] == ["dp", "fsdp"]
+    assert [d.directory.name for d in done] == ["dp", "fsdp", "fsdp-2"]  # none overwritten
     jobs = [json.loads(d.files["job"].read_text()) for d in done]
     assert [(j["strategy"], j["steps"], j["layout"]["zero"]) for j in jobs] == [
         ("dp", 3, 0),
         ("fsdp", 3, 3),
+        ("fsdp", 3, 3),
     ]
+
+
+def test_options_that_are_objects_cannot_be_exported() -> None:
+    from workbench.session.job_files import json_option
+
+    assert json_option("checkpointing", ("blocks.0", "blocks.1")) == ["blocks.0", "blocks.1"]
+    with pytest.raises(ConfigError, match="checkpointing=<class .*Linear'> cannot be exported"):
+        json_option("checkpointing", __import__("torch").nn.Linear)

@@ -26,7 +26,7 @@ from workbench.errors import ConfigError
 from workbench.parallel.job import JOB_FORMAT
 from workbench.parallel.spec import RunSpec
 
-__all__ = ["Export", "JobShape", "job_for_run", "write_export"]
+__all__ = ["Export", "JobShape", "job_for_run", "json_option", "write_export"]
 
 JOB_FILE = "run.json"
 TORCHRUN_FILE = "torchrun.sh"
@@ -85,6 +85,19 @@ def _exportable(role: str, shipped: Any) -> str | None:
     )
 
 
+def json_option(name: str, value: Any) -> Any:
+    """``value`` as the job file holds it (JSON: tuples become lists), or a ConfigError
+    naming the option: a job file holds data, never objects (a module class, a callable)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [json_option(name, v) for v in value]
+    raise ConfigError(
+        f"{name}={value!r} cannot be exported: a job file holds plain values, not "
+        f"{type(value).__name__} objects; give it by name (e.g. a module name pattern)"
+    )
+
+
 def _user_job(spec: Any, world: int) -> dict[str, Any]:
     factories = {role: _exportable(role, s) for role, s in spec.factories.items()}
     payload = spec.payload(world)
@@ -102,7 +115,7 @@ def _user_job(spec: Any, world: int) -> dict[str, Any]:
         "factories": factories,
         "layout": layout,
         "strategy": payload["strategy"],
-        "options": payload["options"],
+        "options": {k: json_option(k, v) for k, v in payload["options"].items()},
     }
 
 
