@@ -32,7 +32,6 @@ __all__ = ["JOB_FORMAT", "build_job_step", "import_by_name", "main", "read_job"]
 
 JOB_FORMAT = "workbench-job/1"
 _MAX_JOB_BYTES = 1024 * 1024  # a job file is a few hundred bytes
-_ROLES = ("model", "data", "loss", "optimizer")
 
 
 def read_job(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -82,10 +81,9 @@ def build_job_step(job: dict[str, Any]) -> TrainStep:
         return build_train_step(RunSpec(**{**job["spec"], "trace": False}))
     from workbench.parallel.user_model import UserRun, build_user_train_step
 
-    factories = job["factories"]
-    parts = {
-        role: import_by_name(role, factories[role]) if factories.get(role) else None
-        for role in _ROLES
+    parts = {  # every role the file names (model, data, loss, optimizer)
+        role: import_by_name(role, name) if name else None
+        for role, name in job["factories"].items()
     }
     layout = dict(job["layout"])
     if layout.get("pp_split") is not None:
