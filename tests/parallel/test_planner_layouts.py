@@ -152,8 +152,13 @@ def _user_runs(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def test_user_model_state_to_the_byte_with_padding_and_uneven_stages() -> None:
-    per_rank = run_ranks(_user_runs, timeout=600)
+@pytest.fixture(scope="module")
+def user_runs() -> list[dict[str, Any]]:
+    return run_ranks(_user_runs, timeout=600)
+
+
+def test_user_model_state_to_the_byte_with_padding_and_uneven_stages(user_runs) -> None:
+    per_rank = user_runs
     model = user_model_spec(OddLM, seq=um.SEQ)
     for name, kwargs in USER_LAYOUTS.items():
         layout = Layout(**kwargs)
@@ -178,3 +183,41 @@ def test_user_model_state_to_the_byte_with_padding_and_uneven_stages() -> None:
             assert shares[0] != shares[1]
         if name == "pp uneven":  # stage 1 holds two blocks, the norm and the head
             assert shares[1] > shares[0]
+
+
+def test_plan_from_at_the_layout_it_ran_is_the_tracers(user_runs) -> None:
+    """``wb.plan_from`` for the user's model, planned at the layout each run used (2 GPUs,
+    the run's batch split): per-rank model state to the byte, activations within 10%."""
+    from workbench.parallel.plan_from import plan_from
+    from workbench.parallel.user_options import UserOptions
+
+    run = UserOptions()  # the runs' micro-batches and pipeline schedule (gpipe)
+    for name, kwargs in USER_LAYOUTS.items():
+        layout = Layout(**kwargs)
+        dims = layout.dims(2)
+        m = run.microbatches if dims.pp > 1 else run.grad_accum
+        measured = plan_from(
+            OddLM,
+            data=um.make_data,
+            loss=um.lm_loss,
+            gpus=2,
+            seq_len=um.SEQ,
+            precision="fp32",
+            optimizer=user_runs[0][name][1],
+            dp=dims.dp,
+            tp=dims.tp,
+            pp=dims.pp,
+            zero=layout.zero,
+            micro_batch=8 // dims.dp // m,
+            micro_batches=m,
+            schedule=run.schedule,
+            tp_plan=layout.tp_plan,
+            pp_split=layout.pp_split,
+        )
+        assert measured.placed, (name, measured.notes)
+        for rank in range(2):
+            report = validate(user_runs[rank][name][0], measured.plan, rank=rank)
+            for category in STATE:
+                row = report.row(category)
+                assert row.measured == row.predicted, f"{name} rank {rank} {category}: {row}"
+            assert report.row("activations").ok, f"{name} rank {rank}"
