@@ -29,6 +29,8 @@ _LAZY: dict[str, str] = {
     "parameter_bytes": "storage",
     "process_rss": "storage",
     "storage_bytes": "storage",
+    "collective_waits": "stragglers",
+    "straggler_summary": "stragglers",
 }
 
 if TYPE_CHECKING:
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
         process_rss,
         storage_bytes,
     )
+    from workbench.trace.stragglers import collective_waits, straggler_summary
 
 __all__ = [
     "PHASES",
@@ -68,12 +71,14 @@ __all__ = [
     "PhaseSpan",
     "Recorder",
     "bus_factor",
+    "collective_waits",
     "from_record",
     "gradient_bytes",
     "optimizer_bytes",
     "parameter_bytes",
     "process_rss",
     "storage_bytes",
+    "straggler_summary",
     "to_perfetto",
     "to_record",
 ]
