@@ -149,3 +149,21 @@ def test_a_rank_outside_a_sweep_group_takes_part_in_its_creation_only(cluster: C
     assert [len(rows) for rows in results[0]["sweeps"].values()] == [2, 2]
     after = cluster.execute("t = torch.ones(1); dist.all_reduce(t); print(t.item())", timeout=60)
     assert [r.ename for r in after] == [None, None]  # the world group still works afterwards
+
+
+def test_the_steppers_events_give_per_rank_step_and_phase_times(cluster: Cluster) -> None:
+    from workbench.ui.stepper import Stepper
+
+    stepper = Stepper(model="mlp-tiny", strategy="dp", batch_size=8, cluster=cluster)
+    try:
+        stepper.step(3)
+        events = stepper.events
+    finally:
+        stepper.close()
+    report = straggler_summary(events)
+    assert sorted(report.step_s) == [0, 1] and all(t > 0 for t in report.step_s.values())
+    for rank in (0, 1):
+        assert {"forward", "backward", "optimizer"} <= set(report.phase_s[rank])
+    assert report.slowest in (0, 1) and report.phase in report.phase_s[report.slowest]
+    assert set(report.wait_s) == {0, 1}  # DDP's all-reduces matched across the two ranks
+    assert "slowest rank" in report.summary()

@@ -22,6 +22,7 @@ _LAZY: dict[str, str] = {
     "from_record": "events",
     "to_record": "events",
     "MemoryTracer": "memory",
+    "to_hta": "hta",
     "to_perfetto": "perfetto",
     "Recorder": "recorder",
     "gradient_bytes": "storage",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         from_record,
         to_record,
     )
+    from workbench.trace.hta import to_hta
     from workbench.trace.memory import MemoryTracer
     from workbench.trace.perfetto import to_perfetto
     from workbench.trace.recorder import Recorder
@@ -79,6 +81,7 @@ __all__ = [
     "process_rss",
     "storage_bytes",
     "straggler_summary",
+    "to_hta",
     "to_perfetto",
     "to_record",
 ]
