@@ -101,6 +101,8 @@ def test_percent_wb_doctor_shows_both_and_returns_the_heatmap(
     assert isinstance(ipython_shell.run_line_magic("wb", "doctor env"), EnvironmentReport)
     with pytest.raises(UsageError, match="--iters"):
         ipython_shell.run_line_magic("wb", "doctor net --iters 0")
+    with pytest.raises(UsageError, match="doctor net"):
+        ipython_shell.run_line_magic("wb", "doctor env --iters 5")
 
 
 def test_a_rank_slowed_in_forward_is_named_and_its_peer_waits(cluster: Cluster) -> None:

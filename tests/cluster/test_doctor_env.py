@@ -101,3 +101,44 @@ def test_package_names_are_checked_in_the_project_style() -> None:
         check_package_names("check_packages", ["pe ft"])
     with pytest.raises(ConfigError, match=r"check_packages=3 is not valid"):
         check_package_names("check_packages", 3)
+
+
+def test_the_start_refuses_before_any_store_or_group_exists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """init_process_group compares the engines' facts before rank 0 opens its store."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from workbench.cluster import start_sequence
+    from workbench.cluster.startup import StartupProfile
+
+    infos = [
+        {"host": host, "pid": 10 + i, "address": "127.0.0.1", "cuda_devices": 0, "cpus": 1,
+         "environment": facts}
+        for i, (host, facts) in enumerate([("node-a", _with()), ("node-b", _with(nccl="2.1"))])
+    ]  # fmt: skip
+
+    async def engine_infos(cluster: Any) -> tuple[list[int], list[dict[str, Any]]]:
+        return [0, 1], infos
+
+    opened: list[object] = []
+
+    async def open_store(*args: object) -> int:
+        opened.append(args)
+        return 1
+
+    monkeypatch.setattr(start_sequence, "engine_infos", engine_infos)
+    monkeypatch.setattr(start_sequence, "open_store", open_store)
+    cluster = SimpleNamespace(
+        client_unchecked=lambda: None,
+        config=SimpleNamespace(backend="gloo", threads_per_engine=None, init_timeout=5),
+        check_packages=(),
+        environment=None,
+        startup=StartupProfile(),
+    )
+    here = str(infos[0]["environment"]["nccl"])  # None on a CPU build of torch
+    with pytest.raises(ClusterError, match=rf"nccl differs: node-a has {here}, node-b has 2\.1"):
+        asyncio.run(start_sequence.init_process_group(cluster))  # type: ignore[arg-type]
+    assert opened == []
+    assert cluster.environment is not None and cluster.environment.errors

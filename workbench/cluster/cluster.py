@@ -304,6 +304,7 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
         if self.state == "broken":  # reap what outlived the controller before starting anew
             await self._stop()
         self.state = "starting"
+        self.network = None  # measured on the engines that are about to be replaced
         notes, self.startup = self.startup.notes, StartupProfile()
         self.startup.notes.update(notes)  # e.g. the kernel's import of the magics
         t0 = time.perf_counter()

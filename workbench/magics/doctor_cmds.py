@@ -46,16 +46,18 @@ def _doctor_args(p: MagicParser) -> None:
 @command("doctor", "compare every host's environment and measure every link", _doctor_args)
 def doctor(magics: WorkbenchMagics, args: Any) -> Any:
     cluster = magics.require_cluster()
-    options: dict[str, Any] = {}
-    if args.check != "env":
-        for name, value in (
-            ("iters", args.iters),
-            ("bandwidth_iters", args.bandwidth_iters),
-            ("sweep_iters", args.bandwidth_iters),
-            ("bandwidth_bytes", args.bytes),
-        ):
-            if value is not None:
-                options[name] = value
+    given = {
+        "iters": args.iters,
+        "bandwidth_iters": args.bandwidth_iters,
+        "sweep_iters": args.bandwidth_iters,
+        "bandwidth_bytes": args.bytes,
+    }
+    options = {name: value for name, value in given.items() if value is not None}
+    if args.check == "env" and options:
+        raise UsageError(
+            "--iters, --bandwidth-iters and --bytes measure the network; "
+            "use them with `%wb doctor net` or `%wb doctor`"
+        )
     try:
         report = cluster.doctor(args.check, check_packages=args.check_packages, **options)
     except ConfigError as exc:
