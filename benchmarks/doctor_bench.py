@@ -11,6 +11,7 @@ imported, as on an engine) next to the start it is part of.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from benchmarks.common import BenchResult, Row, Target, median
 
@@ -20,6 +21,10 @@ NAME = "doctor"
 TITLE = "Cluster doctor: %wb doctor on 2 ranks, and the environment check's share of a start"
 DOCTOR_TARGET = Target("<", 10.0, "< 10 s")
 SHARE_TARGET = Target("<", 0.02, "< 2% of the start")
+# the planner on the measured links vs an all-reduce measured afterwards, at a size the
+# doctor's sweep did not use: the larger of predicted/measured and its inverse
+FIT_TARGET = Target("<=", 1.3, "within 30%")
+CHECK_BYTES = 4 * 2**20
 
 
 def _facts_seconds(repeats: int) -> list[float]:
@@ -33,6 +38,18 @@ def _facts_seconds(repeats: int) -> list[float]:
         environment_facts(["pytest"])
         out.append(time.perf_counter() - started)
     return out
+
+
+def _prediction_and_measurement(cluster: Any) -> tuple[float, float]:
+    """The planner's 4 MiB all-reduce time on ``measured_hardware()``'s intra-host link,
+    and the slowest rank's median of the same all-reduce measured now."""
+    from workbench.parallel.commbench import allreduce_sweep
+    from workbench.planner.comm import all_reduce_time
+
+    link = cluster.measured_hardware().intra
+    per_rank = cluster.run(allreduce_sweep, [CHECK_BYTES], iters=5, warmup=1)
+    measured = max(rows[0][1] for rows in per_rank)
+    return all_reduce_time(CHECK_BYTES, cluster.world_size, link), measured
 
 
 def run(quick: bool = False) -> BenchResult:
@@ -54,6 +71,7 @@ def run(quick: bool = False) -> BenchResult:
             started = time.perf_counter()
             cluster.doctor()
             doctor.append(time.perf_counter() - started)
+        predicted, measured = _prediction_and_measurement(cluster)
     finally:
         cluster.stop_sync()
     facts = median(_facts_seconds(10 * repeats))
@@ -82,7 +100,26 @@ def run(quick: bool = False) -> BenchResult:
             note=f"{facts * 1e3:.1f} ms of a {start_s:.2f} s start",
         )
     )
-    result.details = {"doctor_s": doctor, "facts_s": facts, "start_s": start_s}
+    off = max(predicted / measured, measured / predicted)
+    result.rows.append(
+        Row.compare(
+            "planner all-reduce on the measured link vs measured, 4 MiB",
+            "s",
+            predicted,
+            measured,
+            raw_label="measured",
+            target=FIT_TARGET,
+            ratio=off,
+            note="ratio: the larger of predicted/measured and measured/predicted",
+        )
+    )
+    result.details = {
+        "doctor_s": doctor,
+        "facts_s": facts,
+        "start_s": start_s,
+        "allreduce_predicted_s": predicted,
+        "allreduce_measured_s": measured,
+    }
     return result
 
 

@@ -43,7 +43,7 @@ class NetOptions:
     bandwidth_bytes: int = 8 * MIB
     bandwidth_iters: int = 5
     sweep_sizes: tuple[int, ...] = (4 * KIB, 64 * KIB, 1 * MIB, 8 * MIB)
-    sweep_iters: int = 5
+    sweep_iters: int = 10
     all_pairs_up_to: int = 16  # ranks; beyond, host pairs and one pair per host
 
     @classmethod

@@ -98,7 +98,12 @@ def _probe_pair(
 
 
 def _sweep(group: Any, sizes: Sequence[int], iters: int) -> list[list[float]]:
-    """(bytes, mean seconds of one all-reduce) at each size, on this rank."""
+    """(bytes, median seconds of one all-reduce) at each size, on this rank. A barrier
+    before each timed call lines the ranks up, so a late rank's arrival is not counted as
+    the collective's time (as ``parallel/commbench.py``); the median keeps one call that a
+    busy core delayed from moving the fit."""
+    import statistics
+
     import torch
     import torch.distributed as dist
 
@@ -107,13 +112,15 @@ def _sweep(group: Any, sizes: Sequence[int], iters: int) -> list[list[float]]:
     for size in sizes:
         buf = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
         dist.all_reduce(buf, group=group)  # warm-up
-        dist.barrier(group=group)
-        _synced(device)
-        started = time.perf_counter()
+        times = []
         for _ in range(iters):
+            dist.barrier(group=group)
+            _synced(device)
+            started = time.perf_counter()
             dist.all_reduce(buf, group=group)
-        _synced(device)
-        out.append([float(buf.numel() * 4), (time.perf_counter() - started) / iters])
+            _synced(device)
+            times.append(time.perf_counter() - started)
+        out.append([float(buf.numel() * 4), statistics.median(times)])
     return out
 
 
