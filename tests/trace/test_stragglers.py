@@ -88,3 +88,17 @@ def test_the_timeline_draws_the_wait_on_the_waiting_rank() -> None:
     (wait,) = [t for t in fig.data if t.name == "wait"]
     assert list(wait.y) == ["rank 0 comm"] * 3
     assert list(wait.x) == [30.0] * 3
+
+
+def test_the_matcher_keeps_only_the_last_steps_state() -> None:
+    from workbench.trace.stragglers import WaitMatcher
+
+    matcher = WaitMatcher()
+    events = sorted(
+        (e for e in _steps(late_rank=1, extra_ms=30, steps=20) if isinstance(e, CommEvent)),
+        key=lambda e: (e.rank, e.step),  # one rank's whole run, then the other's
+    )
+    done = [matcher.add(e, world=2) for e in events]
+    assert sum(d is not None for d in done) == 20  # every step's all-reduce matched
+    steps = {int(k.split("|")[1]) for k in matcher.state["seen"]}
+    assert steps <= {18, 19} and matcher.state["open"] == {}  # the rest were forgotten

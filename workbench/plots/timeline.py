@@ -5,6 +5,8 @@ Each rank has a compute lane (``PhaseSpan``, colored by base phase, so "forward[
 colored by op). Overlap of backward with DDP bucket all-reduces, TP's per-layer all-reduces,
 FSDP's all-gathers / reduce-scatters and pipeline bubbles (gaps in the compute lane) are then
 visible at a glance; hovering a collective shows op, bytes, duration and bus bandwidth.
+A grey ``wait`` bar over the start of a collective is the time that rank waited in it for
+its latest peer (``trace/stragglers.py``), apart from the transfer.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Layout: one process per rank (``pid = rank``); thread tracks for compute phases 
 communication; one counter track per memory category. Overlapping events never share a
 track (async collectives overlap, e.g. two DDP buckets in flight): each goes to the first
 lane of its kind that is free, so lanes read "comm", "comm 2", ...
+A collective in which a rank waited for a late peer holds a child slice ``wait`` over
+that part (``stragglers.collective_waits``); its args split ``wait_us`` from ``transfer_us``.
 
 Timestamps are microseconds from the earliest event (``otherData.t0_ns`` keeps the
 absolute origin); absolute nanosecond clocks would lose precision as JSON doubles.

@@ -38,6 +38,10 @@ class WaitMatcher:
         """Feed one event of ``world`` ranks; {rank: (start, wait ns)} when it completes a
         whole-world collective, else None. A wait never exceeds the rank's own collective:
         a peer's clock offset can only be corrected so well."""
+        steps = self.state.setdefault("steps", {})
+        if e.step > steps.get(str(e.rank), e.step):
+            self._forget(e.rank, before=e.step - 1)
+        steps[str(e.rank)] = max(e.step, steps.get(str(e.rank), e.step))
         seen, pending = self.state["seen"], self.state["open"]
         base = f"{e.rank}|{e.step}|{e.op}|{e.bytes}"
         k = seen.get(base, 0)
@@ -57,6 +61,13 @@ class WaitMatcher:
             int(r): (start, max(0, min(latest - start, end - start)))
             for r, (start, end) in peers.items()
         }
+
+    def _forget(self, rank: int, before: int) -> None:
+        """Drop ``rank``'s counts of steps before ``before``: a rank's events arrive in
+        time order, so it has no more of them; a live figure keeps this state all run."""
+        seen = self.state["seen"]
+        for key in [k for k in seen if k.startswith(f"{rank}|") and int(k.split("|")[1]) < before]:
+            del seen[key]
 
 
 def collective_waits(events: Iterable[Event]) -> dict[CommEvent, int]:
