@@ -41,6 +41,7 @@ from workbench.parallel.parallelize import Layout, check_zero_optimizer, paralle
 from workbench.parallel.pp import PipelineModule
 from workbench.parallel.seeding import rank_seed, seed_everything
 from workbench.parallel.step import TrainStep
+from workbench.parallel.user_checkpointing import apply_user_checkpointing, describe
 from workbench.parallel.user_options import UserOptions, int_at_least
 from workbench.trace.recorder import Recorder
 
@@ -112,6 +113,7 @@ class UserRun(UserOptions):
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             "precision": self.precision,
+            "checkpointing": describe(self.checkpointing),
             "seed": self.seed,
         }
 
@@ -243,6 +245,7 @@ def build_user_train_step(
     recorder = recorder if recorder is not None else Recorder(rank)
 
     model = build_user_model(run).to(dev)
+    apply_user_checkpointing(model, run.checkpointing)  # before sharding: paths unchanged
     fsdp_dtype = compute_dtype(run.precision) if run.precision != "fp32" else None
     wrapped = parallelize(
         model,
@@ -320,9 +323,10 @@ def user_reference(
     run: UserRun, steps: int, *, device: torch.device | str | None = None
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses and final parameters of the plain single-device run on the same global
-    batches (no accumulation, no tracing), to compare a parallel run against."""
+    batches (no accumulation, no checkpointing, no tracing), to compare a parallel run
+    against."""
     int_at_least("steps", steps, 0)
-    single = replace(run, grad_accum=1, trace=False)
+    single = replace(run, grad_accum=1, checkpointing=False, trace=False)
     step = build_user_train_step(single, device=device, world_size=1)
     losses = [step.run_step() for _ in range(steps)]
     params = full_state_dict(step)
