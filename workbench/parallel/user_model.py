@@ -135,7 +135,8 @@ class _Replay:
 
 
 def build_user_model(run: UserRun) -> nn.Module:
-    """``run.model()`` under ``run.seed`` (global RNG restored afterwards), checked."""
+    """``run.model()`` under ``run.seed`` (global RNG restored afterwards), checked, with
+    ``run.checkpointing``'s blocks recomputed in backward."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(run.seed)
         model = run.model()
@@ -145,6 +146,7 @@ def build_user_model(run: UserRun) -> nn.Module:
         )
     if not any(True for _ in model.parameters()):
         raise ConfigError(f"the model factory's {type(model).__name__} has no parameters")
+    apply_user_checkpointing(model, run.checkpointing)  # before sharding: paths unchanged
     return model
 
 
@@ -245,7 +247,6 @@ def build_user_train_step(
     recorder = recorder if recorder is not None else Recorder(rank)
 
     model = build_user_model(run).to(dev)
-    apply_user_checkpointing(model, run.checkpointing)  # before sharding: paths unchanged
     fsdp_dtype = compute_dtype(run.precision) if run.precision != "fp32" else None
     wrapped = parallelize(
         model,
