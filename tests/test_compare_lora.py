@@ -5,6 +5,8 @@ the planner's recompute prediction beside the measured activations. Skipped with
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("peft")
@@ -29,12 +31,13 @@ LORA = {
 
 @pytest.mark.engines
 @pytest.mark.slow
-def test_lora_compared_with_and_without_checkpointing(cluster: Cluster) -> None:
+def test_lora_compared_with_and_without_checkpointing(cluster: Cluster, tmp_path: Path) -> None:
     result = compare(
         **LORA,
         strategies=["dp", "fsdp", {"strategy": "fsdp", "checkpointing": True}],
         steps=5,
         cluster=cluster,
+        out=tmp_path,
         log=lambda _line: None,
     )
     assert [r.strategy for r in result.results] == ["dp", "fsdp", "fsdp +ckpt"]
@@ -44,7 +47,7 @@ def test_lora_compared_with_and_without_checkpointing(cluster: Cluster) -> None:
         frozen = {e.frozen for e in r.events if e.kind == "memory" and e.phase == "data"}
         assert len(frozen) == 1 and frozen.pop() > 0, r.strategy  # the base weights, apart
         rows = {row["category"]: row for row in r.validation["rows"]}
-        for category in ("weights", "grads", "optimizer"):
+        for category in ("weights", "frozen weights", "grads", "optimizer"):
             assert rows[category]["measured"] == rows[category]["predicted"], (r.strategy, category)
     table = {row["strategy"]: row for row in result.table}
     plain, ckpt = table["fsdp"], table["fsdp +ckpt"]
@@ -57,6 +60,8 @@ def test_lora_compared_with_and_without_checkpointing(cluster: Cluster) -> None:
     }
     assert predicted["fsdp +ckpt"]["predicted"] < predicted["fsdp"]["predicted"]
     assert predicted["fsdp +ckpt"]["measured"] < predicted["fsdp"]["measured"]
+    # The report's planner table has the frozen weights as a row of their own.
+    assert "frozen weights" in result.report.read_text()
     print(result)
 
 

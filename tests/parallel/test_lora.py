@@ -126,7 +126,7 @@ def test_lora_under_ddp_and_fsdp_matches_one_device_and_traces_frozen_weights() 
                 optimizer=optimizer, module=module,
             )  # fmt: skip
             report = validate(r["records"], plan, rank=rank)
-            for category in ("weights", "grads", "optimizer", "model state"):
+            for category in ("weights", "frozen weights", "grads", "optimizer", "model state"):
                 row = report.row(category)
                 assert row.measured == row.predicted, f"rank {rank} {key} {category}: {row}"
             # Without the module: the parameter count and the trainable fraction measured.
@@ -139,6 +139,7 @@ def test_lora_under_ddp_and_fsdp_matches_one_device_and_traces_frozen_weights() 
                 )  # fmt: skip
                 mem = counted.memory
                 assert mem.weights == max(s["params"] + s["frozen"] for s in samples)
+                assert mem.frozen == max(s["frozen"] for s in samples) > 0
                 assert mem.grads == max(s["grads"] for s in samples)
                 assert mem.optimizer == max(s["optimizer"] for s in samples)
 

@@ -186,7 +186,12 @@ def _memory_rows(
             state_tol,
         ),
         Comparison("activations", m.activations, mem["activations"], activation_tol),
-    ]
+    ] + (
+        # Frozen weights (a LoRA model's base), where the plan or the run has any.
+        [Comparison("frozen weights", m.frozen, mem["frozen"], state_tol)]
+        if m.frozen or mem["frozen"]
+        else []
+    )
 
 
 def _time_rows(
