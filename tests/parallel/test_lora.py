@@ -148,3 +148,20 @@ def report_fraction(samples: list[dict[str, Any]]) -> float:
     """The trainable fraction the tracer measured: trainable over all parameter bytes."""
     trainable = max(s["params"] for s in samples)
     return trainable / (trainable + max(s["frozen"] for s in samples))
+
+
+def test_plan_from_reads_the_trainable_fraction_from_requires_grad() -> None:
+    from workbench.parallel.hf import causal_lm_loss, tiny_llama_lora
+    from workbench.parallel.plan_from import plan_from
+
+    model = tiny_llama_lora()
+    n = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    kwargs = {"data": um.make_data, "loss": causal_lm_loss, "gpus": 2, "zero": 0}
+    p = plan_from(tiny_llama_lora, optimizer="adamw", precision="fp32", **kwargs)
+    assert p.plan.training.trainable == trainable / n
+    assert any("trainable=" in note for note in p.notes)
+    # Placed (the flags) and counted (the fraction) agree, and neither counts twice.
+    for memory in (p.plan.memory, p.formula_plan.memory):
+        assert memory.grads == 4 * trainable and memory.optimizer == 8 * trainable
+        assert memory.frozen == 4 * (n - trainable) and memory.weights == 4 * n

@@ -106,7 +106,8 @@ def _state(
     sharded = _grads_sharded(training, parallel, micro_batches)
     if placement is not None:
         w, g, o = placement.state_elements(stage, group, z, sharded, dp_rank)
-        if training.trainable != 1.0:
+        # A placement that marks frozen pieces already counts only the trainable ones.
+        if training.trainable != 1.0 and placement.trainable(stage) == placement.params(stage):
             g, o = math.ceil(g * training.trainable), math.ceil(o * training.trainable)
     else:
         trainable = n if training.trainable == 1.0 else math.ceil(n * training.trainable)
@@ -259,9 +260,9 @@ def _frozen_weights(
 ) -> int:
     """Bytes of frozen weights on one rank of ``stage``, sharded as ``_state`` shards weights."""
     group, z = parallel.grad_group, parallel.zero
-    if placement is not None:
+    if placement is not None and placement.trainable(stage) != placement.params(stage):
         elements = placement.frozen_elements(stage, group, z)
-    else:
+    else:  # from the count: ``n`` is the stage's parameters (the placement's, given one)
         frozen = n - (n if training.trainable == 1.0 else math.ceil(n * training.trainable))
         elements = _shard(frozen, group) if z >= 3 else frozen
     return elements * (state_bytes_per_param(training).weights + (1 if training.fp8 else 0))
