@@ -210,8 +210,7 @@ def memory_breakdown(
 
     ``activation_scale`` multiplies the (transformer layers, embedding + head) activation
     terms: the ratio of measured to formula bytes at a small scale (``wb.plan_from``).
-    ``placement``: the parameters each stage holds as built (``Placement``), instead of
-    the counts derived from the model's dimensions."""
+    ``placement``: each stage's parameters as built, not counts from the dimensions."""
     layout = stage_layout(model, parallel, placement)
     params = _stage_params(model, parallel, layout, placement)
     layer_scale, edge_scale = activation_scale
