@@ -88,6 +88,8 @@ def test_lora_steps_in_the_stepper_under_fsdp(cluster: Cluster) -> None:
         ({"strategy": "fsdp", "checkpointing": "layers.*"}, "'layers.*' matches no module"),
         ({"strategy": "fsdp", "precision": "fp16"}, "precision='fp16'"),
         ({"strategy": "fsdp", "recompute": "full"}, "recompute"),
+        ({"strategy": "single", "checkpointing": True}, "'single' is the reference"),
+        ({"strategy": 3}, "strategy=3"),
     ],
 )
 def test_bad_run_options_in_a_strategy_fail_before_any_process(

@@ -26,7 +26,7 @@ from typing import Any
 from workbench.cluster import Cluster
 from workbench.demo import StrategyResult, format_table, write_demo_report
 from workbench.engine.equivalence import compare_user_with_reference
-from workbench.errors import ConfigError, WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError, choices_error
 from workbench.parallel.seeding import DEFAULT_SEED
 from workbench.session.user_training import UserSpec, UserTrainingSession, user_spec
 from workbench.trace.events import MemorySample
@@ -115,7 +115,10 @@ def _strategy_options(strategy: str | Mapping[str, Any]) -> tuple[str, dict[str,
                 "'zero': 1}, {'strategy': 'fsdp', 'checkpointing': True}"
             )
         options = dict(strategy)
-        return str(options.pop("strategy", "dp")), options
+        preset = options.pop("strategy", "dp")
+        if not isinstance(preset, str):
+            raise choices_error("strategy", preset, USER_STRATEGIES)
+        return _strategy_options(preset)[0], options  # a preset name, checked as above
     raise ConfigError(
         f"strategy {strategy!r} is not valid; give a preset name or a mapping of dimensions"
     )
