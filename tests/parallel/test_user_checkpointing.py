@@ -5,6 +5,7 @@ activation bytes stay saved; bad values refused before anything runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -105,12 +106,18 @@ def _checkpointed(rank: int, world: int) -> dict[str, float]:
                 max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)),
                 max(float((params[n] - ref_params[n]).abs().max()) for n in params),
             )
+        # bf16-mixed with checkpointing: FSDP through MixedPrecisionPolicy, DDP autocast.
+        bf16 = build_user_train_step(replace(run, precision="bf16-mixed"))
+        bf16_losses = [bf16.run_step() for _ in range(STEPS)]
+        out[f"{name} bf16"] = max(abs(a - b) for a, b in zip(bf16_losses, ref_losses, strict=True))
     return out
 
 
 @pytest.mark.engines
 def test_checkpointed_blocks_under_ddp_and_fsdp_match_one_device() -> None:
     results = run_ranks(_checkpointed, timeout=300)[0]
-    assert sorted(results) == ["ddp", "fsdp"]
-    for name, diff in results.items():
-        assert diff <= TOL, f"{name}: {diff:.3e}"
+    assert sorted(results) == ["ddp", "ddp bf16", "fsdp", "fsdp bf16"]
+    for name in ("ddp", "fsdp"):
+        assert results[name] <= TOL, f"{name}: {results[name]:.3e}"
+        bf16 = results[f"{name} bf16"]
+        assert 0 < bf16 <= 2e-2, f"{name} bf16 vs fp32: {bf16}"  # bf16 ran, and close
