@@ -47,7 +47,9 @@ def test_lora_compared_with_and_without_checkpointing(cluster: Cluster, tmp_path
         frozen = {e.frozen for e in r.events if e.kind == "memory" and e.phase == "data"}
         assert len(frozen) == 1 and frozen.pop() > 0, r.strategy  # the base weights, apart
         rows = {row["category"]: row for row in r.validation["rows"]}
-        for category in ("weights", "frozen weights", "grads", "optimizer"):
+        # Data-parallel bytes too: only the adapters' gradients are reduced, while FSDP
+        # gathers the frozen weights with them.
+        for category in ("weights", "frozen weights", "grads", "optimizer", "dp bytes/step"):
             assert rows[category]["measured"] == rows[category]["predicted"], (r.strategy, category)
     table = {row["strategy"]: row for row in result.table}
     plain, ckpt = table["fsdp"], table["fsdp +ckpt"]
