@@ -34,6 +34,7 @@ MEMORY_COUNTERS: dict[str, str] = {
     "activations": "memory: activations",
     "other": "memory: other",
     "allocator": "memory: allocator",
+    "frozen": "memory: frozen weights",
 }
 
 # Thread ids: lanes of a kind are base + 0, 1, 2 ...
