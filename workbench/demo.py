@@ -49,7 +49,10 @@ class StrategyResult:
         for span in spans:
             if "[" not in span.phase:  # nested micro-batch spans are inside their phase
                 per_step[span.step] += span.end - span.start
-        state = max((s.params + s.grads + s.optimizer for s in samples if s.rank == 0), default=0)
+        state = max(
+            (s.params + s.frozen + s.grads + s.optimizer for s in samples if s.rank == 0),
+            default=0,
+        )
         peak = {
             r: max((s.total for s in samples if s.rank == r), default=0)
             for r in sorted({s.rank for s in samples})

@@ -1,4 +1,5 @@
-"""Per-rank memory by category: parameters, gradients, optimizer state, activations.
+"""Per-rank memory by category: parameters (trainable, and frozen weights apart),
+gradients, optimizer state, activations.
 
 Parameters, gradients and optimizer state are exact storage sums (see ``storage``).
 Activations are the tensors autograd saves for backward, seen through
@@ -34,7 +35,7 @@ from workbench.trace.storage import gradient_bytes_of, local_tensors, process_rs
 
 __all__ = ["MemoryTracer"]
 
-_CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "allocator")
+_CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "allocator", "frozen")
 
 
 class MemoryTracer:
@@ -171,6 +172,7 @@ class MemoryTracer:
             phase=rec.phase,
             t=rec.now(),
             params=self._params.bytes,
+            frozen=self._params.frozen,
             grads=gradient_bytes_of(params),
             optimizer=optimizer,
             activations=activations,
@@ -226,7 +228,7 @@ class MemoryTracer:
         return params
 
     def _update_peak(self, s: MemorySample) -> None:
-        values = (s.params, s.grads, s.optimizer, s.activations, s.other, s.allocator)
+        values = (s.params, s.grads, s.optimizer, s.activations, s.other, s.allocator, s.frozen)
         with self._live.lock:
             old = self._peaks.get(s.step)
             if old is None:
