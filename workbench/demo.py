@@ -121,10 +121,8 @@ PLANNER_TEXT = (
     "split points and stage cuts the run applied (the Megatron teaching view: its MLP "
     "split, attention whole), so model state (weights, gradients, optimizer) is exact for "
     "every strategy, FSDP's padded shards and ZeRO-1's whole-parameter partition "
-    "included; activations should be within 10%. Under tracing a pipeline's first stage "
-    "reads high: the tracer keeps alive the forward that torch's pipelining runs once to "
-    "infer shapes and never backpropagates. Optimizer step counters are bookkeeping and "
-    "are recorded as 'other'."
+    "included; activations should be within 10%, each stage of a pipeline too. Optimizer "
+    "step counters are bookkeeping and are recorded as 'other'."
 )
 
 

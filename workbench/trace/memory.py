@@ -26,6 +26,7 @@ from workbench.trace.saved_tensors import (
     LiveSaved,
     Saved,
     SavedMany,
+    graph_free,
     is_parameter,
     pack_key,
     unpack,
@@ -257,7 +258,7 @@ class MemoryTracer:
         storages, lock = live.storages, live.lock
         acquire, release = lock.acquire, lock.release
         high, recorder = self._high, self.recorder
-        plain, parameter, saved = torch.Tensor, torch.nn.Parameter, Saved
+        plain, parameter, saved, alias = torch.Tensor, torch.nn.Parameter, Saved, graph_free
         time_ns = time.time_ns
         released, drain = live.released, live.drain
 
@@ -275,10 +276,12 @@ class MemoryTracer:
             if kind is plain:
                 storage = t.untyped_storage()
                 ptr = storage.data_ptr()
-                if not ptr:  # meta, empty or freed: no memory
-                    return t
+                if not ptr:  # meta, empty or freed: no memory, but still a graph
+                    return alias(t)
                 index = t.get_device()
                 key = ptr if index < 0 else (t.device.type, index, ptr)
+                # A parameter's storage (a weight's transpose): as autograd would keep it;
+                # such a view's grad_fn leads to the parameter, never back to the saver.
                 if key in live.param_keys:
                     return t
                 acquire()
@@ -295,7 +298,9 @@ class MemoryTracer:
                         count(key, storage.nbytes())
                 finally:
                     release()
-                return saved((t, key, live))
+                # graph_free(t), inlined: the handle must not hold t's grad_fn (a cycle
+                # when an op saves its own output; see saved_tensors.py).
+                return saved((t.detach() if t.requires_grad else t, key, live))
             if kind is parameter:
                 return t
             return self._pack_subclass(t, count)
@@ -314,7 +319,7 @@ class MemoryTracer:
             and (key := pack_key(entry)) not in live.param_keys
         ]
         if not found:
-            return t
+            return graph_free(t)
         with live.lock:
             live.drain()
             for key, nbytes in found:
@@ -323,4 +328,4 @@ class MemoryTracer:
                     count(key, nbytes)
                 else:
                     entry[0] += 1
-        return SavedMany((t, tuple(key for key, _ in found), live))
+        return SavedMany((graph_free(t), tuple(key for key, _ in found), live))
