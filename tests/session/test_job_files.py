@@ -183,3 +183,14 @@ def test_options_that_are_objects_cannot_be_exported() -> None:
     assert json_option("checkpointing", ("blocks.0", "blocks.1")) == ["blocks.0", "blocks.1"]
     with pytest.raises(ConfigError, match="checkpointing=<class .*Linear'> cannot be exported"):
         json_option("checkpointing", __import__("torch").nn.Linear)
+
+
+def test_checkpointing_patterns_travel_through_the_job_file() -> None:
+    job = json.loads(json.dumps(_user_job(strategy="single", checkpointing=["blocks.*"])))
+    assert job["options"]["checkpointing"] == ["blocks.*"]
+    step = build_job_step(job)
+    try:
+        assert step.spec.checkpointing == ("blocks.*",)  # as the stepper's run holds it
+        assert step.run_step() > 0
+    finally:
+        step.close()
