@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "workbench.cli",
             "workbench.demo",
             "workbench.compare",
+            "workbench.export",
             "workbench.kernel_launcher",
             "workbench.nbval",
             "workbench.__main__",

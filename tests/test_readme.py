@@ -39,6 +39,8 @@ SKIPS = {
     "tests/cluster/test_run_script.py runs a torchrun script through %wb run",
     'cluster.run_script("train.py"': "runs your own train.py; tests/cluster/test_run_script.py "
     "runs a torchrun script through Cluster.run_script",
+    "%wb export --procs-per-node 2 job-script train.py": "exports your own train.py; "
+    "tests/session/test_job_export.py exports a torchrun script and runs it",
     "python3 -m venv .venv-gpu": "a GPU machine's venv (CUDA wheels); make gpu-check runs it "
     "(tools/gpu_check.sh, dry-run here)",
 }

@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     "Cluster": "workbench.cluster",
     "compare": "workbench.compare",
+    "export": "workbench.export",
     "Stepper": "workbench.ui.stepper",
     "Dashboard": "workbench.ui.dashboard",
     "PlannerWidget": "workbench.ui.planner",
@@ -50,6 +51,7 @@ __all__ = [
     "WorkbenchError",
     "__version__",
     "compare",
+    "export",
     "load_ipython_extension",
     "plan",
     "plan_from",

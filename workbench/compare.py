@@ -59,6 +59,8 @@ class StrategyComparison:
     results: list[StrategyResult] = field(default_factory=list)
     report: Path | None = None
     notes: list[str] = field(default_factory=list)
+    # each strategy's settings and the ranks it ran on: what ``workbench.export`` writes
+    specs: list[tuple[UserSpec, int]] = field(default_factory=list)
 
     @property
     def table(self) -> list[dict[str, Any]]:
@@ -255,6 +257,7 @@ def compare(
     world = cluster.world_size if cluster is not None else 2
     specs = _specs(model, strategies, common, world)  # every error before any process
     outcome = StrategyComparison(model=specs[0].model, steps=steps)
+    outcome.specs = [(spec, world) for spec in specs]
     planned = _planner(model, data, optimizer, outcome.notes)
     if cluster is None:
         with Cluster(n=2) as own:

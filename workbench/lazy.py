@@ -1,4 +1,5 @@
-"""Package attributes that load their module on first use (PEP 562 ``__getattr__``)."""
+"""Package attributes that load their module on first use (PEP 562 ``__getattr__``), and
+objects found by import path (``package.module:attr``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["lazy_getattr"]
+__all__ = ["import_attr", "lazy_getattr"]
 
 
 def lazy_getattr(
@@ -24,3 +25,12 @@ def lazy_getattr(
         return value
 
     return __getattr__
+
+
+def import_attr(module_name: str, attr: str) -> Any:
+    """``module_name`` imported, then the dotted ``attr`` followed inside it; ImportError or
+    AttributeError say which part is missing."""
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

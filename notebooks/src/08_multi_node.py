@@ -94,7 +94,9 @@ for r in ranks:
 # process group, so code that reads them finds what `torchrun` would have set. A whole
 # `torchrun` script runs unchanged with `%wb run train.py ARGS` (`cluster.run_script`): its
 # `init_process_group(...)` adopts the cluster's group, which its `destroy_process_group()`
-# leaves alone (README, *Your torchrun script, unchanged*). The variables of rank 2:
+# leaves alone (README, *Your torchrun script, unchanged*); notebook 10 makes a one-device
+# script distributed that way and exports it to `torchrun` / `sbatch`, where it runs as
+# written. The variables of rank 2:
 
 # %%
 for key, value in ranks[2].env().items():

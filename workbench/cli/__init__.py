@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "run one model under every strategy and write an HTML report",
     "kernel": "install the workbench's Jupyter kernel (a local cluster's processes started ahead)",
     "nbval-config": "print the path of the nbval sanitizer the workbench ships",
+    "export": "write the torchrun command and an sbatch script for a script or a run.json",
 }
 
 

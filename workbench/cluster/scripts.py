@@ -60,6 +60,7 @@ class ScriptRuns:
         ranks: int | Sequence[int] | None = None,
         timeout: float | None = None,
         direct: bool = True,
+        trace: bool = False,
     ) -> list[CellResult]:
         """Run the script at ``path`` as ``__main__`` on the chosen ranks (default all),
         with ``sys.argv = [path, *args]`` and torchrun's environment; per-rank outputs in
@@ -73,13 +74,19 @@ class ScriptRuns:
         handlers are put back (``engine/script_run.py``). ``sys.exit(0)`` is success; any
         other code fails that rank. The engines read the file from their own file system
         and run in this process's working directory when they have it.
+
+        ``trace=True`` records the run's collectives (one span per rank, named after the
+        script) and the memory of the model it wraps in DDP where ``wb.traced`` records:
+        ``%wb trace pull`` / ``plot`` / ``export`` and ``TraceLog`` draw them with the
+        traced loops' events (``engine/script_trace.py``).
         """
         full = script_path(path)
         argv = script_args(args)
         validate.seconds("timeout", timeout, none_means="no limit")
+        validate.boolean("trace", trace)
         run_id = uuid.uuid4().hex[:12]  # one TORCHELASTIC_RUN_ID for every rank of the run
         code = (
             "__import__('workbench.engine.script_run', fromlist=['run_script']).run_script("
-            f"{full!r}, {argv!r}, {os.getcwd()!r}, {run_id!r})"
+            f"{full!r}, {argv!r}, {os.getcwd()!r}, {run_id!r}, {trace!r})"
         )
         return self.execute(code, ranks=ranks, timeout=timeout, direct=direct)

@@ -67,8 +67,22 @@ def torchrun_environment(assignment: dict[str, Any], run_id: str) -> dict[str, s
     }
 
 
-def run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None:
-    """Run the script at ``path`` as ``__main__`` with ``sys.argv = [path, *args]``."""
+def run_script(
+    path: str, args: list[str], cwd: str | None, run_id: str, trace: bool = False
+) -> None:
+    """Run the script at ``path`` as ``__main__`` with ``sys.argv = [path, *args]``;
+    ``trace``: the run is one span of this rank's ``wb.traced`` recorder, its collectives
+    and its DDP model's memory recorded (``engine/script_trace.py``)."""
+    if not trace:
+        _run_script(path, args, cwd, run_id)
+        return
+    from workbench.engine.script_trace import traced_script
+
+    with traced_script(f"script {os.path.basename(path)}"):
+        _run_script(path, args, cwd, run_id)
+
+
+def _run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None:
     import socket
 
     assignment = engine_state().get("assignment")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import pickle
 import socket
 import traceback
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.errors import ConfigError, UserCodeError
+from workbench.lazy import import_attr
 
 __all__ = ["Shipped", "guard", "resolve", "ship"]
 
@@ -36,6 +36,9 @@ class Shipped:
     label: str
     payload: bytes | None = None
     name: str | None = None
+    # ``package.module:attr`` when the object can be imported by that name (a batch job
+    # exported from the notebook rebuilds the run from it); None for notebook code.
+    import_path: str | None = None
 
     def __repr__(self) -> str:
         how = f"{len(self.payload)} bytes" if self.payload is not None else "by name"
@@ -60,7 +63,7 @@ def ship(role: str, obj: Any) -> Shipped:
                 f"{role}={obj!r} is not valid; give a callable, a name defined on the engines "
                 "(in a %%wb cell) or an import path 'package.module:attr'"
             )
-        return Shipped(role=role, label=name, name=name)
+        return Shipped(role=role, label=name, name=name, import_path=name if ":" in name else None)
     import cloudpickle
 
     try:
@@ -73,7 +76,21 @@ def ship(role: str, obj: Any) -> Shipped:
             "process group or a CUDA tensor. Define it in a %%wb cell and pass its name "
             f"({role}='{label}'), or build such objects inside the factory."
         ) from None
-    return Shipped(role=role, label=_label(obj), payload=payload)
+    return Shipped(role=role, label=_label(obj), payload=payload, import_path=_import_path(obj))
+
+
+def _import_path(obj: Any) -> str | None:
+    """``module:qualname`` when importing that gives back ``obj`` itself: not for code of
+    ``__main__`` (the notebook), lambdas, nested functions or instances."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<" in qualname:
+        return None
+    try:
+        found = import_attr(module, qualname)
+    except (ImportError, AttributeError):
+        return None
+    return f"{module}:{qualname}" if found is obj else None
 
 
 def _where() -> str:
@@ -98,9 +115,7 @@ def resolve(shipped: Shipped, namespace: dict[str, Any]) -> Any:
     if ":" in name:
         module_name, _, attr = name.partition(":")
         try:
-            obj: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
+            obj = import_attr(module_name, attr)
         except (ImportError, AttributeError) as exc:
             raise UserCodeError(
                 f"the {shipped.role} {name!r} could not be imported on {_where()}: {exc}"

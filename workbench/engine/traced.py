@@ -16,7 +16,7 @@ from workbench.engine.state import engine_state
 from workbench.trace.recorder import Recorder
 from workbench.trace.traced import Traced
 
-__all__ = ["begin_cell", "end_cell", "pull_trace", "trace_recorder", "traced"]
+__all__ = ["begin_cell", "current_cell", "end_cell", "pull_trace", "trace_recorder", "traced"]
 
 _KEY = "trace_recorder"
 _CELL = "trace_cell"
@@ -90,6 +90,11 @@ def begin_cell(label: str = "cell") -> None:
         recorder=trace_recorder(), name=label, on_enter=_pause, on_exit=_resume
     ).__enter__()
     engine_state()[_CELL] = block
+
+
+def current_cell() -> Traced | None:
+    """The traced span of the cell (or script run) now running, if any."""
+    return engine_state().get(_CELL)  # type: ignore[no-any-return]
 
 
 def end_cell() -> None:

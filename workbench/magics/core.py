@@ -23,6 +23,7 @@ from workbench.magics.args import (
 
 # Importing a command module registers its subcommands; this order is `%wb --help`'s order.
 from workbench.magics import cluster_cmds, step_cmds, ui_cmds  # noqa: F401  # isort: skip
+from workbench.magics import export_cmds  # noqa: F401  # isort: skip
 from workbench.magics import checkpoint_cmds  # noqa: F401  # isort: skip
 from workbench.magics import script_cmds  # noqa: F401  # isort: skip
 from workbench.magics import doctor_cmds  # noqa: F401  # isort: skip

@@ -1,4 +1,5 @@
-"""``%wb run [--ranks R] [--timeout S] script.py [args ...]``: a torchrun script on the ranks."""
+"""``%wb run [--ranks R] [--timeout S] [--trace] script.py [args ...]``: a torchrun script
+on the ranks; ``--trace`` (or ``%wb trace on``) records its collectives as ``wb.traced`` does."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, add_cell_options, parse_ranks
 from workbench.magics.registry import command
 from workbench.magics.render import show_results
+from workbench.magics.trace_cmds import trace_log
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
     from workbench.magics.core import WorkbenchMagics
@@ -20,6 +22,11 @@ if TYPE_CHECKING:  # the magics object is only a parameter here
 def _run_args(p: MagicParser) -> None:
     add_cell_options(
         p, "send the run through the ipyparallel controller, not straight to the engines"
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="record its collectives for %%wb trace plot / export (as wb.traced)",
     )
     p.add_argument("script", help="the Python script, as for `torchrun script.py`")
     # everything after the script is its own (argparse.REMAINDER keeps its --options)
@@ -41,10 +48,21 @@ def run(magics: WorkbenchMagics, args: Any) -> None:
     if cluster.group_closed:  # a failed run closed the process group on every rank
         cluster.recover_sync()
     ranks = parse_ranks(args.ranks, cluster.world_size)
+    cells = getattr(magics, "trace_log", None)  # %wb trace on: a run is traced as a cell is
+    traced = args.trace or bool(cells is not None and cells.cells and cells.cluster is cluster)
+    log = trace_log(magics) if traced else None
     try:
         results = cluster.run_script(
-            path, args.args, ranks=ranks, timeout=args.timeout, direct=not args.via_controller
+            path,
+            args.args,
+            ranks=ranks,
+            timeout=args.timeout,
+            direct=not args.via_controller,
+            trace=traced,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     show_results(results, label_single=not args.no_labels)
+    if log is not None:
+        new = log.pull()
+        print(f"workbench: {len(new)} trace events; %wb trace plot comm draws them")
