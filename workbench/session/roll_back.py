@@ -58,6 +58,10 @@ def recover_and_roll_back(session: TrainingSession) -> str:
     """``session.recover()``: recover the cluster when it needs it (dead or stuck engines,
     a process group closed by a failing rank), then roll the run back; says what was done."""
     cluster = session.cluster
+    if session.elastic and cluster.state == "degraded":  # go on with the ranks left
+        from workbench.session.elastic_run import shrink_and_roll_back
+
+        return shrink_and_roll_back(session)
     cluster_report = ""
     if cluster.state == "degraded" or cluster.stuck_ranks or cluster.group_closed:
         cluster_report = str(cluster.recover_sync())  # also re-opens the process group
