@@ -285,11 +285,11 @@ class TrainingSession:
             metas = list_checkpoints(root)
         return [{k: v for k, v in m.items() if k != "spec"} for m in metas]
 
-    def recover(self) -> str:
-        """After a dead engine or a hang: replace dead or stuck engines (``elastic=True``: go
-        on without the dead), re-create the group, rebuild the run, load the last checkpoint.
-        Returns (and keeps in ``last_recovery``) what was rolled back to where."""
-        self.last_recovery = recover_and_roll_back(self)
+    def recover(self, shrink: bool | None = None) -> str:
+        """After a dead engine or a hang: replace dead or stuck engines (``shrink``, default
+        ``elastic``: go on without the dead ones), re-create the group, rebuild the run, load
+        the last checkpoint. Returns (and keeps in ``last_recovery``) what was done."""
+        self.last_recovery = recover_and_roll_back(self, shrink)
         return self.last_recovery
 
     grow = session_grow  # add ranks at a checkpoint boundary (``elastic_run.py``)
