@@ -27,7 +27,7 @@ def test_accumulation_that_does_not_divide_takes_smaller_micro_batches() -> None
 def test_a_batch_the_new_size_does_not_divide_becomes_the_nearest_and_says_so() -> None:
     new, note = resized_spec(RunSpec(strategy="dp", batch_size=8), 4, 3)
     assert new.batch_size == 9 and new.batch_size % 3 == 0
-    assert "changed to the nearest that does, 9" in note and "differs" in note
+    assert "changed to the nearest that does, 9" in note and "differ from" in note
 
 
 def test_dp_tp_shrinks_by_whole_pairs() -> None:
@@ -55,3 +55,23 @@ def test_dp_tp_with_no_complete_pair_left_is_an_error() -> None:
 def test_data_parallel_layouts_lose_only_the_dead() -> None:
     for strategy in ("dp", "zero1", "zero2", "fsdp"):
         assert usable_after_loss(RunSpec(strategy=strategy, batch_size=8), 4, [1, 2]) == []
+
+
+def test_new_arguments_are_refused_before_anything_starts() -> None:
+    from workbench.cluster import Cluster
+    from workbench.session.elastic_run import session_grow
+    from workbench.session.training import TrainingSession
+
+    cluster = Cluster(n=2, backend="gloo")  # never started: every check fires first
+    with pytest.raises(ConfigError, match=r"n=0 is not valid"):
+        cluster.grow_sync(0)
+    with pytest.raises(ConfigError, match=r"shrink='yes' is not valid"):
+        cluster.recover_sync(shrink="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"elastic='yes' is not valid"):
+        TrainingSession(cluster, RunSpec(), elastic="yes")  # type: ignore[arg-type]
+    session = TrainingSession(cluster, RunSpec(), elastic=True)
+    with pytest.raises(ConfigError, match=r"shrink=1 is not valid"):
+        session.recover(shrink=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"n=-1 is not valid"):
+        session_grow(session, -1)
+    assert cluster.state not in ("running", "degraded")

@@ -85,8 +85,8 @@ def resized_spec(spec: RunSpec, old_world: int, new_world: int) -> tuple[RunSpec
         batch = upper if lower == 0 or upper - batch <= batch - lower else lower
         note = (
             f"global batch {spec.batch_size} does not split over {new_dp} data-parallel "
-            f"ranks: changed to the nearest that does, {batch} (the loss curve now differs "
-            "from the uninterrupted run)"
+            f"ranks: changed to the nearest that does, {batch} (the loss curve and the data "
+            "order now differ from the uninterrupted run's)"
         )
     accum = 1 if spec.strategy == "pp" else _accum_for(batch // new_dp, micro)
     new = replace(spec, batch_size=batch, grad_accum=accum)
