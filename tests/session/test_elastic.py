@@ -102,3 +102,39 @@ def test_shrink_after_a_kill_and_grow_back_equal_the_uninterrupted_run(
     taken = [i for step in sorted(ids) for i in ids[step]]
     assert len(taken) == len(set(taken)) == 9 * SPEC.batch_size  # none repeated
     session.close()
+
+
+@pytest.fixture
+def four_ranks() -> Cluster:
+    cluster = Cluster(n=4, backend="gloo")
+    cluster.start_sync()
+    try:
+        yield cluster
+    finally:
+        cluster.stop_sync()
+
+
+def test_dp_tp_loses_a_whole_pair_and_keeps_the_curve(four_ranks: Cluster, tmp_path: Path) -> None:
+    """dp=2 x tp=2: rank 3 dies, so its TP partner rank 2 leaves too; the run goes on as
+    dp=1 x tp=2 on ranks 0-1 with the global batch kept."""
+    cluster = four_ranks
+    spec = RunSpec(model="gpt-tiny", strategy="dp_tp", batch_size=4)
+    plain = TrainingSession(cluster, spec, timeout=120)
+    plain.run(4)
+    expected = _losses(plain)
+    plain.close()
+
+    session = TrainingSession(
+        cluster, spec, timeout=120, checkpoint_dir=tmp_path, checkpoint_every=2, elastic=True
+    )
+    session.run(2)
+    kept = [r.engine_id for r in cluster.ranks[:2]]
+    cluster.run(_die_in_forward, ranks=[3])
+    assert session.run(2, recover=True) == 2  # Run N recovers by itself: a shrink
+    assert "shrunk from 4 to 2 ranks" in (session.last_recovery or "")
+    assert "ranks [2, 3] dropped" in (session.last_recovery or "")
+    assert [r.engine_id for r in cluster.ranks] == kept
+    assert (session.spec.batch_size, session.spec.grad_accum) == (4, 2)
+    losses = _losses(session)
+    assert max(abs(a - b) for a, b in zip(losses, expected, strict=True)) <= 1e-5
+    session.close()
