@@ -75,3 +75,18 @@ def test_new_arguments_are_refused_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match=r"n=-1 is not valid"):
         session_grow(session, -1)
     assert cluster.state not in ("running", "degraded")
+
+
+def test_a_run_of_your_own_model_is_not_resized() -> None:
+    from types import SimpleNamespace
+
+    from workbench.cluster import Cluster
+    from workbench.session.elastic_run import session_grow, shrink_and_roll_back
+    from workbench.session.training import TrainingSession
+
+    session = TrainingSession(Cluster(n=2, backend="gloo"), RunSpec(), elastic=True)
+    session._state.spec = SimpleNamespace(strategy="dp")  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match="built-in models"):
+        shrink_and_roll_back(session)
+    with pytest.raises(ConfigError, match="built-in models"):
+        session_grow(session, 1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from workbench.config import MAX_ENGINES
 from workbench.errors import ConfigError
 from workbench.parallel.spec import RunSpec
 
@@ -109,11 +110,21 @@ def resize_and_roll_back(session: TrainingSession, spec: RunSpec, why: str) -> s
     return f"{why}; {roll_back(session)}"
 
 
+def _check_resizable(session: TrainingSession, what: str) -> None:
+    if not isinstance(session.spec, RunSpec):
+        raise ConfigError(
+            f"{what} resizes runs of the built-in models (RunSpec); a run of your own model "
+            "keeps its world size: recover it with session.recover(shrink=False) / "
+            "`%wb restart`, which replaces the lost engines"
+        )
+
+
 def shrink_and_roll_back(session: TrainingSession) -> str:
     """Drop the lost ranks (and survivors the layout cannot use), re-form the group at the
     smaller world size, rebuild the run there and load the last checkpoint."""
     from workbench.cluster.recovery import lost_ranks
 
+    _check_resizable(session, "a shrink")
     cluster = session.cluster
     world, spec = cluster.world_size, session.spec
     dead = lost_ranks(cluster)
@@ -139,7 +150,8 @@ def grow_and_roll_back(session: TrainingSession, n: int) -> str:
     world size and load that checkpoint into it (the inverse of a shrink)."""
     from workbench import validate
 
-    validate.integer("n", n, minimum=1, maximum=1024, what="a number of ranks to add")
+    validate.integer("n", n, minimum=1, maximum=MAX_ENGINES, what="a number of ranks to add")
+    _check_resizable(session, "grow()")
     cluster = session.cluster
     if session.checkpoint_dir is None:
         raise ConfigError(
