@@ -31,6 +31,7 @@ __all__ = [
     "ConfigError",
     "EngineDied",
     "EngineUnresponsive",
+    "HostLost",
     "ParallelError",
     "PeerFailed",
     "RankError",
@@ -63,6 +64,20 @@ class EngineDied(ClusterError):
     def __init__(self, message: str, *, ranks: list[int] | None = None) -> None:
         super().__init__(message)
         self.ranks = list(ranks or [])
+
+
+class HostLost(EngineDied):
+    """Every engine of a host is gone and the host does not answer: nothing can be started
+    there. Go on without it (``session.recover(shrink=True)``) or on another host."""
+
+    def __init__(self, host: str, ranks: list[int]) -> None:
+        super().__init__(
+            f"host {host!r} is lost (ranks {ranks}: every engine gone and the host does not "
+            "answer); continue on the other hosts with session.recover(shrink=True) "
+            "(`%wb restart --shrink`), or start the cluster again on hosts that answer",
+            ranks=ranks,
+        )
+        self.host = host
 
 
 class EngineUnresponsive(EngineDied):

@@ -20,7 +20,8 @@
 #    rank;
 # 3. `%wb restart` replaces only the dead engine, rolls back to the checkpoint, and training
 #    continues to exactly the losses of a run that was never interrupted;
-# 4. a collective that one rank never joins: the timeout report says who waits where.
+# 4. a collective that one rank never joins: the timeout report says who waits where;
+# 5. a run that loses a rank goes on with fewer (the same global batch), then grows back.
 
 # %%
 %load_ext workbench
@@ -287,6 +288,71 @@ print("cluster state:", cluster.state, "  stuck ranks:", cluster.stuck_ranks)
 t = torch.ones(8)
 dist.all_reduce(t)
 print("sum of ones over the ranks:", t[0].item())
+
+# %% [markdown]
+# ## 5. Lose a rank and keep going with fewer — then grow back
+#
+# Replacing the dead engine needs somewhere to start it. When a whole host is gone there is
+# nowhere, and the run can instead go on with the ranks that are left (torchelastic's
+# `--nnodes MIN:MAX`, torchft's surviving replica groups). What must not change is the
+# **global batch**: it is what the optimizer sees. So with fewer data-parallel ranks each
+# takes a bigger share, cut into more gradient-accumulation micro-batches, and the next
+# step takes the next global batch of the same shuffled order.
+#
+# First one more rank: `%wb grow 1` starts a third engine and re-forms the process group
+# with it as rank 2.
+
+# %%
+%wb grow 1
+
+# %% [markdown]
+# A run with `elastic=True`, global batch 6 over three ranks (two samples each) and a
+# checkpoint every 3 steps. After three steps we kill rank 2's engine in step 4:
+
+# %%
+from workbench.parallel import RunSpec
+
+spec = RunSpec(model="gpt-tiny", strategy="dp", batch_size=6)
+run = TrainingSession(
+    cluster, spec, checkpoint_dir=Path(workdir, "elastic"), checkpoint_every=3, elastic=True
+)
+run.run(3)
+run.phase()  # step 4, phase "data"
+os.kill(cluster.ranks[2].pid, signal.SIGKILL)
+try:
+    run.step()
+except workbench.EngineDied as exc:
+    print("error:", type(exc).__name__, "  dead ranks:", exc.ranks)
+
+# %% [markdown]
+# `run.recover()` (`%wb restart --shrink` for the stepper) drops rank 2 instead of replacing
+# it, re-forms the group with two ranks, rebuilds the run there and loads the step-3
+# checkpoint into it (DCP reshards it). The global batch stays 6: three samples per rank,
+# in three micro-batches of one.
+
+# %%
+print(run.recover().replace(workdir, "<workdir>"))
+print("world size:", cluster.world_size, "  ranks:", [r.rank for r in cluster.ranks])
+print("global batch:", run.spec.batch_size, "  gradient accumulation:", run.spec.grad_accum)
+run.run(3)  # steps 4-6 on two ranks; a checkpoint at step 6
+
+# %% [markdown]
+# Grow back: `run.grow(1)` (`%wb grow 1`) adds a rank at a checkpoint boundary and loads the
+# step-6 checkpoint at three ranks, back to the options the run started with.
+
+# %%
+print(run.grow(1).replace(workdir, "<workdir>"))
+run.run(3)  # steps 7-9 on three ranks
+shrunk = losses(run.events)
+run.close()
+
+plain = TrainingSession(cluster, spec)
+plain.run(9)
+never_shrunk = losses(plain.events)
+plain.close()
+for step, (a, b) in enumerate(zip(shrunk, never_shrunk, strict=True), start=1):
+    print(f"step {step}: 3 -> 2 -> 3 ranks {a:.5f}   always 3 ranks {b:.5f}")
+print("max |Δloss| <= 1e-5:", max(abs(a - b) for a, b in zip(shrunk, never_shrunk)) <= 1e-5)
 
 # %% [markdown]
 # **What we saw.** A killed engine is detected at once and reported with the rank and what

@@ -283,20 +283,31 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
             return await self._start()
 
     @async_first
-    async def recover(self) -> Any:
+    async def recover(self, *, shrink: bool = False, drop: tuple[int, ...] = ()) -> Any:
         """Replace dead engines, free or replace stuck ones, keep the rest and their rank
         numbers, and re-create the process group on a fresh port. Returns a
-        ``RecoveryReport``. See ``workbench.cluster.recovery``."""
+        ``RecoveryReport``. See ``workbench.cluster.recovery``. ``shrink=True`` drops the
+        dead ranks instead (and the survivors in ``drop``) and renumbers the rest."""
         from workbench.cluster.recovery import recover
 
         async with self._lifecycle.hold("cluster.recover()"):
-            return await recover(self)
+            return await recover(self, shrink=shrink, drop=drop)
+
+    @async_first
+    async def grow(self, n: int = 1) -> Any:
+        """Add ``n`` engines as new last ranks and re-create the process group at the bigger
+        world size (after a shrink: back to the size it had). Returns a ``RecoveryReport``."""
+        from workbench.cluster.grow import grow
+
+        async with self._lifecycle.hold("cluster.grow()"):
+            return await grow(self, n)
 
     # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
     start_sync = sync_twin(start)
     stop_sync = sync_twin(stop)
     restart_sync = sync_twin(restart)
     recover_sync = sync_twin(recover)
+    grow_sync = sync_twin(grow)
 
     async def _start(self) -> Cluster:
         if self.state in ("running", "degraded"):

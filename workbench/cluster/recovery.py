@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from workbench import validate
+from workbench.cluster.elastic import decide_loss, shrunk_ranks
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import relocalize
 from workbench.cluster.rendezvous import check_reachable
@@ -43,7 +45,7 @@ from workbench.errors import ClusterError
 if TYPE_CHECKING:
     from workbench.cluster.cluster import Cluster
 
-__all__ = ["FREE_GRACE_S", "RecoveryReport", "recover"]
+__all__ = ["FREE_GRACE_S", "RecoveryReport", "lost_ranks", "new_engines", "recover", "regroup"]
 
 # How long a stuck rank may take to come back once its peers' sockets are closed. Freeing
 # itself is immediate (the collective fails at once); what takes time is the reply's trip
@@ -63,6 +65,9 @@ class RecoveryReport:
     freed: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     unresponsive: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # a shrink: old ranks left out
+    renumbered: dict[int, int] = field(default_factory=dict)  # a shrink: old -> new rank
+    added: list[int] = field(default_factory=list)  # a grow: the new ranks
     seconds: float = 0.0
 
     def __str__(self) -> str:
@@ -79,6 +84,13 @@ class RecoveryReport:
         # ``freed`` is left out on purpose: a freed rank keeps its engine exactly like a rank
         # that was never stuck, and whether a survivor was caught inside a collective when
         # its peer died is a race; the report says what changed, the same on every run.
+        if self.dropped:
+            parts.append(
+                f"ranks {self.dropped} dropped; the {len(self.renumbered)} left renumbered "
+                + ", ".join(f"{a}->{b}" for a, b in sorted(self.renumbered.items()))
+            )
+        if self.added:
+            parts.append(f"ranks {self.added} added")
         if not parts:
             parts.append("no engine needed replacing")
         return "; ".join(parts) + "; process group re-created on a fresh port"
@@ -92,6 +104,13 @@ def _unresponsive(cluster: Cluster, ids: set[int]) -> list[int]:
         if state is not None and state != GONE and (r.engine_id not in ids or state in FROZEN):
             out.append(r.rank)
     return out
+
+
+def lost_ranks(cluster: Cluster) -> list[int]:
+    """Ranks whose engine is gone or does not respond (what a recovery replaces or drops)."""
+    ids = set(cluster.client_unchecked().ids)
+    gone = (r.rank for r in cluster.ranks if _gone(cluster, r.rank, ids))
+    return sorted({*_unresponsive(cluster, ids), *gone})
 
 
 def _gone(cluster: Cluster, r_rank: int, ids: set[int]) -> bool:
@@ -209,23 +228,22 @@ async def _start_replacements(cluster: Cluster, dead: list[int]) -> None:
     )
 
 
-async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) -> None:
-    """Start ``len(dead)`` engines and give them the dead ranks (same host first)."""
-    if not dead:
-        return
+async def new_engines(cluster: Cluster, count: int, start: Any) -> list[tuple[int, dict[str, Any]]]:
+    """Await ``start`` (which starts ``count`` engines), wait until they register and return
+    each one's id and facts (pid, host, address, launch host)."""
     client = cluster.client_unchecked()
     before = set(client.ids)
-    await _start_replacements(cluster, dead)
+    await start
     cluster._write_pidfile()  # the watchdog covers the new engines from their launch
     deadline = time.monotonic() + cluster.config.start_timeout
-    while len(set(client.ids) - before) < len(dead):
+    while len(set(client.ids) - before) < count:
         if time.monotonic() > deadline:
             raise ClusterError(
-                f"replacement engines for ranks {dead} did not register within "
+                f"{count} new engine(s) did not register within "
                 f"start_timeout={cluster.config.start_timeout}s"
             )
         await asyncio.sleep(0.02)
-    new_ids = sorted(set(client.ids) - before)[: len(dead)]
+    new_ids = sorted(set(client.ids) - before)[:count]
     infos = await _gather(
         [client[eid].apply_async(process_group.engine_info) for eid in new_ids],
         timeout=cluster.config.start_timeout,
@@ -235,6 +253,17 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
         timeout=cluster.config.start_timeout,
     )
     new = [(eid, {**info, **fact}) for eid, info, fact in zip(new_ids, infos, facts, strict=True)]
+    if cluster.ipp_cluster is not None:
+        attach_nannies(cluster.ipp_cluster, dict(new))
+    watch_engines(cluster, new)
+    return new
+
+
+async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) -> None:
+    """Start ``len(dead)`` engines and give them the dead ranks (same host first)."""
+    if not dead:
+        return
+    new = await new_engines(cluster, len(dead), _start_replacements(cluster, dead))
     # each dead rank takes a new engine started by the same launch host when there is one
     free = list(new)
     for rank in sorted(dead):
@@ -250,15 +279,21 @@ async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) ->
         )
         if rank == 0 and info["host"] != old.host and old.master_addr != "127.0.0.1":
             cluster.ranks = [replace(r, master_addr=info["address"]) for r in cluster.ranks]
-    if cluster.ipp_cluster is not None:
-        attach_nannies(cluster.ipp_cluster, dict(new))
-    watch_engines(cluster, new)
     # a replacement on another host changes who is local to whom (LOCAL_RANK, devices)
     cluster.ranks = relocalize(cluster.ranks)
 
 
-async def recover(cluster: Cluster) -> RecoveryReport:
-    """See the module docstring. Works from ``running`` too (re-creates the group)."""
+async def recover(
+    cluster: Cluster, *, shrink: bool = False, drop: tuple[int, ...] = ()
+) -> RecoveryReport:
+    """See the module docstring. Works from ``running`` too (re-creates the group).
+
+    ``shrink=True``: dead ranks are dropped instead of replaced, the survivors renumbered
+    0..n-1 (``cluster/elastic.py``); ``drop`` names survivors to leave out too (their
+    engines are killed: a TP/PP partner of a lost rank cannot train alone). Without it, a
+    lost host (every engine gone, the host silent) raises ``HostLost``."""
+    validate.boolean("shrink", shrink)
+    drop = tuple(validate.rank_list(drop, cluster.world_size)) if drop else ()
     cluster.check_controller()  # a dead controller needs a full restart, not a recovery
     if cluster.state not in ("running", "degraded") or not cluster.ranks:
         raise ClusterError("the cluster is not running; start it with `%wb start`")
@@ -271,10 +306,39 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     dead = sorted(
         {*report.unresponsive, *(r.rank for r in cluster.ranks if _gone(cluster, r.rank, ids))}
     )
+    if not shrink:
+        decide_loss(cluster.ranks, dead)  # a lost host has nowhere to put a replacement
     killed = await _free_stuck(cluster, dead, report)
     report.killed = killed
-    await _replace(cluster, sorted({*dead, *killed}), report)
+    if shrink:
+        await _drop(cluster, sorted({*dead, *killed}), sorted(set(drop) - set(dead)), report)
+    else:
+        await _replace(cluster, sorted({*dead, *killed}), report)
+    await regroup(cluster)
+    report.seconds = time.perf_counter() - started
+    cluster.timings["recover_s"] = report.seconds
+    return report
 
+
+async def _drop(cluster: Cluster, gone: list[int], also: list[int], report: RecoveryReport) -> None:
+    """Leave ``gone`` (and the survivors ``also``, killed here) out; renumber the rest."""
+    client = cluster.client_unchecked()
+    await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGKILL) for r in also))
+    old = {r.engine_id: r.rank for r in cluster.ranks}
+    old_master = cluster.ranks[0]
+    cluster.ranks = shrunk_ranks(cluster.ranks, [*gone, *also])
+    report.dropped = sorted([*gone, *also])
+    report.renumbered = {old[r.engine_id]: r.rank for r in cluster.ranks}
+    first = cluster.ranks[0]
+    if first.engine_id != old_master.engine_id and first.master_addr != "127.0.0.1":
+        # rank 0 (the rendezvous host) is gone: the new rank 0's host holds the store
+        fact = await _gather([client[first.engine_id].apply_async(*cluster.address_call())], 60)
+        cluster.ranks = [replace(r, master_addr=fact[0]["address"]) for r in cluster.ranks]
+
+
+async def regroup(cluster: Cluster) -> None:
+    """A new process group on a fresh port, on every rank of ``cluster.ranks``."""
+    client = cluster.client_unchecked()
     if cluster.ranks[0].num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (and
         # points gloo at the interface that does) before the store opens
         await check_reachable(client, cluster.ranks)
@@ -298,7 +362,4 @@ async def recover(cluster: Cluster) -> RecoveryReport:
     cluster._given_up = set()
     cluster.state = "running"
     cluster._write_pidfile()
-    report.seconds = time.perf_counter() - started
-    cluster.timings["recover_s"] = report.seconds
     cluster.group_closed = False  # a fresh group on every rank
-    return report

@@ -210,6 +210,11 @@ def pull_events(cursor: int) -> dict[str, Any]:
     return _summary(cursor)
 
 
+def sample_ids() -> dict[int, list[int]]:
+    """Step -> the dataset indices this rank took in it (since the run was last built)."""
+    return dict(getattr(_run(), "sample_ids", {}))
+
+
 def close_run() -> None:
     from workbench.engine import flight
 

@@ -148,6 +148,11 @@ def _restart_args(p: MagicParser) -> None:
     p.add_argument(
         "--full", action="store_true", help="stop and start everything, even when degraded"
     )
+    p.add_argument(
+        "--shrink",
+        action="store_true",
+        help="go on without the dead engines: fewer ranks, the same global batch",
+    )
 
 
 @command(
@@ -171,9 +176,28 @@ def restart(magics: WorkbenchMagics, args: Any) -> None:
         return
     session = _session_on(cluster)
     if session is not None and session.built:
-        print(f"workbench: {session.recover()}")
+        print(f"workbench: {session.recover(shrink=True if args.shrink else None)}")
     else:
-        print(f"workbench: {cluster.recover_sync()}")
+        print(f"workbench: {cluster.recover_sync(shrink=args.shrink)}")
+    print(f"workbench: {cluster.world_size} ranks ready")
+
+
+def _grow_args(p: MagicParser) -> None:
+    p.add_argument("n", type=int, nargs="?", default=1, help="how many ranks to add (1)")
+
+
+@command(
+    "grow",
+    "add N ranks (after a shrink: back to the old size) at a checkpoint boundary",
+    _grow_args,
+)
+def grow(magics: WorkbenchMagics, args: Any) -> None:
+    cluster = magics.require_cluster()
+    session = _session_on(cluster)
+    if session is not None and session.built:
+        print(f"workbench: {session.grow(args.n)}")
+    else:
+        print(f"workbench: {cluster.grow_sync(args.n)}")
     print(f"workbench: {cluster.world_size} ranks ready")
 
 

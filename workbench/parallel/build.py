@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset
 
 from workbench.errors import ConfigError, ParallelError
 from workbench.parallel.collectives import gather_objects
@@ -86,6 +87,8 @@ def build_train_step(
 
     dp_rank = dims.mesh.get_local_rank("dp") if dims.dp > 1 else 0
     dataset = make_dataset(config, spec.batch_size * SAMPLES_PER_EPOCH_IN_BATCHES, seed=spec.seed)
+    # each sample's index travels with it (TrainStep.sample_ids; the step takes x, y only)
+    dataset = TensorDataset(*dataset.tensors, torch.arange(len(dataset)))
     loader = make_loader(
         dataset, spec.batch_size // dims.dp, num_replicas=dims.dp, rank=dp_rank, seed=spec.seed
     )

@@ -97,6 +97,7 @@ class TrainStep:
         # data position; ``data_position`` counts the batches taken so far.
         self.loader = loader
         self.data_position = 0
+        self.sample_ids: dict[int, list[int]] = {}  # step -> the dataset indices it took
         self.spec: Any | None = None  # the RunSpec, when built by build_train_step
         self.last_loss: float | None = None
         self._step = 0
@@ -221,7 +222,11 @@ class TrainStep:
             self._optimizer_step()
 
     def _data(self) -> None:
-        x, y = next(self.batches)[:2]
+        batch = next(self.batches)
+        x, y = batch[:2]
+        if len(batch) > 2:  # the built-in data sets carry each sample's index: proof that a
+            # resized run skips and repeats no sample (``sample_ids``)
+            self.sample_ids[self._step] = batch[2].tolist()
         self.data_position += 1
         x, y = x.to(self.device), y.to(self.device)
         if self.pipeline is not None:

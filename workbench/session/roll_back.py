@@ -54,10 +54,17 @@ def where_the_run_was(session: TrainingSession) -> str:
     )
 
 
-def recover_and_roll_back(session: TrainingSession) -> str:
+def recover_and_roll_back(session: TrainingSession, shrink: bool | None = None) -> str:
     """``session.recover()``: recover the cluster when it needs it (dead or stuck engines,
     a process group closed by a failing rank), then roll the run back; says what was done."""
+    from workbench import validate
+
     cluster = session.cluster
+    shrink = session.elastic if shrink is None else validate.boolean("shrink", shrink)
+    if shrink and cluster.state == "degraded":  # go on with the ranks left
+        from workbench.session.elastic_run import shrink_and_roll_back
+
+        return shrink_and_roll_back(session)
     cluster_report = ""
     if cluster.state == "degraded" or cluster.stuck_ranks or cluster.group_closed:
         cluster_report = str(cluster.recover_sync())  # also re-opens the process group

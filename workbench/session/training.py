@@ -1,8 +1,6 @@
-"""``TrainingSession``: the client side of the step machine.
-
-Dispatches phases and steps to every rank at once, keeps one cursor per rank so each call
-returns only new events, and keeps all events in rank order for figures and export. Plain
-object, no widgets: the stepper widget is a view over it.
+"""``TrainingSession``: the client side of the step machine. Dispatches phases and steps
+to every rank at once, keeps one cursor per rank so each call returns only new events, and
+keeps all events in rank order for figures and export. No widgets: the stepper is a view.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from workbench import validate
 from workbench.cluster.cluster import Cluster
 from workbench.engine import train_run
 from workbench.errors import (
@@ -23,6 +22,7 @@ from workbench.errors import (
     RankError,
 )
 from workbench.parallel.spec import RunSpec
+from workbench.session.elastic_run import session_grow
 from workbench.session.rank_failures import (
     closed_group,
     error_fields,
@@ -57,8 +57,11 @@ class TrainingSession:
         checkpoint_every: int | None = None,
         keep_last: int | None = 3,
         checkpoint_key: bytes | None = None,
+        elastic: bool = False,
     ) -> None:
         check_checkpoint_options(checkpoint_dir, checkpoint_every, keep_last, checkpoint_key)
+        self.elastic = validate.boolean("elastic", elastic)  # lost ranks: go on without them
+        self._elastic_base: tuple[RunSpec, int] | None = None  # spec and size before a shrink
         self.cluster = cluster
         self.timeout = timeout
         self.checkpoint_dir = (
@@ -79,8 +82,7 @@ class TrainingSession:
         self.built = False
 
     def __repr__(self) -> str:
-        s = self._state
-        steps = {st.step for st in s.status.values()} or {0}
+        s, steps = self._state, {st.step for st in self._state.status.values()} or {0}
         return (
             f"<TrainingSession strategy={s.spec.strategy!r} model={s.spec.model!r} "
             f"ranks={self.cluster.world_size} step={max(steps)} events={len(s.events)}>"
@@ -140,9 +142,8 @@ class TrainingSession:
 
     def autosave_settings(self) -> dict[str, Any] | None:
         """What the engines need to checkpoint every ``checkpoint_every`` steps, or None."""
-        return autosave_settings(
-            self.checkpoint_dir, self.checkpoint_every, self.keep_last, self._key
-        )
+        dir_, every, keep = self.checkpoint_dir, self.checkpoint_every, self.keep_last
+        return autosave_settings(dir_, every, keep, self._key)
 
     def build_remote(self, spec: RunSpec, *, keep_events: bool = True) -> None:
         results = self._build_on_engines(
@@ -243,10 +244,8 @@ class TrainingSession:
 
     # -- checkpoints ---------------------------------------------------------------------
     def _key(self) -> bytes:
-        """This user's checkpoint key, read here (the kernel's host) and handed to every
-        rank, so engines on other hosts sign and check with the same key. The key file is
-        read and its owner and mode checked at every save and load, never cached: a key
-        made readable by others since the last use is refused now, not at the next run."""
+        # Read here (the kernel's host) and handed to every rank, so all sign and check with
+        # one key; checked (owner, mode) at every save and load, never cached.
         if self.checkpoint_key is not None:
             return self.checkpoint_key
         from workbench.parallel.checkpoint_trust import checkpoint_key
@@ -286,13 +285,14 @@ class TrainingSession:
             metas = list_checkpoints(root)
         return [{k: v for k, v in m.items() if k != "spec"} for m in metas]
 
-    def recover(self) -> str:
-        """After a dead engine or a hung collective: recover the cluster (replace dead or
-        stuck engines, re-create the process group), rebuild the run on every rank and
-        load the last checkpoint. Returns (and keeps in ``last_recovery``) what was
-        rolled back to where."""
-        self.last_recovery = recover_and_roll_back(self)
+    def recover(self, shrink: bool | None = None) -> str:
+        """After a dead engine or a hang: replace dead or stuck engines (``shrink``, default
+        ``elastic``: go on without the dead ones), re-create the group, rebuild the run, load
+        the last checkpoint. Returns (and keeps in ``last_recovery``) what was done."""
+        self.last_recovery = recover_and_roll_back(self, shrink)
         return self.last_recovery
+
+    grow = session_grow  # add ranks at a checkpoint boundary (``elastic_run.py``)
 
     def reset(self) -> None:
         """Back to step 0 with fresh weights and empty records (same options)."""

@@ -1,0 +1,59 @@
+"""``grow(cluster, n)``: more ranks on a running cluster, the inverse of a shrink
+(``recover(shrink=True)``): new engines join as the last ranks and every rank joins a new
+process group at the bigger world size. A training session then rebuilds its run there and
+loads its last checkpoint, resharded (``TrainingSession.grow``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from workbench import validate
+from workbench.cluster.elastic import grown_ranks
+from workbench.cluster.recovery import RecoveryReport, new_engines, regroup
+from workbench.config import MAX_ENGINES
+from workbench.errors import ClusterError
+
+if TYPE_CHECKING:
+    from workbench.cluster.cluster import Cluster
+
+__all__ = ["grow"]
+
+
+async def grow(cluster: Cluster, count: int) -> RecoveryReport:
+    """Start ``count`` engines where the launcher puts them and add them as the last ranks
+    (a new process group at the bigger world size). The inverse of a shrink."""
+    validate.integer("n", count, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
+    cluster.check_controller()
+    if cluster.state != "running" or not cluster.ranks:
+        raise ClusterError(
+            f"the cluster is {cluster.state}; grow a running cluster (recover it first)"
+        )
+    ipp_cluster = cluster.ipp_cluster
+    if ipp_cluster is None or cluster.config.launcher == "mpi":
+        raise ClusterError(
+            "this cluster cannot take new engines (an external ipyparallel cluster or one "
+            "mpiexec job); restart it with the number of ranks you want"
+        )
+    started = time.perf_counter()
+    report = RecoveryReport()
+    new = await new_engines(cluster, count, ipp_cluster.start_engines(count))
+    template = cluster.ranks[-1]
+    added = []
+    for eid, info in new:
+        cluster.launch_hosts[eid] = info.get("launch_host", "")
+        added.append(
+            replace(
+                template,
+                engine_id=eid,
+                pid=info["pid"],
+                host=info["host"],
+                pid_space=info["pid_space"],
+            )
+        )
+    cluster.ranks = grown_ranks(cluster.ranks, added)
+    report.added = [r.rank for r in cluster.ranks if r.engine_id in dict(new)]
+    await regroup(cluster)
+    report.seconds = time.perf_counter() - started
+    return report
