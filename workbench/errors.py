@@ -10,7 +10,8 @@ The tree (as httpx draws its own)::
     │   └── ParallelError                   a layout that cannot be built
     ├── ClusterError                        the cluster could not start, or lost a rank
     │   ├── EngineDied                      an engine process exited
-    │   │   └── EngineUnresponsive          alive but not answering (frozen, stopped)
+    │   │   ├── EngineUnresponsive          alive but not answering (frozen, stopped)
+    │   │   └── HostLost                    every engine of a host gone, the host silent
     │   ├── RankError                       code raised on ranks (``failures``)
     │   ├── CollectiveTimeout               no finish in time (``report``: who waited where)
     │   ├── RankFailed                      on an engine: this rank failed part-way
