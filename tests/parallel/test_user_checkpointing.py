@@ -63,9 +63,9 @@ def test_checkpointing_one_device_same_numbers_fewer_saved_bytes() -> None:
             UserRun(**BASE, optimizer=um.adamw, checkpointing=checkpointing), world_size=1
         )
         losses = [step.run_step() for _ in range(STEPS)]
-        step.memory_tracer.stop()
         params = {n: p.detach().clone() for n, p in step.model.named_parameters()}
         runs[checkpointing] = (losses, params, _peak_activations(step))
+        step.close()  # both tracers: a listening one keeps the collectives intercepted
     (plain_losses, plain, plain_peak), (ck_losses, ck, ck_peak) = runs[False], runs[True]
     assert ck_losses == plain_losses  # recomputation repeats the same arithmetic
     assert all(torch.equal(ck[n], plain[n]) for n in plain)
@@ -80,8 +80,8 @@ def test_bf16_saves_fewer_activation_bytes_and_still_learns() -> None:
             UserRun(**BASE, optimizer=um.adamw, precision=precision), world_size=1
         )
         losses[precision] = [step.run_step() for _ in range(STEPS)]
-        step.memory_tracer.stop()
         peaks[precision] = _peak_activations(step)
+        step.close()
     assert peaks["bf16-mixed"] < peaks["fp32"]
     assert losses["bf16-mixed"][-1] < losses["bf16-mixed"][0]
     # bf16 rounds: close to fp32, not equal.
