@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from workbench import validate
 
 if TYPE_CHECKING:
+    from workbench.cluster.live_output import OnOutput
     from workbench.cluster.results import CellResult
 
 __all__ = ["ScriptRuns", "script_args", "script_path"]
@@ -60,6 +61,7 @@ class ScriptRuns:
         ranks: int | Sequence[int] | None = None,
         timeout: float | None = None,
         direct: bool = True,
+        on_output: OnOutput | None = None,
     ) -> list[CellResult]:
         """Run the script at ``path`` as ``__main__`` on the chosen ranks (default all),
         with ``sys.argv = [path, *args]`` and torchrun's environment; per-rank outputs in
@@ -82,4 +84,4 @@ class ScriptRuns:
             "__import__('workbench.engine.script_run', fromlist=['run_script']).run_script("
             f"{full!r}, {argv!r}, {os.getcwd()!r}, {run_id!r})"
         )
-        return self.execute(code, ranks=ranks, timeout=timeout, direct=direct)
+        return self.execute(code, ranks=ranks, timeout=timeout, direct=direct, on_output=on_output)
