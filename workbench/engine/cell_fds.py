@@ -71,10 +71,15 @@ def _log_fd(fd: int) -> int:
     return fd
 
 
+_LIBC: list[Any] = []  # the C library, loaded once (a dlopen per cell costs ~50 us)
+
+
 def _flush_c_stdio() -> None:
     """``fflush(NULL)``: C's stdout is block-buffered when it is not a terminal."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None).fflush(None)
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None))
+        _LIBC[0].fflush(None)
 
 
 class FdCapture:
