@@ -154,6 +154,8 @@ def test_partial_lines_progress_bars_and_the_cap() -> None:
     assert lines[0] == f"[{view.dropped} earlier lines are in the final output]"
     assert lines[-2:] == [f"[rank 0] {2 * live_view._MAX_LINES - 1}", "[rank 1] 90%"]
     assert fake.created == [{}] and len(fake.updates) == 3
+    view([(1, "stdout", "x" * (10 * live_view._MAX_LINE))])  # a line that never ends
+    assert view.text().endswith("[rank 1] " + "x" * live_view._MAX_LINE)
 
 
 def test_no_live_view_outside_a_notebook(ipython_shell: Any) -> None:

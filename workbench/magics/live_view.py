@@ -30,6 +30,7 @@ from workbench.cluster.ranks import RankAssignment
 __all__ = ["LiveView", "live_view"]
 
 _MAX_LINES = 500  # shown live; earlier lines are counted (the final output has them all)
+_MAX_LINE = 2000  # characters of one line shown live (its end: a progress bar's last state)
 
 
 def live_view(ranks: list[RankAssignment], show: Iterable[int] | None) -> LiveView | None:
@@ -65,10 +66,9 @@ class LiveView:
         for rank, name, text in chunks:
             if self.show is not None and rank not in self.show:
                 continue
-            *done, self._partial[(rank, name)] = (self._partial.get((rank, name), "") + text).split(
-                "\n"
-            )
-            self.lines.extend(self._label(rank, line) for line in done)
+            *done, rest = (self._partial.get((rank, name), "") + text).split("\n")
+            self._partial[(rank, name)] = rest[-_MAX_LINE:]  # a line that never ends
+            self.lines.extend(self._label(rank, line[-_MAX_LINE:]) for line in done)
             new = True
         if len(self.lines) > _MAX_LINES:
             self.dropped += len(self.lines) - _MAX_LINES
