@@ -9,7 +9,8 @@ event loop, which a running cell blocks, and a zmq socket is never shared across
 Each message is signed with the cluster's key and carries JSON only (``OUTPUT_TYPE``,
 content ``{"name": "stdout" | "stderr", "text": ...}``), with the request as its parent:
 the kernel matches it to the cell by request id and drops it once the cell was answered
-or given up. At most ``_INTERVAL_S`` apart per cell, at most ``_MAX_CHARS`` per message
+or given up. The first text of a burst goes at once, the rest at most ``_INTERVAL_S``
+apart, at most ``_MAX_CHARS`` per message
 (a chatty loop loses the excess live, never in the final reply); a cell that prints
 nothing sends nothing.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
+import time
 from typing import Any
 
 __all__ = ["OUTPUT_TYPE", "LivePusher", "LiveText"]
@@ -31,16 +33,19 @@ _MAX_CHARS = 256 * 1024  # per stream and message; the rest is counted, not sent
 class LiveText(io.StringIO):
     """A cell's captured stream that also keeps what was written since the last send."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake: threading.Event | None = None) -> None:
         super().__init__()
         self._lock = threading.Lock()  # the pump thread of cell_fds writes here too
         self._pending: list[str] = []
         self._size = 0
         self._dropped = 0
+        self.wake = wake  # set when text waits to be sent (the sender sleeps until then)
 
     def write(self, text: str) -> int:
         with self._lock:
             n = super().write(text)
+            if text and self.wake is not None and not (self._pending or self._dropped):
+                self.wake.set()
             if self._size + len(text) <= _MAX_CHARS:
                 self._pending.append(text)
                 self._size += len(text)
@@ -70,9 +75,14 @@ class LivePusher:
         threading.Thread(target=self._loop, name="wb-live-output", daemon=True).start()
 
     def begin(self, port: int, request: dict[str, Any], streams: dict[str, LiveText]) -> None:
+        """Send what ``streams`` get written, until ``end``. A cell that prints nothing
+        never wakes the thread."""
         with self._lock:
             self._cell = (port, request, streams)
-        self._wake.set()
+        for stream in streams.values():
+            stream.wake = self._wake
+            if stream.getvalue():  # written before this (the streams were swapped in first)
+                self._wake.set()
 
     def end(self) -> None:
         with self._lock:
@@ -84,11 +94,11 @@ class LivePusher:
         socket: Any = None
         port_now = None
         while True:
+            self._wake.wait()  # text was written (LiveText.write)
+            self._wake.clear()
             with self._lock:
                 cell = self._cell
             if cell is None:
-                self._wake.wait()
-                self._wake.clear()
                 continue
             port, request, streams = cell
             if port != port_now:
@@ -104,8 +114,7 @@ class LivePusher:
                 text = stream.take()
                 if text:
                     self._send(socket, request, name, text)
-            self._wake.wait(_INTERVAL_S)
-            self._wake.clear()
+            time.sleep(_INTERVAL_S)  # at most ten messages a second; later text waits
 
     def _send(self, socket: Any, request: dict[str, Any], name: str, text: str) -> None:
         import zmq
