@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.cluster.direct_channel import DirectCells, open_if_same_network
 from workbench.cluster.hosts import net_space
+from workbench.cluster.live_output import LiveWatch, OnOutput
 from workbench.cluster.ranks import RankAssignment
 from workbench.errors import ConfigError, RankError
 
 if TYPE_CHECKING:
     from workbench.cluster.dispatch import RankDispatch
 
-__all__ = ["send_cell", "top_level_await"]
+__all__ = ["live_watch", "send_cell", "top_level_await"]
 
 log = logging.getLogger("workbench.cluster")
 
@@ -33,8 +34,11 @@ def send_cell(
     targets: list[RankAssignment],
     timeout: float | None,
     direct: bool,
+    *,
+    live: bool = False,
 ) -> list[Any]:
-    """Send ``code`` to every target rank; one future-like reply per rank, in order."""
+    """Send ``code`` to every target rank; one future-like reply per rank, in order.
+    With ``live`` a direct cell also streams its output while it runs."""
     cells = _direct_cells(dispatch, targets, timeout) if direct else None
     via_controller = [r.rank for r in targets if cells is None or cells.port(r.engine_id) is None]
     if via_controller and top_level_await(code):
@@ -48,11 +52,29 @@ def send_cell(
         )
     futures: list[Any] = []
     for r in targets:
-        future = None if cells is None else cells.send(r.engine_id, code)
+        future = None if cells is None else cells.send(r.engine_id, code, live=live)
         if future is None:
             future = dispatch.view(r.engine_id).execute(code, silent=False, block=False)
         futures.append(future)
     return futures
+
+
+def live_watch(
+    dispatch: RankDispatch,
+    targets: list[RankAssignment],
+    futures: list[Any],
+    on_output: OnOutput | None,
+) -> LiveWatch | None:
+    """What hands each rank's output to ``on_output`` while the cell runs (None: no one
+    asked; nothing is watched)."""
+    if on_output is None:
+        return None
+
+    def drain() -> None:  # the direct path's progress messages (both paths may mix)
+        if dispatch._direct is not None:
+            dispatch._direct.drain_live()
+
+    return LiveWatch(targets, futures, on_output, drain)
 
 
 def top_level_await(code: str) -> bool:

@@ -5,7 +5,8 @@ returns a ``DirectReply``, which waits, reports and fails like the ipyparallel
 ``AsyncResult`` it stands in for (``ready``, ``wait``, ``get``, ``metadata``), so the
 dispatcher's waiting, death detection, timeouts and stuck-rank bookkeeping treat both
 paths alike. Replies are matched to requests by message id: a late reply of a cell that
-was given up never answers a later one.
+was given up never answers a later one. A cell sent with ``live=True`` also streams what
+it prints while it runs (``live_inbox.py``); ``DirectReply.partial`` reads it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import zmq
 from jupyter_client.session import Session
 
 from workbench.cluster.hosts import net_space
+from workbench.cluster.live_inbox import LiveInbox, capped
 from workbench.engine.direct_cells import (
     REPLY_TYPE,
     REQUEST_TYPE,
@@ -61,6 +63,14 @@ class DirectReply:
         self.engine_id = engine_id
         self._content: dict[str, Any] | None = None
         self.metadata = _metadata({})
+        self._live = {"stdout": "", "stderr": ""}  # what arrived while the cell runs
+
+    def add_live(self, name: str, text: str) -> None:
+        self._live[name] = capped(self._live[name], text)
+
+    def partial(self) -> tuple[str, str]:
+        """(stdout, stderr) that streamed so far (the whole text is in the reply)."""
+        return self._live["stdout"], self._live["stderr"]
 
     def _resolve(self, content: dict[str, Any]) -> None:
         self._content = content
@@ -107,14 +117,17 @@ class _Channel:
         self.pending: dict[str, DirectReply] = {}
         self._lock = lock
 
-    def send(self, code: str, engine_id: int) -> DirectReply | None:
+    def send(self, code: str, engine_id: int, live_port: int | None) -> DirectReply | None:
         header = self.session.msg_header(REQUEST_TYPE)
         header[TARGET] = engine_id  # signed: the request runs on this engine only
+        content: dict[str, Any] = {"code": code}
+        if live_port is not None:
+            content["live"] = live_port
         with self._lock:
             if self.socket.closed:  # stopped meanwhile: the controller path says so
                 return None
             try:
-                msg = self.session.send(self.socket, REQUEST_TYPE, {"code": code}, header=header)
+                msg = self.session.send(self.socket, REQUEST_TYPE, content, header=header)
             except zmq.Again:
                 return None
         reply = DirectReply(self, msg["header"]["msg_id"], engine_id)
@@ -162,6 +175,19 @@ class DirectCells:
         self._context = zmq.Context.instance()
         self._lock = threading.Lock()  # one socket is never used by two threads at once
         self._channels: dict[int, _Channel | None] = {}
+        self._inbox: LiveInbox | None = None  # opened by the first live cell
+
+    def _pending(self, msg_id: str) -> DirectReply | None:
+        for channel in self._channels.values():
+            if channel is not None and msg_id in channel.pending:
+                return channel.pending[msg_id]
+        return None
+
+    def drain_live(self) -> None:
+        """Read the progress output that arrived for pending cells (never waits)."""
+        if self._inbox is not None:
+            with self._lock:
+                self._inbox.drain()
 
     def known(self, engine_id: int) -> bool:
         return engine_id in self._channels
@@ -179,10 +205,17 @@ class DirectCells:
         channel = self._channels.get(engine_id)
         return None if channel is None else channel.port
 
-    def send(self, engine_id: int, code: str) -> DirectReply | None:
-        """Send ``code``; None when this engine has no direct channel (use the controller)."""
+    def send(self, engine_id: int, code: str, *, live: bool = False) -> DirectReply | None:
+        """Send ``code``; None when this engine has no direct channel (use the controller).
+        With ``live`` the engine also sends what the cell prints while it runs."""
         channel = self._channels.get(engine_id)
-        return None if channel is None else channel.send(code, engine_id)
+        if channel is None:
+            return None
+        if live and self._inbox is None:
+            with self._lock:
+                self._inbox = LiveInbox(self._context, self.session, self._pending)
+        port = self._inbox.port if live and self._inbox is not None else None
+        return channel.send(code, engine_id, port)
 
     def keep_only(self, engine_ids: set[int]) -> None:
         """Close the channels of engines that left (replaced, stopped)."""
@@ -202,3 +235,6 @@ class DirectCells:
 
     def close(self) -> None:
         self.keep_only(set())
+        if self._inbox is not None:
+            with self._lock:
+                self._inbox.close()

@@ -16,13 +16,20 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench import validate
-from workbench.cluster.cell_routes import send_cell
+from workbench.cluster.cell_routes import live_watch, send_cell
 from workbench.cluster.direct_channel import DirectCells
-from workbench.cluster.hang import describe_rank, hang_report, lost_engines_error, read_status
+from workbench.cluster.hang import (
+    describe_rank,
+    hang_report,
+    lost_engines_error,
+    read_status,
+    stopped_while_waiting,
+)
 from workbench.cluster.health import status_rows
+from workbench.cluster.live_output import LiveWatch, OnOutput
 from workbench.cluster.processes import FROZEN, local_state
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.results import CellResult, format_remote
+from workbench.cluster.results import CellResult, format_remote, reply_metadata
 from workbench.cluster.signals import signal_rank_sync
 from workbench.errors import (
     ClusterError,
@@ -200,7 +207,11 @@ class RankDispatch:
         return False
 
     def _wait_all(
-        self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
+        self,
+        targets: list[RankAssignment],
+        futures: list[Any],
+        timeout: float | None,
+        live: LiveWatch | None = None,
     ) -> None:
         """Wait for every rank; returns early (within ``_DEATH_GRACE_S``) once an engine
         died; raises ``CollectiveTimeout`` with the hang report at ``timeout``."""
@@ -211,7 +222,7 @@ class RankDispatch:
         try:
             while True:
                 if self._client is not client or self._state in ("stopping", "stopped"):
-                    raise self._stopped_while_waiting(targets)
+                    raise stopped_while_waiting([r.rank for r in targets])
                 pending = [i for i, f in enumerate(futures) if not f.ready()]
                 if not pending:
                     return
@@ -232,6 +243,8 @@ class RankDispatch:
                     return  # collect() reports the death; the rest are marked stuck
                 if deadline is not None and now >= deadline:
                     break
+                if live is not None:
+                    live.poll()
                 futures[pending[0]].wait(_POLL_S)
         except KeyboardInterrupt:
             self._give_up(targets, futures)
@@ -253,16 +266,6 @@ class RankDispatch:
                 "(cluster.recover_sync()) frees them."
             )
         raise CollectiveTimeout(message, report=report)
-
-    @staticmethod
-    def _stopped_while_waiting(targets: list[RankAssignment]) -> ClusterError:
-        """What a call waiting for ranks gets when the cluster is stopped under it: its
-        replies can never come (the engines, the client and the cell sockets are gone)."""
-        return ClusterError(
-            f"the cluster was stopped while ranks {[r.rank for r in targets]} were running "
-            "this work (stop_sync() or `%wb stop` from elsewhere); start it again with "
-            "`%wb start` (cluster.start_sync())"
-        )
 
     def _give_up(self, targets: list[RankAssignment], futures: list[Any]) -> list[int]:
         """Interrupt the ranks still busy (ends Python code at once), wait a moment, and
@@ -324,8 +327,10 @@ class RankDispatch:
         ranks: int | Sequence[int] | None = None,
         timeout: float | None = None,
         direct: bool = True,
+        on_output: OnOutput | None = None,
     ) -> list[CellResult]:
         """Run cell source in each chosen rank's namespace; per-rank outputs in rank order.
+        ``on_output([(rank, "stdout" | "stderr", text), ...])`` gets output as printed.
 
         Failures are returned in the results (``CellResult.ename``), not raised, so the caller
         can show every rank's output before failing; a dead engine raises ``EngineDied``.
@@ -335,8 +340,9 @@ class RankDispatch:
         """
         validate.seconds("timeout", timeout, none_means="no limit")  # before any work is sent
         targets = self._targets(ranks)
-        futures = send_cell(self, code, targets, timeout, direct)
-        self._wait_all(targets, futures, timeout)
+        futures = send_cell(self, code, targets, timeout, direct, live=on_output is not None)
+        live = live_watch(self, targets, futures, on_output)
+        self._wait_all(targets, futures, timeout, live)
         for r, future in zip(targets, futures, strict=True):
             # A reply can arrive before the engine's last stdout/display messages.
             if future.ready() and not self._lost(r, future):
@@ -344,15 +350,7 @@ class RankDispatch:
         out: list[CellResult] = []
         dead: list[int] = []
         for r, future in zip(targets, futures, strict=True):
-            md = future.metadata[0] if isinstance(future.metadata, list) else future.metadata
-            result = CellResult(
-                rank=r.rank,
-                engine_id=r.engine_id,
-                stdout=md.get("stdout", ""),
-                stderr=md.get("stderr", ""),
-                outputs=list(md.get("outputs", [])),
-                execute_result=md.get("execute_result"),
-            )
+            result = CellResult.of_reply(r.rank, r.engine_id, reply_metadata(future))
             if self._lost(r, future):
                 dead.append(r.rank)
                 out.append(result)

@@ -15,9 +15,15 @@ from typing import Any
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.engine.flight import status_path
-from workbench.errors import EngineDied, EngineUnresponsive
+from workbench.errors import ClusterError, EngineDied, EngineUnresponsive
 
-__all__ = ["describe_rank", "hang_report", "lost_engines_error", "read_status"]
+__all__ = [
+    "describe_rank",
+    "hang_report",
+    "lost_engines_error",
+    "read_status",
+    "stopped_while_waiting",
+]
 
 
 def read_status(run_dir: str | os.PathLike[str] | None, rank: int) -> dict[str, Any] | None:
@@ -154,3 +160,12 @@ def lost_engines_error(
     )
     cls = EngineUnresponsive if not dead else EngineDied
     return cls(message, ranks=lost)
+
+
+def stopped_while_waiting(ranks: list[int]) -> ClusterError:
+    """What a call waiting for ``ranks`` gets when the cluster is stopped under it: its
+    replies can never come (the engines, the client and the cell sockets are gone)."""
+    return ClusterError(
+        f"the cluster was stopped while ranks {ranks} were running this work (stop_sync() "
+        "or `%wb stop` from elsewhere); start it again with `%wb start` (cluster.start_sync())"
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CellResult", "format_remote"]
+__all__ = ["CellResult", "format_remote", "reply_metadata"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -25,6 +25,25 @@ class CellResult:
     @property
     def ok(self) -> bool:
         return self.ename is None
+
+    @classmethod
+    def of_reply(cls, rank: int, engine_id: int, md: dict[str, Any]) -> CellResult:
+        """The outputs a reply's metadata collected (either cell path)."""
+        return cls(
+            rank=rank,
+            engine_id=engine_id,
+            stdout=md.get("stdout", ""),
+            stderr=md.get("stderr", ""),
+            outputs=list(md.get("outputs", [])),
+            execute_result=md.get("execute_result"),
+        )
+
+
+def reply_metadata(future: Any) -> dict[str, Any]:
+    """A pending or finished cell's output metadata: an ipyparallel ``AsyncResult`` of
+    one engine keeps it in a list of one, a direct reply as it is."""
+    md = future.metadata[0] if isinstance(future.metadata, list) else future.metadata
+    return md  # type: ignore[no-any-return]
 
 
 def format_remote(exc: Any) -> str:

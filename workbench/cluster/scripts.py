@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from workbench import validate
 
 if TYPE_CHECKING:
+    from workbench.cluster.live_output import OnOutput
     from workbench.cluster.results import CellResult
 
 __all__ = ["ScriptRuns", "script_args", "script_path"]
@@ -61,6 +62,7 @@ class ScriptRuns:
         timeout: float | None = None,
         direct: bool = True,
         trace: bool = False,
+        on_output: OnOutput | None = None,
     ) -> list[CellResult]:
         """Run the script at ``path`` as ``__main__`` on the chosen ranks (default all),
         with ``sys.argv = [path, *args]`` and torchrun's environment; per-rank outputs in
@@ -89,4 +91,4 @@ class ScriptRuns:
             "__import__('workbench.engine.script_run', fromlist=['run_script']).run_script("
             f"{full!r}, {argv!r}, {os.getcwd()!r}, {run_id!r}, {trace!r})"
         )
-        return self.execute(code, ranks=ranks, timeout=timeout, direct=direct)
+        return self.execute(code, ranks=ranks, timeout=timeout, direct=direct, on_output=on_output)

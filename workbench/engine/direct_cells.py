@@ -18,12 +18,15 @@ a socket of its own, bound to 127.0.0.1 only:
   of a cell sent through the controller, and is serialised with the controller's work;
 - its stdout / stderr, displays and ``Out`` value are captured on the engine and sent in
   the one reply (a ``%%wb`` cell shows its outputs when every rank has finished anyway),
-  so the kernel waits for one message per rank instead of a reply plus an output stream.
+  so the kernel waits for one message per rank instead of a reply plus an output stream;
+- when the request asks for it (``live``: the kernel's loopback port for progress; a
+  notebook's ``%%wb``), what the cell prints is also sent while it runs, on a socket of
+  its own (``live_push.py``), so each rank's output shows as it is printed.
 
 Not in the reply: what travels only on IOPub, the comm messages of a widget the cell
 creates; such a cell can run through the controller (``%%wb --via-controller``,
-``Cluster.execute(..., direct=False)``). (Output C code writes straight to file descriptor
-1 reaches neither path: it goes to the engine's log.)
+``Cluster.execute(..., direct=False)``). What C code writes to file descriptors 1 and 2
+joins the cell's stdout/stderr on both paths (``cell_fds.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import sys
 from typing import Any
 
 from workbench.engine.await_cells import execute_cell
+from workbench.engine.live_push import LivePusher, LiveText
 
 __all__ = [
     "REPLY_TYPE",
@@ -130,6 +134,7 @@ class DirectCellServer:
         self.stream.on_recv(self._on_recv, copy=True)
         self._busy = asyncio.Lock()
         self._tasks: set[asyncio.Future[None]] = set()  # held: the loop keeps weak references
+        self._pusher: LivePusher | None = None  # started at the first cell that asks for it
 
     def _on_recv(self, frames: list[bytes]) -> None:
         # Anything on 127.0.0.1 can connect and send any frames. Whatever fails here is
@@ -153,10 +158,19 @@ class DirectCellServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _live(self, msg: dict[str, Any]) -> tuple[LivePusher, int] | None:
+        """The progress sender and the kernel's port, when the request asks for them."""
+        port = msg["content"].get("live")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            return None
+        if self._pusher is None:
+            self._pusher = LivePusher(json_session(self.kernel.session), self.kernel.engine_id)
+        return self._pusher, port
+
     async def _run(self, idents: list[bytes], msg: dict[str, Any]) -> None:
         async with self._busy:  # one cell at a time, like the kernel's own shell queue
             try:
-                content = await run_captured(self.kernel, idents, msg)
+                content = await run_captured(self.kernel, idents, msg, self._live(msg))
             except BaseException as exc:  # the kernel waits for one reply whatever happened
                 content = {
                     "status": "error",
@@ -167,11 +181,17 @@ class DirectCellServer:
             self.session.send(self.stream, REPLY_TYPE, content, parent=msg, ident=idents)
 
 
-async def run_captured(kernel: Any, idents: list[bytes], msg: dict[str, Any]) -> dict[str, Any]:
+async def run_captured(
+    kernel: Any,
+    idents: list[bytes],
+    msg: dict[str, Any],
+    live: tuple[LivePusher, int] | None = None,
+) -> dict[str, Any]:
     """Run ``msg``'s cell as the engine kernel does (``await_cells.execute_cell``) with
     its outputs captured; the reply content: do_execute's (status, ename, evalue,
     traceback, engine_info) plus stdout, stderr, outputs (display_data contents) and
-    execute_result. The socket lives as long as the engine process."""
+    execute_result. The socket lives as long as the engine process. With ``live``, the
+    captured text is also sent as it is written (``live_push``)."""
     shell = kernel.shell
     code = msg["content"]["code"]
     outputs: list[dict[str, Any]] = []
@@ -191,15 +211,19 @@ async def run_captured(kernel: Any, idents: list[bytes], msg: dict[str, Any]) ->
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # what earlier work printed goes out as before, not into this cell
     saved = sys.stdout, sys.stderr
-    out, err = io.StringIO(), io.StringIO()
+    out, err = (LiveText(), LiveText()) if live else (io.StringIO(), io.StringIO())
     shell.display_pub.register_hook(display_hook)
     shell.displayhook.register_hook(result_hook)
     sys.stdout, sys.stderr = out, err
+    if live is not None:
+        live[0].begin(live[1], msg, {"stdout": out, "stderr": err})  # type: ignore[dict-item]
     kernel.pre_handler_hook()  # SIGINT interrupts the cell (the kernel ignores it in between)
     try:
         reply = await execute_cell(kernel, code)
     finally:
         kernel.post_handler_hook()
+        if live is not None:
+            live[0].end()
         sys.stdout, sys.stderr = saved
         shell.display_pub.unregister_hook(display_hook)
         shell.displayhook.unregister_hook(result_hook)

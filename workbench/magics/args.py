@@ -63,6 +63,11 @@ def add_cell_options(p: argparse.ArgumentParser, via_controller_help: str) -> No
         default=None,
         help="seconds before giving up",
     )
+    p.add_argument(
+        "--show",
+        default=None,
+        help="the ranks whose output is shown: 'all' (default), '0' or '0-3'",
+    )
     p.add_argument("--no-labels", action="store_true", help="do not prefix output with [rank N]")
     p.add_argument("--via-controller", action="store_true", help=via_controller_help)
 
@@ -76,7 +81,7 @@ def split_line(line: str) -> list[str]:
         raise UsageError(f"could not parse arguments {line!r}: {exc}") from exc
 
 
-def parse_ranks(text: str | None, world_size: int) -> list[int] | None:
+def parse_ranks(text: str | None, world_size: int, option: str = "--ranks") -> list[int] | None:
     """``"0,2"``, ``"0-3"``, ``"all"`` or None -> rank list, validated against world_size.
 
     Both ends of a range are checked against the world size before it is expanded, so
@@ -86,7 +91,7 @@ def parse_ranks(text: str | None, world_size: int) -> list[int] | None:
     last = world_size - 1
 
     def bad(why: str, valid: str) -> UsageError:
-        return UsageError(f"--ranks {_cut(text)!r} is not valid: {why}; {valid}")
+        return UsageError(f"{option} {_cut(text)!r} is not valid: {why}; {valid}")
 
     usage = f"use 'all', a list like '0,1' or a range like '0-{max(last, 0)}'"
     ranks: set[int] = set()

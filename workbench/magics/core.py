@@ -27,6 +27,7 @@ from workbench.magics import export_cmds  # noqa: F401  # isort: skip
 from workbench.magics import checkpoint_cmds  # noqa: F401  # isort: skip
 from workbench.magics import script_cmds  # noqa: F401  # isort: skip
 from workbench.magics import doctor_cmds  # noqa: F401  # isort: skip
+from workbench.magics.live_view import live_view
 from workbench.magics.registry import COMMANDS, usage
 from workbench.magics.render import show_results
 
@@ -104,14 +105,25 @@ class WorkbenchMagics(Magics):
         if cluster.group_closed:  # a failed run closed the process group on every rank
             cluster.recover_sync()  # (that failure was reported when it happened)
         ranks = parse_ranks(args.ranks, cluster.world_size)
-        direct = not args.via_controller
+        show = parse_ranks(args.show, cluster.world_size, "--show")
+        view = live_view(cluster.ranks, show)  # each rank's output as it is printed
+        run = functools.partial(
+            cluster.execute,
+            cell,
+            ranks=ranks,
+            timeout=args.timeout,
+            direct=not args.via_controller,
+            on_output=view,
+        )
         log = getattr(self, "trace_log", None)  # %wb trace on: the cell is one traced span
         if log is not None and log.cells and log.cluster is cluster:
             log.begin_cell("cell")
             try:
-                results = cluster.execute(cell, ranks=ranks, timeout=args.timeout, direct=direct)
+                results = run()
             finally:
                 log.end_cell()
         else:
-            results = cluster.execute(cell, ranks=ranks, timeout=args.timeout, direct=direct)
-        show_results(results, label_single=not args.no_labels)
+            results = run()
+        if view is not None:
+            view.finish()
+        show_results(results, label_single=not args.no_labels, show=show)

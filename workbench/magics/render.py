@@ -12,13 +12,18 @@ from workbench.errors import RankError
 __all__ = ["show_results"]
 
 
-def show_results(results: list[CellResult], *, label_single: bool = True) -> None:
+def show_results(
+    results: list[CellResult], *, label_single: bool = True, show: list[int] | None = None
+) -> None:
     """Print every rank's stdout/stderr/displays in rank order, then raise on any failure.
 
-    With one target rank and ``label_single=False`` the output is shown unlabelled.
+    With one target rank and ``label_single=False`` the output is shown unlabelled; with
+    ``show``, only those ranks' outputs are shown (a failure anywhere still raises).
     """
     labelled = label_single or len(results) > 1
     for result in sorted(results, key=lambda r: r.rank):
+        if show is not None and result.rank not in show:
+            continue
         prefix = f"[rank {result.rank}] " if labelled else ""
         if result.stdout:
             _write(sys.stdout, prefix, result.stdout)

@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 from workbench.cluster.scripts import script_path
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, add_cell_options, parse_ranks
+from workbench.magics.live_view import live_view
 from workbench.magics.registry import command
 from workbench.magics.render import show_results
 from workbench.magics.trace_cmds import trace_log
@@ -48,9 +49,11 @@ def run(magics: WorkbenchMagics, args: Any) -> None:
     if cluster.group_closed:  # a failed run closed the process group on every rank
         cluster.recover_sync()
     ranks = parse_ranks(args.ranks, cluster.world_size)
+    show = parse_ranks(args.show, cluster.world_size, "--show")
     cells = getattr(magics, "trace_log", None)  # %wb trace on: a run is traced as a cell is
     traced = args.trace or bool(cells is not None and cells.cells and cells.cluster is cluster)
     log = trace_log(magics) if traced else None
+    view = live_view(cluster.ranks, show)  # each rank's output as it is printed
     try:
         results = cluster.run_script(
             path,
@@ -59,10 +62,13 @@ def run(magics: WorkbenchMagics, args: Any) -> None:
             timeout=args.timeout,
             direct=not args.via_controller,
             trace=traced,
+            on_output=view,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    show_results(results, label_single=not args.no_labels)
+    if view is not None:
+        view.finish()
+    show_results(results, label_single=not args.no_labels, show=show)
     if log is not None:
         new = log.pull()
         print(f"workbench: {len(new)} trace events; %wb trace plot comm draws them")

@@ -1,0 +1,72 @@
+"""The kernel's end of a direct cell's progress output (``engine/live_push.py``).
+
+One PULL socket, bound to 127.0.0.1 only, opened the first time a cell asks for live
+output. Any local process can connect to it, so every message is checked as the cell
+socket's replies are: signed with the cluster's key (replays refused by the session),
+JSON only, of ``OUTPUT_TYPE``, from the engine the cell was sent to, and answering a
+request still waiting (``pending``): a late message of a cell that was answered or given
+up is dropped, never shown in a later cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from workbench.engine.live_push import OUTPUT_TYPE
+
+__all__ = ["LiveInbox"]
+
+_ENGINE = "wb_engine_id"  # the output header's field naming the engine it came from
+_MAX_CHARS = 8 * 1024 * 1024  # per cell and stream; the final reply has the whole text
+
+
+class LiveInbox:
+    """Where the engines' progress messages arrive; ``find`` maps a request id to its
+    still-pending reply (or None)."""
+
+    def __init__(self, context: zmq.Context, session: Any, find: Callable[[str], Any]) -> None:
+        self.session = session
+        self._find = find
+        self.socket = context.socket(zmq.PULL)
+        self.socket.linger = 0
+        self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
+
+    def drain(self) -> None:
+        """Deliver every message that arrived (never waits)."""
+        if self.socket.closed:
+            return
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._deliver(frames)
+
+    def _deliver(self, frames: list[bytes]) -> None:
+        try:
+            _, body = self.session.feed_identities(frames)
+            msg = self.session.deserialize(body, content=True)
+            header, content = msg["header"], msg["content"]
+            name, text = content["name"], content["text"]
+        except Exception:  # malformed or not signed with our key: not from our engine
+            return
+        if header.get("msg_type") != OUTPUT_TYPE or name not in ("stdout", "stderr"):
+            return
+        if not isinstance(text, str):
+            return
+        reply = self._find(msg["parent_header"].get("msg_id", ""))
+        if reply is None or header.get(_ENGINE) != reply.engine_id:
+            return  # a cell already answered or given up, or another engine's claim
+        reply.add_live(name, text)
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def capped(old: str, text: str) -> str:
+    """``old + text``, unless that passes the cap (then ``old``: the rest waits for the
+    final reply)."""
+    return old + text if len(old) + len(text) <= _MAX_CHARS else old
