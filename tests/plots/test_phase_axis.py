@@ -152,7 +152,7 @@ def test_timeline_names_phases_in_the_bars_and_steps_on_top() -> None:
     fig = comm_timeline_figure(events)
     for trace in fig.data:
         if len(trace.x):
-            assert set(trace.text) == {trace.name}  # phase or op written in its bar
+            assert trace.text == trace.name  # phase or op written in each of its bars
             assert trace.textposition == "inside"
     assert fig.layout.uniformtext.mode == "hide"  # a name that does not fit is left out
     top = fig.layout.xaxis2

@@ -110,7 +110,8 @@ def update_loss_figure(fig: FigureLike, events: Iterable[Event | Mapping[str, An
     reference = fig.data[patch.index["loss/reference"]] if patch.has("loss/reference") else None
     if reference is not None:
         last = max(last, len(reference.x) - 1)
-    patch.layout["xaxis"] = _step_ticks(int(last))
+    for prop, value in _step_ticks(int(last)).items():
+        patch.assign[f"xaxis.{prop}"] = value
     return patch.apply(fig)
 
 

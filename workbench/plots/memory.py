@@ -87,8 +87,8 @@ def memory_figure(
         for rank in wanted:
             _add_rank(patch, state, rank)
         _layout_ranks(patch, state)
-        patch.layout["annotations"] = _annotations(state)
-        patch.layout["meta"] = initial_meta(state)
+        patch.assign["annotations"] = _annotations(state)
+        patch.assign["meta"] = initial_meta(state)
         patch.apply(fig)
     return update_memory_figure(fig, events)
 
@@ -127,8 +127,8 @@ def update_memory_figure(
     # Ticks, ranges and labels follow from the state alone, so every update rewrites them
     # (a few short arrays per rank): a figure grown in pieces equals one built at once.
     _layout_ranks(patch, state)
-    patch.layout["annotations"] = _annotations(state)
-    patch.layout["meta"] = initial_meta(state)
+    patch.assign["annotations"] = _annotations(state)
+    patch.assign["meta"] = initial_meta(state)
     return patch.apply(fig)
 
 
@@ -308,14 +308,14 @@ def _layout_ranks(patch: Patch, state: dict[str, Any]) -> None:
         suffix = "" if number == 1 else str(number)
         bands = state["bands"][rank]
         ticks = band_ticks(bands) if state["x"] == "sample" else boundary_grid(bands)
-        patch.layout[f"xaxis{suffix}"] = {
+        patch.assign[f"xaxis{suffix}"] = {
             "anchor": f"y{suffix}",
             "domain": [0, 1],
             "matches": None if number == 1 else "x",
             "title": {"text": _x_title(state["x"]) if row == n - 1 else ""},
             **ticks,
         }
-        patch.layout[f"yaxis{suffix}"] = {
+        patch.assign[f"yaxis{suffix}"] = {
             "anchor": f"x{suffix}",
             "domain": [max(top - height, 0), top],
             "title": {"text": f"rank {rank}<br>MiB"},

@@ -116,18 +116,18 @@ def update_comm_timeline(
             if not patch.has(key):
                 patch.create(key, _bar(base, phase_color(base), "phase"))
             text = f"<b>{e.phase}</b> · {length_ms:.3f} ms<br>rank {e.rank} · step {e.step}"
-            patch.add(key, y=compute, base=start_ms, x=length_ms, text=base, hovertext=text)
+            patch.add(key, y=compute, base=start_ms, x=length_ms, hovertext=text)
         else:
             key = f"timeline/op/{e.op}"
             if not patch.has(key):
                 patch.create(key, _bar(e.op, op_color(e.op), "comm"))
-            patch.add(key, y=comm, base=start_ms, x=length_ms, text=e.op, hovertext=comm_hover(e))
+            patch.add(key, y=comm, base=start_ms, x=length_ms, hovertext=comm_hover(e))
     if len(state["lanes"]) != lanes_before:
         state["lanes"].sort()
         patch.layout.update(_lane_layout(state["lanes"]))
-    patch.layout["xaxis2"] = _step_axis(state["steps"])
-    patch.layout["xaxis"] = {"minor": _step_starts(state["steps"])}
-    patch.layout["meta"] = initial_meta(state)
+    patch.assign["xaxis2"] = _step_axis(state["steps"])
+    patch.assign["xaxis.minor"] = _step_starts(state["steps"])
+    patch.assign["meta"] = initial_meta(state)
     return patch.apply(fig)
 
 
@@ -153,6 +153,7 @@ def _bar(name: str, color: str, group: str) -> go.Bar:
         legendgroup=group,
         legendgrouptitle={"text": "compute" if group == "phase" else "collectives"},
         hoverinfo="text",  # hovertext, not the name written in the bar
+        text=name,  # one string for every bar of the trace: no per-bar array to grow
         textposition="inside",
         insidetextanchor="middle",
         textangle=0,
