@@ -34,7 +34,7 @@ def browser() -> None:
         pytest.skip(reason)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.usefixtures("browser")
 def test_readme_screenshots_show_phases_steps_and_whole_labels() -> None:
     out = sp.ARTIFACTS / "docs"
@@ -58,7 +58,7 @@ def test_readme_screenshots_show_phases_steps_and_whole_labels() -> None:
     assert all((out / name).stat().st_size > 10_000 for name in IMAGES.values())
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 @pytest.mark.usefixtures("browser")
 def test_a_committed_walkthrough_opened_unrun_shows_no_widget_repr() -> None:
     """What a reader sees before running anything: saved outputs only."""

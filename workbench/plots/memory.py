@@ -87,7 +87,7 @@ def memory_figure(
         for rank in wanted:
             _add_rank(patch, state, rank)
         _layout_ranks(patch, state)
-        patch.assign["annotations"] = _annotations(state)
+        _assign_annotations(patch, state)
         patch.assign["meta"] = initial_meta(state)
         patch.apply(fig)
     return update_memory_figure(fig, events)
@@ -127,7 +127,7 @@ def update_memory_figure(
     # Ticks, ranges and labels follow from the state alone, so every update rewrites them
     # (a few short arrays per rank): a figure grown in pieces equals one built at once.
     _layout_ranks(patch, state)
-    patch.assign["annotations"] = _annotations(state)
+    _assign_annotations(patch, state)
     patch.assign["meta"] = initial_meta(state)
     return patch.apply(fig)
 
@@ -175,6 +175,14 @@ def _set_peak(patch: Patch, state: dict[str, Any], rank: str) -> None:
         hovertext=[f"rank {rank} · step {step} · {phase}<br>{label}"],
         marker={"color": _OOM_COLOR if over else "#222222"},
     )
+
+
+def _assign_annotations(patch: Patch, state: dict[str, Any]) -> None:
+    # Never an empty list: FigureWidget's front end draws nothing of a figure whose layout
+    # holds an empty array. Labels only ever get added, so none means none before either.
+    annotations = _annotations(state)
+    if annotations:
+        patch.assign["annotations"] = annotations
 
 
 def _annotations(state: dict[str, Any]) -> list[dict[str, Any]]:

@@ -61,12 +61,16 @@ def _boundaries(bands: list[Band], opening: list[int], ticklen: int) -> dict[str
     the step before and the first of the step (``first - 0.5`` on a sample axis). Minor grid
     lines are two arrays on the axis, so a long run adds no shapes to re-send."""
     where = [(bands[i - 1][3] + bands[i][2]) / 2 for i in opening if i > 0]
+    if not where:  # plotly.js stops drawing the figure at an empty tickvals array
+        return {}
     return {"minor": {**_BOUNDARY, "ticklen": ticklen, "tickmode": "array", "tickvals": where}}
 
 
 def band_ticks(bands: list[Band]) -> dict[str, Any]:
     """Axis properties for a sample axis: phase (and step) labels at whole samples inside
     their bands, no numeric ticks at all, dotted step boundaries."""
+    if not bands:
+        return {"showticklabels": False}  # nothing sampled yet: no numbers either
     if len(bands) <= MAX_PHASE_TICKS:
         opening = _step_starts(bands)
         vals = [int(b[2] + (b[3] - b[2]) // 2) for b in bands]

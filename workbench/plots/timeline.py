@@ -176,24 +176,26 @@ def _labelled(steps: dict[str, list[float]]) -> list[tuple[int, list[float]]]:
 def _step_axis(steps: dict[str, list[float]]) -> dict[str, Any]:
     """A top axis over the time axis with no traces of its own: "step N" over each step."""
     named = _labelled(steps)
-    return {
-        "overlaying": "x",
-        "matches": "x",
-        "side": "top",
+    axis = {"overlaying": "x", "matches": "x", "side": "top", "showgrid": False}
+    axis |= {"zeroline": False, "ticks": ""}
+    if not named:
+        # FigureWidget's front end draws nothing of a figure with an empty tickvals array
+        return axis | {"showticklabels": False}
+    return axis | {
         "tickmode": "array",
         "tickvals": [(a + b) / 2 for _, (a, b) in named],
         "ticktext": [f"<b>step {step}</b>" for step, _ in named],
-        "showgrid": False,
-        "zeroline": False,
-        "ticks": "",
     }
 
 
 def _step_starts(steps: dict[str, list[float]]) -> dict[str, Any]:
     """Dotted grid lines where each named step starts (the minor grid of the time axis)."""
+    starts = [a for step, (a, _) in _labelled(steps) if step != min(map(int, steps))]
+    if not starts:  # as in _step_axis: no empty tickvals
+        return {}
     return {
         "tickmode": "array",
-        "tickvals": [a for step, (a, _) in _labelled(steps) if step != min(map(int, steps))],
+        "tickvals": starts,
         "showgrid": True,
         "gridcolor": "#555555",
         "griddash": "dot",
