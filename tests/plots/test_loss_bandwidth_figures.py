@@ -7,7 +7,7 @@ import pytest
 from tests.plots.events import MS, ddp_events
 from workbench.errors import ConfigError
 from workbench.plots import bandwidth_figure, loss_figure, update_bandwidth_figure
-from workbench.plots.loss import rank_span, update_loss_figure
+from workbench.plots.loss import RANK_COLORS, rank_span, update_loss_figure
 from workbench.trace.events import CommEvent, Metric, to_record
 
 
@@ -97,7 +97,9 @@ def test_identical_rank_curves_share_one_legend_entry_that_says_so() -> None:
     rank0, rank1 = (next(t for t in fig.data if t.meta["key"] == f"loss/rank/{r}") for r in (0, 1))
     assert rank0.legendgroup == rank1.legendgroup  # one legend click shows or hides both
     assert rank1.hoverinfo == "skip" and "ranks 0–1" in rank0.hovertemplate
-    assert list(rank1.y) == same  # still drawn, under rank 0's line
+    assert list(rank1.y) == same  # still drawn, on top of rank 0's line
+    # the line on top is drawn in the color of the legend's swatch (rank 0's)
+    assert rank1.line.color == rank1.marker.color == rank0.line.color == RANK_COLORS[0]
 
 
 def test_ranks_that_part_ways_get_their_own_entries_again() -> None:
@@ -106,6 +108,8 @@ def test_ranks_that_part_ways_get_their_own_entries_again() -> None:
     update_loss_figure(fig, _losses({0: [2.0], 1: [2.1]}, start=2))
     assert _legend(fig) == ["rank 0", "rank 1"]
     assert all(t.hoverinfo == "all" for t in fig.data)
+    assert [t.line.color for t in fig.data] == [RANK_COLORS[0], RANK_COLORS[1]]
+    assert [t.marker.color for t in fig.data] == [RANK_COLORS[0], RANK_COLORS[1]]
 
 
 def test_identical_sets_are_found_among_many_ranks() -> None:

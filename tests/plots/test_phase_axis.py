@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -64,6 +65,18 @@ def test_sample_axis_names_each_phase_at_a_whole_sample_of_it() -> None:
         # a step's first label names the step
         steps = [n[1] for n in names if len(n) > 1]
         assert steps == ["step 0", "step 1", "step 2"]
+
+
+def test_a_sample_outside_any_phase_is_named_by_its_label_not_a_question_mark() -> None:
+    # what a training run records: a "start" sample before step 0's first phase
+    start = MemorySample(
+        rank=0, step=0, phase="", t=0, params=4 * MIB, grads=0, optimizer=0, activations=0,
+        label="start",
+    )  # fmt: skip
+    unlabelled = dataclasses.replace(start, label="", t=MS)
+    events = [start, unlabelled, *(_step(0, 0, 2 * MS))]
+    names = [_lines(t)[0] for t in memory_figure(events).layout.xaxis.ticktext]
+    assert names == ["start", "no phase", *PHASES]
 
 
 def test_step_boundaries_are_dotted_between_the_steps() -> None:

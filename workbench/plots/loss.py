@@ -99,7 +99,7 @@ def update_loss_figure(fig: FigureLike, events: Iterable[Event | Mapping[str, An
                     name=f"rank {m.rank}",
                     mode="lines+markers",
                     line={"color": color, "width": 2},
-                    marker={"size": 5},
+                    marker={"size": 5, "color": color},
                     meta={"rank": m.rank},
                 ),
             )
@@ -170,6 +170,9 @@ def _name_identical(curves: dict[int, tuple[np.ndarray, np.ndarray]], patch: Pat
             groups.append([rank])
     for group in groups:
         label = f"rank {group[0]}" if len(group) == 1 else f"ranks {rank_span(group)}"
+        # The line drawn on top is the group's last rank: in the leader's color it matches
+        # the legend's swatch (each rank gets its own color back once the curves part).
+        color = RANK_COLORS[group[0] % len(RANK_COLORS)]
         for rank in group:
             leader = rank == group[0]
             patch.set(
@@ -179,4 +182,6 @@ def _name_identical(curves: dict[int, tuple[np.ndarray, np.ndarray]], patch: Pat
                 showlegend=leader,
                 hoverinfo="all" if leader else "skip",
                 hovertemplate=f"{label}: %{{y:.6g}}<extra></extra>",
+                line={"color": color, "width": 2},
+                marker={"size": 5, "color": color},
             )

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from workbench.errors import ConfigError, choices_error
 from workbench.plots.event_input import coerce_events, validate_ranks
 from workbench.plots.figure_patch import FigureLike, Patch, figure_state, initial_meta
-from workbench.plots.phase_axis import band_ticks, boundary_grid, extend_bands
+from workbench.plots.phase_axis import band_name, band_ticks, boundary_grid, extend_bands
 from workbench.plots.style import CATEGORIES, MIB, category_color, format_bytes
 from workbench.trace.events import Event, MemorySample
 
@@ -116,7 +116,7 @@ def update_memory_figure(
             _add_rank(patch, state, s.rank)
         xv = state["count"][rank] if state["x"] == "sample" else (s.t - state["t0"]) / 1e6
         state["count"][rank] += 1
-        extend_bands(state["bands"][rank], s.step, s.phase, xv)
+        extend_bands(state["bands"][rank], s.step, band_name(s.phase, s.label), xv)
         _add_sample(patch, state, s, xv)
         peak = state["peak"].get(rank)
         if peak is None or s.total > peak[1]:
@@ -134,7 +134,7 @@ def update_memory_figure(
 
 def _add_sample(patch: Patch, state: dict[str, Any], s: MemorySample, xv: float) -> None:
     """One point on every category's stacked area of the sample's rank."""
-    where = f"rank {s.rank} · step {s.step} · {s.phase or '?'}"
+    where = f"rank {s.rank} · step {s.step} · {s.phase or 'no phase'}"
     if s.label:
         where += f" · {s.label}"
     if not patch.has(_key(s.rank, CATEGORIES[0])):

@@ -15,7 +15,14 @@ from typing import Any
 
 from workbench.plots.style import base_phase
 
-__all__ = ["MAX_PHASE_TICKS", "MAX_STEP_TICKS", "band_ticks", "boundary_grid", "extend_bands"]
+__all__ = [
+    "MAX_PHASE_TICKS",
+    "MAX_STEP_TICKS",
+    "band_name",
+    "band_ticks",
+    "boundary_grid",
+    "extend_bands",
+]
 
 # On two staggered lines, about 800 px of axis (the stepper's tab) holds 30 phase names
 # ("optimizer" is the widest, ~50 px); past that they would overlap, so steps only.
@@ -36,9 +43,16 @@ _LABEL_ROWS_PX = 44
 Band = list[Any]  # [step, phase, first x, last x]
 
 
-def extend_bands(bands: list[Band], step: int, phase: str, x: float) -> None:
-    """Add a sample at ``x`` (after every earlier one of its rank) to ``bands`` in place."""
-    name = base_phase(phase) or "?"
+def band_name(phase: str, label: str = "") -> str:
+    """What the axis calls a sample: its base phase; outside any phase (the "start" sample
+    before the first step, "end" after the last), its label, since a "?" tells a class
+    nothing."""
+    return base_phase(phase) or label or "no phase"
+
+
+def extend_bands(bands: list[Band], step: int, name: str, x: float) -> None:
+    """Add a sample named ``name`` (``band_name``) at ``x``, after every earlier one of its
+    rank, to ``bands`` in place."""
     if bands and bands[-1][0] == step and bands[-1][1] == name:
         bands[-1][3] = x
     else:
