@@ -33,9 +33,20 @@ DRAWN = """() => {
       return (parts.length ? parts : [text]).map((t) => t.textContent).filter((t) => t);
     };
     const axes = {};
+    const boxes = {};
     for (const key of Object.keys(fl).filter((k) => /^xaxis\\d*$/.test(k))) {
       const id = fl[key]._id;
-      axes[id] = [...gd.querySelectorAll(`g.${id}tick text`)].map(lines);
+      const texts = [...gd.querySelectorAll(`g.${id}tick text`)];
+      axes[id] = texts.map(lines);
+      // every drawn line of every tick label, and every tick mark, as page boxes
+      const labels = texts.flatMap((text, tick) => {
+        const parts = [...text.querySelectorAll('tspan.line')];
+        return (parts.length ? parts : [text]).filter((t) => t.textContent)
+          .map((t) => ({tick, text: t.textContent, box: box(t.getBoundingClientRect())}));
+      });
+      const ticks = [...gd.querySelectorAll(`path.${id}tick`)]
+        .map((t) => box(t.getBoundingClientRect())).filter((b) => b.bottom > b.top);
+      boxes[id] = {labels, ticks};
     }
     const annotations = [...gd.querySelectorAll('g.annotation')].map((el) => {
       const spec = fl.annotations[Number(el.getAttribute('data-index'))] || {};
@@ -51,7 +62,7 @@ DRAWN = """() => {
     });
     const legend = [...gd.querySelectorAll('.legend .traces .legendtext')]
       .map((t) => t.textContent);
-    out[kind] = {axes, annotations, legend};
+    out[kind] = {axes, boxes, annotations, legend};
   }
   return out;
 }"""
@@ -77,6 +88,8 @@ def problems(drawn: dict[str, dict[str, Any]], page_text: str) -> list[str]:
             out.append(f"memory {axis} tick labels lack {missing}: {labels[:12]}")
         if not any(re.fullmatch(r"step \d+", t) for t in labels):
             out.append(f"memory {axis} names no step: {labels[:12]}")
+    for axis, found in memory.get("boxes", {}).items():
+        out += _collisions(axis, found["labels"], found["ticks"])
     peaks = [a for a in memory["annotations"] if a["name"].startswith("peak")]
     if not peaks:
         out.append("memory figure has no peak label")
@@ -94,4 +107,29 @@ def problems(drawn: dict[str, dict[str, Any]], page_text: str) -> list[str]:
     if shown:
         seen = page_text[shown.start() : shown.start() + 60]
         out.append(f"widget repr text on the page: {seen!r}")
+    return out
+
+
+def _overlap(a: dict[str, float], b: dict[str, float], slack: float = 2) -> bool:
+    """Boxes that share more than ``slack`` px both ways (a text line's box has a pixel or
+    two of leading that touches the next line's without any glyph doing so)."""
+    across = min(a["right"], b["right"]) - max(a["left"], b["left"])
+    down = min(a["bottom"], b["bottom"]) - max(a["top"], b["top"])
+    return across > slack and down > slack
+
+
+def _collisions(
+    axis: str, labels: list[dict[str, Any]], ticks: list[dict[str, float]]
+) -> list[str]:
+    """Tick labels of different ticks drawn over each other, tick marks striking a label."""
+    out = []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            if a["tick"] != b["tick"] and _overlap(a["box"], b["box"]):
+                out.append(f"memory {axis}: label {a['text']!r} overlaps {b['text']!r}")
+        # a tick is a line (a box of no width: widened by a px each side); any crossing at
+        # all strikes the text
+        if any(_overlap(a["box"], {**t, "left": t["left"] - 1, "right": t["right"] + 1}, 0)
+               for t in ticks):  # fmt: skip
+            out.append(f"memory {axis}: a tick mark runs through the label {a['text']!r}")
     return out

@@ -28,17 +28,13 @@ __all__ = [
 # ("optimizer" is the widest, ~50 px); past that they would overlap, so steps only.
 MAX_PHASE_TICKS = 30
 MAX_STEP_TICKS = 25
-_BOUNDARY = {
-    "showgrid": True,
-    "gridcolor": "#555555",
-    "griddash": "dot",
-    "gridwidth": 1,
-    "ticks": "outside",
-    "tickcolor": "#999999",
-}
-# Grid lines are drawn under the stacked areas, so on a sample axis a boundary's tick mark
-# runs down across the three label rows as well.
-_LABEL_ROWS_PX = 44
+_BOUNDARY = {"showgrid": True, "gridcolor": "#555555", "griddash": "dot", "gridwidth": 1}
+# On a time axis a short tick under each boundary, between the numbers. On a sample axis
+# none: a one-sample band's name ("optimizer", the last of a step) is wider than its band
+# and reaches over the boundary, which a tick running down through the label rows would
+# strike through; the dotted grid line above the axis marks the boundary alone.
+_TIME_TICK = {"ticks": "outside", "tickcolor": "#999999", "ticklen": 6}
+_NO_TICK = {"ticks": ""}
 
 Band = list[Any]  # [step, phase, first x, last x]
 
@@ -70,14 +66,14 @@ def _every_kth_step(bands: list[Band]) -> list[int]:
     return starts[:: max(1, math.ceil(len(starts) / MAX_STEP_TICKS))]
 
 
-def _boundaries(bands: list[Band], opening: list[int], ticklen: int) -> dict[str, Any]:
+def _boundaries(bands: list[Band], opening: list[int], tick: dict[str, Any]) -> dict[str, Any]:
     """Dotted grid lines where the marked steps begin: midway between the last sample of
     the step before and the first of the step (``first - 0.5`` on a sample axis). Minor grid
     lines are two arrays on the axis, so a long run adds no shapes to re-send."""
     where = [(bands[i - 1][3] + bands[i][2]) / 2 for i in opening if i > 0]
     if not where:  # plotly.js stops drawing the figure at an empty tickvals array
         return {}
-    return {"minor": {**_BOUNDARY, "ticklen": ticklen, "tickmode": "array", "tickvals": where}}
+    return {"minor": {**_BOUNDARY, **tick, "tickmode": "array", "tickvals": where}}
 
 
 def band_ticks(bands: list[Band]) -> dict[str, Any]:
@@ -99,7 +95,7 @@ def band_ticks(bands: list[Band]) -> dict[str, Any]:
         "ticktext": text,
         "tickangle": 0,  # staggered lines instead of plotly's tilt, which tangles them
         "showgrid": False,
-        **_boundaries(bands, opening, _LABEL_ROWS_PX),
+        **_boundaries(bands, opening, _NO_TICK),
     }
 
 
@@ -117,4 +113,4 @@ def _staggered(bands: list[Band], opening: set[int]) -> list[str]:
 
 def boundary_grid(bands: list[Band]) -> dict[str, Any]:
     """Axis properties for a time axis: its numeric ticks kept, step boundaries dotted."""
-    return _boundaries(bands, _every_kth_step(bands), 6)
+    return _boundaries(bands, _every_kth_step(bands), _TIME_TICK)
