@@ -43,13 +43,18 @@ def shoot(out: Path, steps: int = 4) -> dict[str, Any]:
             session.track()
             phase = page.get_by_role("button", name="Phase ▶", exact=True)
             phase.wait_for()
+            # The figure's view loads plotly's bundle (5 MB) after the buttons are up. With
+            # Run N clicked before the memory figure was drawn it stayed blank (default axes,
+            # no title) in 3 of 4 tries on a loaded machine; waiting for it first, it drew.
+            sp.wait_figures(page, "f.memory !== undefined")
             controls = page.locator(".widget-hbox").filter(has=phase)
             count = controls.locator("input[type=number]")
             count.fill(str(steps))
             count.press("Enter")
             controls.get_by_role("button", name="Run N", exact=True).click()
             sp.wait_status(page, f"rows.length > 0 && rows.every((r) => r[1] === '{steps}')")
-            sp.wait_figures(page, f"f.loss.points === {2 * steps}")
+            # a figure not drawn yet is missing from ``f`` (its tab was never shown): wait
+            sp.wait_figures(page, f"f.loss !== undefined && f.loss.points === {2 * steps}")
             widget = sp.widget(page)
             drawn: dict[str, Any] = {}
             for tab, kind in (("memory", "memory"), ("communication", "comm"), ("loss", "loss")):
@@ -57,7 +62,8 @@ def shoot(out: Path, steps: int = 4) -> dict[str, Any]:
                 # a hidden tab's figure is re-fitted to the tab once shown
                 sp.wait_figures(
                     page,
-                    f"f.{kind}.width > 0 && Math.abs(f.{kind}.plotWidth - f.{kind}.width) <= 2",
+                    f"f.{kind} !== undefined && f.{kind}.width > 0"
+                    f" && Math.abs(f.{kind}.plotWidth - f.{kind}.width) <= 2",
                 )
                 drawn[kind] = drawn_figures(page)[kind]
                 widget.screenshot(path=str(out / IMAGES[tab]), animations="disabled")

@@ -48,6 +48,9 @@ DRAWN = """() => {
         .map((t) => box(t.getBoundingClientRect())).filter((b) => b.bottom > b.top);
       boxes[id] = {labels, ticks};
     }
+    // the y axes' numbers, which sit next to the first x labels of each panel
+    const numbers = [...gd.querySelectorAll('g.ytick text, g[class^="y"][class$="tick"] text')]
+      .map((t) => ({tick: -1, text: t.textContent, box: box(t.getBoundingClientRect())}));
     const annotations = [...gd.querySelectorAll('g.annotation')].map((el) => {
       const spec = fl.annotations[Number(el.getAttribute('data-index'))] || {};
       const ya = spec.yref && fl[spec.yref.replace('y', 'yaxis').split(' ')[0]];
@@ -62,7 +65,7 @@ DRAWN = """() => {
     });
     const legend = [...gd.querySelectorAll('.legend .traces .legendtext')]
       .map((t) => t.textContent);
-    out[kind] = {axes, boxes, annotations, legend};
+    out[kind] = {axes, boxes, numbers, annotations, legend};
   }
   return out;
 }"""
@@ -89,7 +92,7 @@ def problems(drawn: dict[str, dict[str, Any]], page_text: str) -> list[str]:
         if not any(re.fullmatch(r"step \d+", t) for t in labels):
             out.append(f"memory {axis} names no step: {labels[:12]}")
     for axis, found in memory.get("boxes", {}).items():
-        out += _collisions(axis, found["labels"], found["ticks"])
+        out += _collisions(axis, found["labels"] + memory.get("numbers", []), found["ticks"])
     peaks = [a for a in memory["annotations"] if a["name"].startswith("peak")]
     if not peaks:
         out.append("memory figure has no peak label")

@@ -95,6 +95,8 @@ def test_names_alternate_between_two_lines_so_neighbours_never_collide() -> None
     rows = [t.split("<br>").index(next(x for x in t.split("<br>") if x)) for t in ticks]
     assert rows == [0, 1] * 5
     assert memory_figure(_run(2)).layout.xaxis.tickangle == 0  # plotly's tilt is off
+    # the names start a few px below the axis, clear of the y axis's "0" (drawn half below)
+    assert memory_figure(_run(2)).layout.xaxis.ticklabelstandoff >= 6
 
 
 def test_a_long_run_names_steps_only_and_still_whole_samples() -> None:

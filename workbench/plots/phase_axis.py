@@ -35,6 +35,7 @@ _BOUNDARY = {"showgrid": True, "gridcolor": "#555555", "griddash": "dot", "gridw
 # strike through; the dotted grid line above the axis marks the boundary alone.
 _TIME_TICK = {"ticks": "outside", "tickcolor": "#999999", "ticklen": 6}
 _NO_TICK = {"ticks": ""}
+_STANDOFF_PX = 8
 
 Band = list[Any]  # [step, phase, first x, last x]
 
@@ -94,6 +95,8 @@ def band_ticks(bands: list[Band]) -> dict[str, Any]:
         "tickvals": vals,
         "ticktext": text,
         "tickangle": 0,  # staggered lines instead of plotly's tilt, which tangles them
+        # the y axis's "0" hangs half below the axis, right over the first phase name
+        "ticklabelstandoff": _STANDOFF_PX,
         "showgrid": False,
         **_boundaries(bands, opening, _NO_TICK),
     }
