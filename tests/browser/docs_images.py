@@ -43,10 +43,11 @@ def shoot(out: Path, steps: int = 4) -> dict[str, Any]:
             session.track()
             phase = page.get_by_role("button", name="Phase ▶", exact=True)
             phase.wait_for()
-            # The figure's view loads plotly's bundle (5 MB) after the buttons are up. With
+            # The figures' views load plotly's bundle (5 MB) after the buttons are up. With
             # Run N clicked before the memory figure was drawn it stayed blank (default axes,
             # no title) in 3 of 4 tries on a loaded machine; waiting for it first, it drew.
-            sp.wait_figures(page, "f.memory !== undefined")
+            # All three, as the stepper's browser test waits before its first click.
+            sp.wait_figures(page, "Object.keys(f).length === 3")
             controls = page.locator(".widget-hbox").filter(has=phase)
             count = controls.locator("input[type=number]")
             count.fill(str(steps))
