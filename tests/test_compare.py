@@ -26,32 +26,34 @@ def test_compare_reports_every_strategy_against_single_and_the_planner(
     lines: list[str] = []
     result = compare(
         **BASE,
-        strategies=["dp", "fsdp", {"dp": 1, "tp": 2}],
+        strategies=["dp", "fsdp", {"dp": 1, "tp": 2}, "pp"],
         tp_plan=um.TP_PLAN,
         steps=2,
         cluster=cluster,
         out=tmp_path,
         log=lines.append,
     )
-    assert [r.strategy for r in result.results] == ["dp", "fsdp", "tp=2"]
-    assert len(lines) == 3 and result.max_param_diff <= 1e-5
+    assert [r.strategy for r in result.results] == ["dp", "fsdp", "tp=2", "pp"]
+    assert len(lines) == 4 and result.max_param_diff <= 1e-5
     for r in result.results:
         assert r.check is not None and r.check["steps"] == 2
         assert r.check["max_param_diff"] <= 1e-5 and r.check["max_loss_diff"] <= 1e-5
     # Model state equals the planner's to the byte under every layout (TP too: the plan
     # leaves the embedding, head and norms whole); DDP and FSDP's data-parallel bytes too.
+    # Activations within the report's 10%, the pipeline's first stage (rank 0) included.
     for i, r in enumerate(result.results):
         rows = {row["category"]: row for row in r.validation["rows"]}
         for category in ("weights", "grads", "optimizer", "dp bytes/step")[: 4 if i < 2 else 3]:
             assert rows[category]["measured"] == rows[category]["predicted"], (r.strategy, category)
+        assert rows["activations"]["ok"] and rows["activations"]["measured"] > 0, r.strategy
     table = result.table
-    assert [row["strategy"] for row in table] == ["dp", "fsdp", "tp=2"]
+    assert [row["strategy"] for row in table] == ["dp", "fsdp", "tp=2", "pp"]
     fsdp_state, dp_state = (row["model state / rank (MiB)"] for row in (table[1], table[0]))
     assert fsdp_state < dp_state
     text = result.report.read_text()
     assert "Every strategy, side by side" in text and "make_model" in text
     assert "counted on the meta device" in text
-    for name in ("dp", "fsdp", "tp2"):
+    for name in ("dp", "fsdp", "tp2", "pp"):
         assert (tmp_path / f"trace_{name}.json").exists()
     assert "max |Δparam|" in str(result) and "report:" in str(result)
 

@@ -26,14 +26,17 @@ from typing import Any
 from workbench.cluster import Cluster
 from workbench.demo import StrategyResult, format_table, write_demo_report
 from workbench.engine.equivalence import compare_user_with_reference
-from workbench.errors import ConfigError, WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError, choices_error
 from workbench.parallel.seeding import DEFAULT_SEED
 from workbench.session.user_training import UserSpec, UserTrainingSession, user_spec
+from workbench.trace.events import MemorySample
 
 __all__ = ["USER_STRATEGIES", "StrategyComparison", "compare"]
 
 USER_STRATEGIES: tuple[str, ...] = ("dp", "zero1", "fsdp", "pp")
 _DIMS = ("dp", "tp", "pp", "zero", "overlap", "tp_plan", "pp_split")
+# What else one entry may set, so a run with and without it stand side by side.
+_RUN_OPTIONS = ("strategy", "checkpointing", "precision")
 
 PLANNER_TEXT = (
     "The planner's per-rank memory for the same layout against what the tracer measured "
@@ -59,7 +62,14 @@ class StrategyComparison:
 
     @property
     def table(self) -> list[dict[str, Any]]:
-        return [r.summary(self.steps) for r in self.results]
+        """The demo's row per strategy, with rank 0's activation peak beside its step time
+        (what checkpointing trades)."""
+        rows = []
+        for r in self.results:
+            row = r.summary(self.steps)
+            peak = max((s.activations for s in _rank0_memory(r)), default=0)
+            rows.append({**row, "activations / rank (MiB)": round(peak / 2**20, 3)})
+        return rows
 
     @property
     def max_param_diff(self) -> float:
@@ -81,6 +91,10 @@ class StrategyComparison:
         return f"<StrategyComparison {self.model}: {names}; report={self.report}>"
 
 
+def _rank0_memory(result: StrategyResult) -> list[MemorySample]:
+    return [e for e in result.events if isinstance(e, MemorySample) and e.rank == 0]
+
+
 def _strategy_options(strategy: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """(preset name or 'custom', the dimension keywords) of one entry of ``strategies``."""
     if isinstance(strategy, str):
@@ -93,13 +107,18 @@ def _strategy_options(strategy: str | Mapping[str, Any]) -> tuple[str, dict[str,
             )
         return strategy, {}
     if isinstance(strategy, Mapping):
-        unknown = sorted(set(strategy) - set(_DIMS))
+        unknown = sorted(set(strategy) - set(_DIMS) - set(_RUN_OPTIONS))
         if unknown or not strategy:
             raise ConfigError(
                 f"strategy {dict(strategy)!r} is not valid; a mapping takes the dimensions "
-                f"{list(_DIMS)}, e.g. {{'dp': 2, 'zero': 1}}"
+                f"{list(_DIMS)} and the options {list(_RUN_OPTIONS)}, e.g. {{'dp': 2, "
+                "'zero': 1}, {'strategy': 'fsdp', 'checkpointing': True}"
             )
-        return "dp", dict(strategy)
+        options = dict(strategy)
+        preset = options.pop("strategy", "dp")
+        if not isinstance(preset, str):
+            raise choices_error("strategy", preset, USER_STRATEGIES)
+        return _strategy_options(preset)[0], options  # a preset name, checked as above
     raise ConfigError(
         f"strategy {strategy!r} is not valid; give a preset name or a mapping of dimensions"
     )
@@ -179,6 +198,8 @@ def _validation(
         microbatches=spec.microbatches,
         schedule=spec.schedule,
         module=module,
+        # Checkpointed blocks: the planner's full recompute, set beside the measurement.
+        recompute="full" if spec.checkpointing is not False else "none",
     )
     return validate(result.events, plan, rank=0).as_dict()
 

@@ -49,7 +49,10 @@ class StrategyResult:
         for span in spans:
             if "[" not in span.phase:  # nested micro-batch spans are inside their phase
                 per_step[span.step] += span.end - span.start
-        state = max((s.params + s.grads + s.optimizer for s in samples if s.rank == 0), default=0)
+        state = max(
+            (s.params + s.frozen + s.grads + s.optimizer for s in samples if s.rank == 0),
+            default=0,
+        )
         peak = {
             r: max((s.total for s in samples if s.rank == r), default=0)
             for r in sorted({s.rank for s in samples})
@@ -118,10 +121,8 @@ PLANNER_TEXT = (
     "split points and stage cuts the run applied (the Megatron teaching view: its MLP "
     "split, attention whole), so model state (weights, gradients, optimizer) is exact for "
     "every strategy, FSDP's padded shards and ZeRO-1's whole-parameter partition "
-    "included; activations should be within 10%. Under tracing a pipeline's first stage "
-    "reads high: the tracer keeps alive the forward that torch's pipelining runs once to "
-    "infer shapes and never backpropagates. Optimizer step counters are bookkeeping and "
-    "are recorded as 'other'."
+    "included; activations should be within 10%, each stage of a pipeline too. Optimizer "
+    "step counters are bookkeeping and are recorded as 'other'."
 )
 
 

@@ -2,6 +2,21 @@
 
 Every message names the bad value, the valid choices and, where there is one, the fix.
 User input is validated with these, never with ``assert``.
+
+The tree (as httpx draws its own)::
+
+    WorkbenchError
+    ├── ConfigError (also a ValueError)     a setting out of range or not a valid choice
+    │   └── ParallelError                   a layout that cannot be built
+    ├── ClusterError                        the cluster could not start, or lost a rank
+    │   ├── EngineDied                      an engine process exited
+    │   │   └── EngineUnresponsive          alive but not answering (frozen, stopped)
+    │   ├── RankError                       code raised on ranks (``failures``)
+    │   ├── CollectiveTimeout               no finish in time (``report``: who waited where)
+    │   ├── RankFailed                      on an engine: this rank failed part-way
+    │   └── PeerFailed                      on an engine: stopped because another failed
+    ├── CheckpointError                     missing, incomplete, untrusted or mismatched
+    └── UserCodeError                       the user's model, data or loss failed
 """
 
 from __future__ import annotations
@@ -17,7 +32,9 @@ __all__ = [
     "EngineDied",
     "EngineUnresponsive",
     "ParallelError",
+    "PeerFailed",
     "RankError",
+    "RankFailed",
     "UserCodeError",
     "WorkbenchError",
     "choices_error",
@@ -90,6 +107,16 @@ class CollectiveTimeout(ClusterError):
     def __init__(self, message: str, *, report: object | None = None) -> None:
         super().__init__(message)
         self.report = report
+
+
+class RankFailed(ClusterError):
+    """Raised on an engine: this rank failed part-way and closed its process group, so no
+    peer waits for it (``workbench.engine.fail_together``)."""
+
+
+class PeerFailed(ClusterError):
+    """Raised on an engine: this rank stopped because another rank failed (the process
+    group was closed under it)."""
 
 
 class CheckpointError(WorkbenchError):

@@ -145,21 +145,49 @@ print("backend:", dist.get_backend(), "device:", device)
 
 # %% [markdown]
 # The seed article's second migration warning — "ensure environment consistency across
-# nodes" — is cheap to check from the notebook: gather every rank's Python, PyTorch and
-# architecture, and compare. (On a GPU cluster add `torch.version.cuda` and
-# `torch.cuda.nccl.version()`: mismatched NCCL builds are a classic source of hangs.)
+# nodes" — is what the cluster doctor checks. Every engine reported its environment as it
+# registered (Python, PyTorch with its git hash, CUDA, cuDNN and NCCL where CUDA is there,
+# the workbench, numpy, transformers, any package named with `--check-packages`, GPUs,
+# CPUs and the `NCCL_*`/`GLOO_*`/`OMP_*` variables), and the start compared them: a
+# different PyTorch, CUDA, NCCL, workbench or Python minor version on one host would have
+# failed the start, naming the hosts and both versions, before any process group formed.
+# `%wb doctor env` asks again and shows one row per host, differences highlighted; here,
+# in numbers:
 
 # %%
-%%wb
-import platform
-import sys
+cluster = workbench.Cluster.current()
+report = cluster.doctor("env")
+print("hosts:", len(report.rows), "| fields that differ:", sorted(report.differences()))
+print("errors:", report.errors, "| warnings:", report.warnings)
 
-mine = (sys.version.split()[0], torch.__version__, platform.machine())
-everyone = [None] * world_size
-dist.all_gather_object(everyone, mine)
-if rank == 0:
-    print("ranks reporting:", len(everyone))
-    print("same Python, PyTorch and architecture on every rank:", len(set(everyone)) == 1)
+# %% [markdown]
+# The network, measured pair by pair: `doctor("net")` runs a small ping-pong (latency:
+# half the round trip, median and p99) and large messages one way and both ways between
+# every pair of ranks, one pair at a time, then an all-reduce sweep inside each host,
+# across hosts and over the world (nccl-tests' bus bandwidth). A pair below 0.75x the
+# median bandwidth is flagged; the slowest link is named. The heatmap has one cell per
+# pair (on this machine, one pair over loopback; its numbers change from run to run):
+
+# %%
+net = cluster.doctor("net")
+print(net.chosen, "->", len(net.pairs), "pair(s), slow pairs:", len(net.slow))
+print("all-reduce groups fitted:", len(net.fits))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from workbench.plots.network import network_figure
+
+network_figure(net)
+
+# %% [markdown]
+# The fitted links become the planner's hardware, so a plan is made for the cluster you
+# have: `cluster.measured_hardware()` (or `measured_hardware(base=hardware_preset("h100-80gb"))`
+# to keep a GPU's compute and memory) goes to `workbench.plan`, `plan_from(gpu=...)` and the
+# planner widget. One host has no inter-host link, so there the intra-host one stands in:
+
+# %%
+hw = cluster.measured_hardware()
+print(hw.intra.name, "|", hw.inter.name)
 
 # %% [markdown]
 # ## 4. NCCL and the network: what to check before a long run
@@ -179,13 +207,13 @@ if rank == 0:
 #    one to use; `NCCL_IB_HCA` selects InfiniBand adapters.
 # 3. **RDMA actually in use.** `NCCL_DEBUG=INFO` in the engines' environment makes NCCL
 #    log the transport it chose (`NET/IB` vs `NET/Socket`); `ibv_devinfo` shows the
-#    adapters. Then measure: run notebook 05's all-reduce sweep on the cluster and compare
-#    the bus bandwidth with the link's rating.
+#    adapters. Then measure: `%wb doctor net` on the cluster, and compare each pair's and
+#    each group's bus bandwidth with the link's rating.
 # 4. **Non-blocking topology.** The switch fabric must carry every node's traffic at once
 #    (the seed's "交换机带宽是否无阻塞"); a bandwidth sweep on 2 nodes and on all nodes
 #    shows whether it does.
-# 5. **Same environment everywhere.** Python, PyTorch, CUDA and NCCL versions (the check
-#    above), the same code (a shared file system or the same container image), and the
+# 5. **Same environment everywhere.** Python, PyTorch, CUDA and NCCL versions (checked at
+#    every start; `%wb doctor env` shows them), the same code (a shared file system or the same container image), and the
 #    same data paths; checkpoints on storage every node can read.
 #
 # With these in place a multi-node run is the same notebook with a different

@@ -60,4 +60,18 @@ def test_the_script_runs_unchanged_on_two_ranks(
     cell = cluster.execute("t = torch.ones(1); dist.all_reduce(t); print(t.item())")
     assert [r.stdout for r in cell] == ["2.0\n", "2.0\n"]
     environ = cluster.execute("import os; print(sorted(os.environ))")[0].stdout
-    assert "'RANK'" in environ and "ACCELERATE_USE_CPU" not in environ
+    assert "'RANK'" in environ and "'TORCHELASTIC_RUN_ID'" not in environ  # put back
+
+
+def test_an_accelerator_in_a_cell_spans_the_ranks(cluster: Cluster) -> None:
+    """Accelerate code typed into a %%wb cell, not a script: every CPU rank is one of
+    world_size processes (without ACCELERATE_USE_CPU each ran alone, as 0 of 1)."""
+    cells = cluster.execute(
+        "from accelerate import Accelerator\n"
+        "accelerator = Accelerator()\n"
+        "print(accelerator.num_processes, accelerator.process_index)\n"
+        "accelerator.end_training()"
+    )
+    assert [c.stdout for c in cells] == ["2 0\n", "2 1\n"]
+    check = cluster.execute("t = torch.ones(1); dist.all_reduce(t); print(t.item())")
+    assert [c.stdout for c in check] == ["2.0\n", "2.0\n"]  # end_training kept the group

@@ -125,6 +125,8 @@ def test_bad_cell_arguments(attached: Any, line: str, cell: str, message: str) -
         ),
         ("dashboard --interval nan", "--interval nan is not valid: not a finite number"),
         ("start -n two", "not a whole number"),
+        ("start -n ١", "-n '١' is not valid: not a whole number"),  # int() reads it as 1
+        ("start -n 1_0", "-n '1_0' is not valid: not a whole number"),
         ("start --backend mpi", "invalid choice: 'mpi'.*gloo"),
         ("start --launcher k8s", "invalid choice: 'k8s'.*slurm"),
         ("frobnicate", "unknown command 'frobnicate'; valid commands: start"),

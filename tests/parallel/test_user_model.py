@@ -282,7 +282,7 @@ def test_user_spec_and_user_run_share_one_declaration_of_their_options() -> None
     run_only = {f.name for f in fields(UserRun)} - shared
     assert shared == {
         "batch_size", "grad_accum", "microbatches", "schedule",
-        "precision", "seed", "trace", "per_module",
+        "precision", "checkpointing", "seed", "trace", "per_module",
     }  # fmt: skip
     # Nothing else is declared twice (strategy is a preset name on the client, a label there).
     assert spec_only & run_only == {"strategy"}

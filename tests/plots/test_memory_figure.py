@@ -10,6 +10,9 @@ from workbench.plots import CATEGORIES, CATEGORY_COLORS, memory_figure, update_m
 from workbench.plots.style import MIB
 from workbench.trace.events import MemorySample, to_record
 
+# A full fine-tune has no frozen weights, and a category without bytes gets no trace.
+DRAWN = tuple(c for c in CATEGORIES if c != "frozen")
+
 
 def _traces(fig, rank: int) -> dict[str, object]:
     return {t.meta["category"]: t for t in fig.data if t.meta["rank"] == rank}
@@ -26,12 +29,12 @@ def test_one_stacked_group_per_rank_with_every_category_in_order() -> None:
     for rank in (0, 1):
         traces = [t for t in fig.data if t.meta["rank"] == rank and t.stackgroup]
         # params at the bottom of the stack, the demo has "other" bytes (the batch) too
-        assert [t.name for t in traces] == list(CATEGORIES)
+        assert [t.name for t in traces] == list(DRAWN)
         assert {t.stackgroup for t in traces} == {f"rank{rank}"}
         assert all(t.fillcolor == CATEGORY_COLORS[t.name] for t in traces)
     # one legend entry per category, shared by both ranks
     legend = [t.name for t in fig.data if t.showlegend is not False]
-    assert sorted(legend) == sorted([*CATEGORIES, "peak"])
+    assert sorted(legend) == sorted([*DRAWN, "peak"])
 
 
 def test_values_are_the_samples_in_mib_per_rank_and_category() -> None:
@@ -40,7 +43,7 @@ def test_values_are_the_samples_in_mib_per_rank_and_category() -> None:
     for rank in (0, 1):
         fed = samples(events, rank)
         traces = _traces(fig, rank)
-        for category in CATEGORIES:
+        for category in DRAWN:
             trace = traces[category]
             assert list(trace.x) == list(range(len(fed)))
             assert list(trace.y) == [getattr(s, category) / MIB for s in fed]
@@ -84,7 +87,7 @@ def test_peak_marker_is_the_true_maximum_of_the_totals() -> None:
         # and the stacked areas reach exactly that height at that sample
         traces = _traces(fig, rank)
         i = int(peak.x[0])
-        assert sum(traces[c].y[i] for c in CATEGORIES) == pytest.approx(peak.y[0])
+        assert sum(traces[c].y[i] for c in DRAWN) == pytest.approx(peak.y[0])
 
 
 def test_capacity_draws_an_oom_line_per_rank_and_flags_a_peak_above_it() -> None:

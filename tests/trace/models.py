@@ -39,7 +39,7 @@ def saved_ground_truth(model: nn.Module, run: Callable[[], torch.Tensor]) -> int
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         kept.append(t)
-        return t
+        return t.detach()  # t itself would tie an op's saved output to its own graph
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run()

@@ -25,6 +25,9 @@ from workbench.cluster import gpus, launchers, rendezvous
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.dispatch import RankDispatch
+from workbench.cluster.doctor import ClusterDoctor
+from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
+from workbench.cluster.doctor_net import NetworkReport
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.loop import OneAtATime, async_first, sync_twin
@@ -63,7 +66,7 @@ def _stop_all_at_exit() -> None:
             log.debug("atexit stop failed for %r", cluster, exc_info=True)
 
 
-class Cluster(ProcessTracking, RankDispatch, ScriptRuns):
+class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
     """Engines + process group. Use as a context manager or call ``start_sync``/``stop_sync``.
 
     >>> with Cluster(n=2) as cluster:                # doctest: +SKIP
@@ -85,6 +88,7 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns):
         threads_per_engine: int | None = None,
         progress: ProgressCallback | None = None,
         launcher_options: Mapping[str, Any] | None = None,
+        check_packages: Sequence[str] | str = (),
     ) -> None:
         self.config = ClusterConfig(
             n=n,
@@ -100,6 +104,10 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns):
         # ssh: remote_python, ssh_args; mpi: hostfile, mpi_args, mpiexec; slurm: partition,
         # time, account, sbatch_args; all three: network_interface (see launchers.py)
         self.launcher_options = launchers.parse_options(launcher, launcher_options)
+        # versions that must match on every host, besides torch/CUDA/NCCL/workbench/Python
+        self.check_packages = check_package_names("check_packages", check_packages)
+        self.environment: EnvironmentReport | None = None  # compared at start (doctor_env)
+        self.network: NetworkReport | None = None  # the last doctor("net")
         self._controller_address: str | None = None
         self._ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
         # engine id -> the launcher's host entry that started it (ssh), for replacements
@@ -296,6 +304,7 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns):
         if self.state == "broken":  # reap what outlived the controller before starting anew
             await self._stop()
         self.state = "starting"
+        self.network = None  # measured on the engines that are about to be replaced
         notes, self.startup = self.startup.notes, StartupProfile()
         self.startup.notes.update(notes)  # e.g. the kernel's import of the magics
         t0 = time.perf_counter()

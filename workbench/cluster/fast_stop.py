@@ -15,11 +15,9 @@ cells that save them), so:
 
 from __future__ import annotations
 
-import time
-
 import psutil
 
-from workbench.cluster.processes import running
+from workbench.cluster.processes import reap, terminate
 
 __all__ = ["end"]
 
@@ -27,21 +25,4 @@ __all__ = ["end"]
 def end(processes: list[psutil.Process], grace: float = 0.5) -> list[psutil.Process]:
     """SIGTERM every process that is still the one we started (pid and start time), then
     SIGKILL what is left after ``grace`` seconds. Returns those that needed SIGKILL."""
-    alive = []
-    for proc in processes:
-        try:
-            if running(proc):
-                proc.terminate()
-                alive.append(proc)
-        except psutil.Error:
-            continue
-    deadline = time.monotonic() + grace
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.01)
-        alive = [p for p in alive if running(p)]
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            continue
-    return alive
+    return reap(terminate(processes), grace, poll=0.01)

@@ -21,6 +21,7 @@ __all__ = [
     "running",
     "signal_local",
     "started_for",
+    "terminate",
 ]
 
 GONE = "gone"
@@ -66,8 +67,25 @@ def signal_local(host: str, pid: int, sig: int) -> bool:
     return True
 
 
-def reap(processes: list[psutil.Process], grace: float = 1.0) -> None:
-    """Wait for processes to exit after a stop; kill any that outlive ``grace`` seconds.
+def terminate(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """SIGTERM each process that is still the one we started (pid and start time; never a
+    reused pid). Returns those signalled; ``reap`` kills what outlives them."""
+    signalled = []
+    for proc in processes:
+        try:
+            if running(proc):
+                proc.terminate()
+                signalled.append(proc)
+        except psutil.Error:
+            continue
+    return signalled
+
+
+def reap(
+    processes: list[psutil.Process], grace: float = 1.0, poll: float = 0.05
+) -> list[psutil.Process]:
+    """Wait for processes to exit after a stop; SIGKILL any that outlive ``grace`` seconds.
+    Returns those that needed it.
 
     By then the engines have left the process group and exited. A zombie counts as gone:
     it has exited, and its reaping belongs to whoever its parent now is.
@@ -75,13 +93,14 @@ def reap(processes: list[psutil.Process], grace: float = 1.0) -> None:
     deadline = time.monotonic() + grace
     alive = [p for p in processes if running(p)]
     while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(poll)
         alive = [p for p in alive if running(p)]
     for proc in alive:
         try:
             proc.kill()
         except psutil.Error:
             continue
+    return alive
 
 
 def started_for(cluster_id: str) -> list[psutil.Process]:

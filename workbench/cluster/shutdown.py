@@ -17,25 +17,15 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from workbench.cluster import fast_stop, launchers, watchdog
-from workbench.cluster.processes import reap, started_for
+from workbench.cluster.processes import reap, started_for, terminate
 from workbench.engine import boot, process_group
 
 if TYPE_CHECKING:  # the cluster is only a parameter here
     from workbench.cluster.cluster import Cluster
 
-__all__ = ["shutdown", "terminate"]
+__all__ = ["shutdown"]
 
 log = logging.getLogger("workbench.cluster")
-
-
-def terminate(processes: list[psutil.Process]) -> None:
-    """SIGTERM each process that is still the one we started (``reap`` kills the rest)."""
-    for proc in processes:
-        try:
-            if proc.is_running():
-                proc.terminate()
-        except psutil.Error:
-            continue
 
 
 async def shutdown(cluster: Cluster, *, quiet: bool) -> None:

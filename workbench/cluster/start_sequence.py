@@ -14,11 +14,12 @@ import asyncio
 import logging
 import tempfile
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import launchers, rendezvous, warm_start
+from workbench.cluster import doctor_env, launchers, rendezvous, warm_start
 from workbench.cluster.direct_channel import open_if_same_network
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.fork_launcher import ForkEngineSetLauncher
@@ -180,7 +181,7 @@ async def wait_for_engines(cluster: Cluster) -> None:
         for eid in ids:
             if eid not in cluster._info_futures:
                 profile.engine_now(eid, "registered")
-                future = client[eid].apply_async(boot.timed_engine_info)
+                future = client[eid].apply_async(boot.timed_engine_info, cluster.check_packages)
                 future.add_done_callback(lambda _f, eid=eid: profile.engine_now(eid, "answered"))
                 cluster._info_futures[eid] = future
                 cluster._address_futures[eid] = client[eid].apply_async(*cluster.address_call())
@@ -274,6 +275,20 @@ def watch_engines(cluster: Cluster, engines: list[tuple[int, dict[str, Any]]]) -
             watch.watch(eid, int(info["pid"]))
 
 
+def check_environments(
+    cluster: Cluster, engines: list[EngineInfo], infos: list[dict[str, Any]]
+) -> None:
+    """Refuse a start whose engines differ where a run needs them equal; warn of the rest."""
+    labelled = [
+        (e.host, e.engine_id, i.get("environment", {})) for e, i in zip(engines, infos, strict=True)
+    ]
+    report = cluster.environment = doctor_env.environment_report(labelled, cluster.check_packages)
+    doctor_env.refuse_mismatch(report)
+    for text in report.warnings:
+        warnings.warn(f"workbench: {text}", UserWarning, stacklevel=2)
+    cluster.startup.mark("environments compared")
+
+
 def _engine_info(engine_id: int, info: dict[str, Any]) -> EngineInfo:
     return EngineInfo(
         engine_id=engine_id,
@@ -325,6 +340,7 @@ async def init_process_group(cluster: Cluster) -> None:
     config = cluster.config
     ids, infos = await engine_infos(cluster)
     engines = [_engine_info(eid, info) for eid, info in zip(ids, infos, strict=True)]
+    check_environments(cluster, engines, infos)  # before any process group forms
     # Clock offsets to rank 0 from one quick round trip per engine (torch is loaded now);
     # engines that all run on one host share its clock and need none.
     sent = received = time.time_ns()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -31,12 +32,14 @@ FORKED_ENV = "WORKBENCH_ENGINE_FORKED"
 ENGINE_EXIT_DELAY_S = 0.02
 
 
-def timed_engine_info() -> dict[str, Any]:
+def timed_engine_info(check_packages: Sequence[str] = ()) -> dict[str, Any]:
     """``engine.engine_info()`` plus this engine's own start-up facts (runs on the engine):
     when its process began (wall clock, seconds since the epoch) and the seconds spent
-    importing torch here (0 when it was already imported)."""
+    importing torch here (0 when it was already imported); and, in the same round trip,
+    the environment the cluster doctor compares across hosts (``doctor_env.py``)."""
     import sys
 
+    from workbench.engine.doctor_env import environment_facts
     from workbench.engine.process_group import engine_info
 
     had_torch = "torch" in sys.modules
@@ -62,6 +65,7 @@ def timed_engine_info() -> dict[str, Any]:
         "forked_wall": None if forked is None else float(forked),
         "torch_import_s": torch_s,
     }
+    info["environment"] = environment_facts(check_packages)
     return info
 
 

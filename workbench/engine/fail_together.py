@@ -22,21 +22,13 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from workbench.errors import CheckpointError, ClusterError
+from workbench.errors import CheckpointError, PeerFailed, RankFailed
 
-__all__ = ["PeerFailed", "RankFailed", "fail_together"]
+__all__ = ["fail_together"]
 
 T = TypeVar("T")
 _KEY = "wb-failed"
 _MESSAGE = 500
-
-
-class RankFailed(ClusterError):
-    """This rank failed part-way; it closed its process group so no peer waits for it."""
-
-
-class PeerFailed(ClusterError):
-    """This rank stopped because another rank failed (the process group was closed)."""
 
 
 def _distributed() -> Any:

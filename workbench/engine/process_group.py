@@ -130,6 +130,10 @@ def _export_rank_environment(assignment: dict[str, Any]) -> None:
             "MASTER_PORT": str(assignment["master_port"]),
         }
     )
+    if str(assignment["device"]).startswith("cpu"):
+        # Accelerate finds no GPU otherwise and runs every gloo rank alone, as process 0
+        # of 1 -- in a %%wb cell as in a script run through %wb run.
+        os.environ["ACCELERATE_USE_CPU"] = "true"
     if assignment["master_addr"] == LOOPBACK:
         # One host: gloo's and NCCL's own connections listen on loopback too (by default
         # they bind the address the host name resolves to, which may face the network).

@@ -9,8 +9,8 @@ folder as working directory and the environment torchrun gives a worker
 when the script does:
 
 - Accelerate's singletons (``AcceleratorState``, ``GradientState``) are reset before and
-  after, and ``ACCELERATE_USE_CPU`` is set on CPU ranks (else ``Accelerator()`` runs each
-  gloo rank alone);
+  after (``ACCELERATE_USE_CPU`` is set on CPU ranks when they join the group:
+  ``process_group``);
 - ``atexit`` handlers it registered run at its end, last registered first (those a module
   registers while it is first imported stay: the module outlives the script);
 - process groups it created are destroyed; the cluster's is kept (``group_guard``);
@@ -84,9 +84,6 @@ def run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None
     _reset_accelerate()  # what an earlier run or cell left in Accelerate's singletons
     with _restored(folder), _exit_handlers() as handlers, _own_groups():
         os.environ.update(torchrun_environment(assignment, run_id))
-        if str(assignment["device"]).startswith("cpu"):
-            # otherwise Accelerate sees no GPU and runs every gloo rank alone, as 0 of 1
-            os.environ["ACCELERATE_USE_CPU"] = "true"
         if cwd is not None and os.path.isdir(cwd):  # not there on another host: stay
             os.chdir(cwd)
         sys.argv = [path, *args]

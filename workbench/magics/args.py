@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -21,6 +22,8 @@ __all__ = [
     "split_line",
     "whole_number",
 ]
+
+_ASCII_INTEGER = re.compile(r"-?[0-9]+")
 
 
 class HelpShown(Exception):
@@ -135,10 +138,9 @@ def whole_number(
     quantity in the option's own words, e.g. "a number of engines")."""
 
     def parse(text: str) -> int | str:
-        try:
-            return int(text)
-        except ValueError:
-            return text  # check() refuses it as "not a whole number", naming the text
+        # ASCII digits only (a minus for the range message): int() also reads '١' (an
+        # Arabic-Indic one), '1_0' and ' 2 '; check() refuses text as "not a whole number".
+        return int(text) if _ASCII_INTEGER.fullmatch(text) else text
 
     def check(value: int | str) -> int | None:
         return validate.integer(option, value, minimum=minimum, maximum=maximum, what=what)

@@ -59,6 +59,11 @@ def _start_args(p: MagicParser) -> None:
         action="store_true",
         help="after the start, print where its time went (kernel stages, each engine)",
     )
+    p.add_argument(
+        "--check-packages",
+        default="",
+        help="comma-separated packages whose versions must match on every host",
+    )
     add_launcher_args(p)
 
 
@@ -123,6 +128,7 @@ def make_cluster(args: Any) -> Cluster:
             init_timeout=args.timeout,
             threads_per_engine=args.threads,
             launcher_options=launcher_options_from(args),
+            check_packages=args.check_packages,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

@@ -25,6 +25,7 @@ from workbench.magics.args import (
 from workbench.magics import cluster_cmds, step_cmds, ui_cmds  # noqa: F401  # isort: skip
 from workbench.magics import checkpoint_cmds  # noqa: F401  # isort: skip
 from workbench.magics import script_cmds  # noqa: F401  # isort: skip
+from workbench.magics import doctor_cmds  # noqa: F401  # isort: skip
 from workbench.magics.registry import COMMANDS, usage
 from workbench.magics.render import show_results
 

@@ -5,6 +5,10 @@ A causal LM built from a config has random weights and needs no download; its fo
 returns a ``ModelOutput``, so ``causal_lm_loss`` reads ``.logits``. Its TP plan comes from
 its own ``config.base_model_tp_plan`` (``tp_plan.hf_tp_plan``), and FSDP wraps its decoder
 layers (the largest ``ModuleList``), so ``Layout`` applies to it like to any model.
+
+``tiny_llama_lora`` is that model under ``peft``'s LoRA (``get_peft_model``): the base
+weights frozen, the adapters trainable, both in each decoder layer's FSDP unit (FSDP2
+shards every parameter on its own and reduce-scatters only the gradients that exist).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from torch import nn
 
 from workbench.errors import ConfigError
 
-__all__ = ["causal_lm_loss", "tiny_llama"]
+__all__ = ["causal_lm_loss", "tiny_llama", "tiny_llama_lora"]
 
 
 def causal_lm_loss(output: Any, targets: torch.Tensor) -> torch.Tensor:
@@ -49,3 +53,19 @@ def tiny_llama(**config: Any) -> nn.Module:
         **config,
     }
     return LlamaForCausalLM(LlamaConfig(**settings))
+
+
+def tiny_llama_lora(
+    r: int = 4, target_modules: tuple[str, ...] = ("q_proj", "v_proj"), **config: Any
+) -> nn.Module:
+    """``tiny_llama(**config)`` with LoRA adapters of rank ``r`` on ``target_modules``
+    (``peft.get_peft_model``; no dropout, so every layout computes the same numbers)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ConfigError(
+            f"tiny_llama_lora needs peft ({exc}); install it with "
+            "`pip install distributed-workbench[hf]`"
+        ) from None
+    lora = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=list(target_modules))
+    return get_peft_model(tiny_llama(**config), lora)  # type: ignore[no-any-return]

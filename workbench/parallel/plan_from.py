@@ -245,6 +245,10 @@ def plan_from(
     if "flash_attention" not in settings and x.stores_scores is False:
         settings["flash_attention"] = True  # the model keeps no s x s tensor: nor will it there
     settings.setdefault("dropout", x.dropout)  # the model's own dropout, unless told
+    trainable = _trainable_fraction(module)
+    if "trainable" not in settings and trainable < 1.0:  # frozen parameters (LoRA's base)
+        settings["trainable"] = trainable
+        notes.append(f"trainable={trainable:.4g}: the share of parameters that require grad")
     base = plan(spec, gpu, gpus=gpus, seq=seq_len or x.seq, **settings)
     placement, why = _target_placement(module, base.parallel, tp_plan, pp_split)
     if why:
@@ -259,6 +263,12 @@ def plan_from(
         notes=tuple(notes),
         placed=placement is not None,
     )
+
+
+def _trainable_fraction(module: nn.Module) -> float:
+    counts = [(p.numel(), p.requires_grad) for p in module.parameters()]
+    total = sum(n for n, _ in counts)
+    return sum(n for n, grad in counts if grad) / total if total else 1.0
 
 
 def _check_inputs(sample: Any, data: Any, batch_size: Any, seq_len: Any) -> None:

@@ -41,6 +41,7 @@ from workbench.parallel.parallelize import Layout, check_zero_optimizer, paralle
 from workbench.parallel.pp import PipelineModule
 from workbench.parallel.seeding import rank_seed, seed_everything
 from workbench.parallel.step import TrainStep
+from workbench.parallel.user_checkpointing import apply_user_checkpointing, describe
 from workbench.parallel.user_options import UserOptions, int_at_least
 from workbench.trace.recorder import Recorder
 
@@ -112,6 +113,7 @@ class UserRun(UserOptions):
             "microbatches": self.microbatches,
             "schedule": self.schedule,
             "precision": self.precision,
+            "checkpointing": describe(self.checkpointing),
             "seed": self.seed,
         }
 
@@ -133,7 +135,8 @@ class _Replay:
 
 
 def build_user_model(run: UserRun) -> nn.Module:
-    """``run.model()`` under ``run.seed`` (global RNG restored afterwards), checked."""
+    """``run.model()`` under ``run.seed`` (global RNG restored afterwards), checked, with
+    ``run.checkpointing``'s blocks recomputed in backward."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(run.seed)
         model = run.model()
@@ -143,6 +146,7 @@ def build_user_model(run: UserRun) -> nn.Module:
         )
     if not any(True for _ in model.parameters()):
         raise ConfigError(f"the model factory's {type(model).__name__} has no parameters")
+    apply_user_checkpointing(model, run.checkpointing)  # before sharding: paths unchanged
     return model
 
 
@@ -320,9 +324,10 @@ def user_reference(
     run: UserRun, steps: int, *, device: torch.device | str | None = None
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses and final parameters of the plain single-device run on the same global
-    batches (no accumulation, no tracing), to compare a parallel run against."""
+    batches (no accumulation, no checkpointing, no tracing), to compare a parallel run
+    against."""
     int_at_least("steps", steps, 0)
-    single = replace(run, grad_accum=1, trace=False)
+    single = replace(run, grad_accum=1, checkpointing=False, trace=False)
     step = build_user_train_step(single, device=device, world_size=1)
     losses = [step.run_step() for _ in range(steps)]
     params = full_state_dict(step)

@@ -17,6 +17,8 @@ from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.options import PRECISIONS
 from workbench.parallel.pp import SCHEDULES
 from workbench.parallel.seeding import DEFAULT_SEED, MAX_SEED
+from workbench.parallel.user_checkpointing import Checkpointing, check_checkpointing
+from workbench.vocab import planner_name
 
 __all__ = ["UserOptions", "int_at_least"]
 
@@ -34,7 +36,9 @@ class UserOptions:
     grad_accum: int = 1
     microbatches: int = 2
     schedule: str = "gpipe"
-    precision: str = "fp32"
+    precision: str = "fp32"  # or "bf16" (the planner's name "bf16-mixed" is accepted too)
+    # False, True (the repeated blocks FSDP wraps) or the blocks: name patterns / classes
+    checkpointing: Checkpointing = False
     seed: int = DEFAULT_SEED
     trace: bool = True
     per_module: bool = False
@@ -48,10 +52,14 @@ class UserOptions:
             raise ConfigError(
                 f"schedule={self.schedule!r} is not valid; choose from {sorted(SCHEDULES)}"
             )
+        if self.precision == planner_name("precision", "bf16"):  # the same run, spelled so
+            object.__setattr__(self, "precision", "bf16")
         if self.precision not in PRECISIONS:
             raise ConfigError(
-                f"precision={self.precision!r} is not valid; choose from {list(PRECISIONS)}"
+                f"precision={self.precision!r} is not valid; choose from "
+                f"{[*PRECISIONS, planner_name('precision', 'bf16')]}"
             )
+        object.__setattr__(self, "checkpointing", check_checkpointing(self.checkpointing))
 
     def options(self) -> dict[str, Any]:
         """These options alone (what the client ships for the engines' ``UserRun``)."""

@@ -106,7 +106,8 @@ def _state(
     sharded = _grads_sharded(training, parallel, micro_batches)
     if placement is not None:
         w, g, o = placement.state_elements(stage, group, z, sharded, dp_rank)
-        if training.trainable != 1.0:
+        # A placement that marks frozen pieces already counts only the trainable ones.
+        if training.trainable != 1.0 and placement.trainable(stage) == placement.params(stage):
             g, o = math.ceil(g * training.trainable), math.ceil(o * training.trainable)
     else:
         trainable = n if training.trainable == 1.0 else math.ceil(n * training.trainable)
@@ -143,6 +144,9 @@ class MemoryBreakdown:
     activations_head: int = 0
     stage: int = 0  # the pipeline stage these bytes belong to (the most loaded one)
     host: int = 0  # bytes this GPU's rank keeps in host memory (offloaded state/activations)
+    # The part of ``weights`` whose parameters are frozen (no gradient, no optimizer state):
+    # a LoRA model's base weights, from the placement's flags or ``trainable`` < 1.
+    frozen: int = 0
 
     @property
     def model_state(self) -> int:
@@ -173,6 +177,7 @@ class MemoryBreakdown:
             "headroom": self.headroom,
             "stage": self.stage,
             "host": self.host,
+            "frozen": self.frozen,
         }
 
 
@@ -205,8 +210,7 @@ def memory_breakdown(
 
     ``activation_scale`` multiplies the (transformer layers, embedding + head) activation
     terms: the ratio of measured to formula bytes at a small scale (``wb.plan_from``).
-    ``placement``: the parameters each stage holds as built (``Placement``), instead of
-    the counts derived from the model's dimensions."""
+    ``placement``: each stage's parameters as built, not counts from the dimensions."""
     layout = stage_layout(model, parallel, placement)
     params = _stage_params(model, parallel, layout, placement)
     layer_scale, edge_scale = activation_scale
@@ -242,11 +246,25 @@ def memory_breakdown(
             activations_layers=math.ceil(layers),
             activations_head=math.ceil(head),
             stage=i,
+            frozen=_frozen_weights(params[i], training, parallel, placement, i),
         )
         if best is None or candidate.total > best.total:
             best = candidate
     assert best is not None  # at least one stage
     return best
+
+
+def _frozen_weights(
+    n: int, training: TrainingSpec, parallel: ParallelSpec, placement: Placement | None, stage: int
+) -> int:
+    """Bytes of frozen weights on one rank of ``stage``, sharded as ``_state`` shards weights."""
+    group, z = parallel.grad_group, parallel.zero
+    if placement is not None and placement.trainable(stage) != placement.params(stage):
+        elements = placement.frozen_elements(stage, group, z)
+    else:  # from the count: ``n`` is the stage's parameters (the placement's, given one)
+        frozen = n - (n if training.trainable == 1.0 else math.ceil(n * training.trainable))
+        elements = _shard(frozen, group) if z >= 3 else frozen
+    return elements * (state_bytes_per_param(training).weights + (1 if training.fp8 else 0))
 
 
 def _stage_params(

@@ -147,6 +147,16 @@ class Placement:
             optimizer = self.trainable(stage)
         return weights, grads, optimizer
 
+    def frozen_elements(self, stage: int, group: int, zero: int) -> int:
+        """Elements of the frozen parameters (``trainable=False``) one data-parallel rank
+        of ``stage`` holds: the part of ``state_elements``' weights they are."""
+        frozen = [p for p in self.stages[stage] if not p.trainable]
+        if zero >= 3 and group > 1:
+            return sum(p.shard(group) for p in frozen)
+        if zero == 2 and group > 1:
+            return sum(p.shard(group) * group for p in frozen)
+        return sum(p.numel for p in frozen)
+
     def collective_elements(self, stage: int, group: int, zero: int) -> tuple[int, int]:
         """(gradient, weight) elements one rank hands to data-parallel collectives per
         pass: FSDP's padded full buffers, or the plain tensors for all-reduce/broadcast."""

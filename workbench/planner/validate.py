@@ -153,7 +153,7 @@ def _measure(events: Iterable[Any], rank: int, wanted: set[int] | None, dp_run: 
         kind = _get(e, "kind")
         if kind == "memory":
             out.seen.add(step)
-            for cat in ("params", "grads", "optimizer", "activations"):
+            for cat in ("params", "frozen", "grads", "optimizer", "activations"):
                 out.mem[cat] = max(out.mem[cat], int(_get(e, cat, 0)))
         elif kind == "comm" and dp_run and _get(e, "source") in _DP_SOURCES:
             out.seen.add(step)
@@ -174,18 +174,24 @@ def _memory_rows(
     if not mem:
         return []
     m = plan.rank_memory(rank)  # this rank's stage and data-parallel share
+    weights = mem["params"] + mem["frozen"]  # the planner's weights are frozen and trainable
     return [
-        Comparison("weights", m.weights, mem["params"], state_tol),
+        Comparison("weights", m.weights, weights, state_tol),
         Comparison("grads", m.grads, mem["grads"], state_tol),
         Comparison("optimizer", m.optimizer, mem["optimizer"], state_tol),
         Comparison(
             "model state",
             m.model_state,
-            mem["params"] + mem["grads"] + mem["optimizer"],
+            weights + mem["grads"] + mem["optimizer"],
             state_tol,
         ),
         Comparison("activations", m.activations, mem["activations"], activation_tol),
-    ]
+    ] + (
+        # Frozen weights (a LoRA model's base), where the plan or the run has any.
+        [Comparison("frozen weights", m.frozen, mem["frozen"], state_tol)]
+        if m.frozen or mem["frozen"]
+        else []
+    )
 
 
 def _time_rows(

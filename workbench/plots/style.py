@@ -27,7 +27,9 @@ MIB = 1 << 20  # memory axes are in MiB (binary), like torch.cuda.memory_summary
 GB = 1e9  # bandwidth is in GB/s (decimal), like nccl-tests
 
 # Memory categories in stacking order: what exists longest sits at the bottom.
-CATEGORIES: tuple[str, ...] = ("params", "grads", "optimizer", "activations", "other")
+# "frozen" (weights that do not require grad, a LoRA model's base) is drawn only once a
+# rank reports some, like "other".
+CATEGORIES: tuple[str, ...] = ("params", "grads", "optimizer", "activations", "other", "frozen")
 
 CATEGORY_COLORS: dict[str, str] = {
     "params": "#4C78A8",
@@ -35,6 +37,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "optimizer": "#54A24B",
     "activations": "#B279A2",
     "other": "#9D9D9D",
+    "frozen": "#9ECAE9",  # a light params blue: weights, but no gradients or state
 }
 
 # Compute phases; micro-batch variants ("forward[mb=1]") use their base phase's color.

@@ -5,6 +5,8 @@ Each rank has a compute lane (``PhaseSpan``, colored by base phase, so "forward[
 colored by op). Overlap of backward with DDP bucket all-reduces, TP's per-layer all-reduces,
 FSDP's all-gathers / reduce-scatters and pipeline bubbles (gaps in the compute lane) are then
 visible at a glance; hovering a collective shows op, bytes, duration and bus bandwidth.
+A grey ``wait`` bar over the start of a collective is the time that rank waited in it for
+its latest peer (``trace/stragglers.py``), apart from the transfer.
 Phase and op names are written inside the bars wide enough to hold them, and every step is
 named on a top axis over its span, its start dotted across the lanes.
 """
@@ -22,6 +24,7 @@ from workbench.plots.figure_patch import FigureLike, Patch, figure_state, initia
 from workbench.plots.phase_axis import MAX_STEP_TICKS
 from workbench.plots.style import GB, base_phase, format_bytes, op_color, phase_color
 from workbench.trace.events import CommEvent, Event, PhaseSpan
+from workbench.trace.stragglers import WaitMatcher
 
 __all__ = ["comm_timeline_figure", "lane_names", "update_comm_timeline"]
 
@@ -51,6 +54,7 @@ def comm_timeline_figure(
     fig = go.Figure()
     # "steps": step -> [first start, last end] in ms over every rank (the top axis's labels)
     state = {"kind": KIND, "t0": t0, "ranks": wanted, "lanes": wanted or [], "steps": {}}
+    state["waits"] = None
     fig.update_layout(
         title="Compute phases and collectives per rank",
         template="plotly_white",
@@ -103,6 +107,9 @@ def update_comm_timeline(
     t0 = state["t0"]
     patch = Patch(fig, categorical=_CATEGORICAL)
     lanes_before = len(state["lanes"])
+    # time spent inside a collective waiting for a late peer, drawn over its start once
+    # the last peer's event has arrived (in this batch or a later one)
+    matcher = WaitMatcher(state.get("waits"))
     for e in spans:
         if e.rank not in state["lanes"]:
             state["lanes"].append(e.rank)
@@ -122,13 +129,28 @@ def update_comm_timeline(
             if not patch.has(key):
                 patch.create(key, _bar(e.op, op_color(e.op), "comm"))
             patch.add(key, y=comm, base=start_ms, x=length_ms, hovertext=comm_hover(e))
+            world = len(wanted) if wanted else len(state["lanes"])
+            _add_waits(patch, e.op, matcher.add(e, world) or {}, t0)
     if len(state["lanes"]) != lanes_before:
         state["lanes"].sort()
         patch.layout.update(_lane_layout(state["lanes"]))
+    state["waits"] = matcher.state
     patch.assign["xaxis2"] = _step_axis(state["steps"])
     patch.assign["xaxis.minor"] = _step_starts(state["steps"])
     patch.assign["meta"] = initial_meta(state)
     return patch.apply(fig)
+
+
+def _add_waits(patch: Patch, op: str, waits: dict[int, tuple[int, int]], t0: int) -> None:
+    """A grey "wait" bar at the start of each member's collective that waited."""
+    for rank, (start, wait) in sorted(waits.items()):
+        if wait <= 0:
+            continue
+        if not patch.has("timeline/wait"):
+            patch.create("timeline/wait", _bar("wait", "#bbbbbb", "comm"))
+        text = f"<b>wait</b> for a late peer · {wait / 1e6:.3f} ms of {op}<br>rank {rank}"
+        base = (start - t0) / 1e6
+        patch.add("timeline/wait", y=lane_names(rank)[1], base=base, x=wait / 1e6, hovertext=text)
 
 
 def comm_hover(e: CommEvent) -> str:

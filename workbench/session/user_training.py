@@ -18,6 +18,7 @@ from workbench.engine import user_run
 from workbench.engine.shipping import Shipped, ship
 from workbench.errors import ConfigError
 from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout, layout_for
+from workbench.parallel.user_checkpointing import describe
 from workbench.parallel.user_options import UserOptions
 from workbench.session.run_state import RunState
 from workbench.session.training import TrainingSession
@@ -75,10 +76,6 @@ class UserSpec(UserOptions):
     def optimizer(self) -> str:
         return self._label("optimizer") if self.factories.get("optimizer") else "AdamW(lr=1e-3)"
 
-    @property
-    def checkpointing(self) -> bool:
-        return False
-
     def _label(self, role: str) -> str:
         shipped = self.factories.get(role)
         return shipped.label if shipped is not None else "-"
@@ -108,6 +105,17 @@ class UserSpec(UserOptions):
         return Layout(**self._layout_kwargs(world_size))
 
     def label(self, world_size: int) -> str:
+        """The layout, then what else sets this run apart (``fsdp +ckpt bf16``)."""
+        name = self._layout_label(world_size)
+        if self.checkpointing is not False:
+            name += (
+                " +ckpt"
+                if self.checkpointing is True
+                else f" +ckpt({describe(self.checkpointing)})"
+            )
+        return name + (" bf16" if self.precision == "bf16" else "")
+
+    def _layout_label(self, world_size: int) -> str:
         if self.strategy == CUSTOM:
             return self.layout(world_size).describe(world_size)
         return self.strategy
@@ -116,7 +124,7 @@ class UserSpec(UserOptions):
         return {
             "factories": dict(self.factories),
             "layout": self._layout_kwargs(world_size),
-            "strategy": self.label(world_size),
+            "strategy": self._layout_label(world_size),
             "options": self.options(),
         }
 
@@ -126,16 +134,17 @@ class UserSpec(UserOptions):
         layout = self.layout(world_size)
         dims = layout.dims(world_size)
         self.check_batch(dims)
-        if self.local_model is not None and world_size > 1:
-            _check_on_meta(self.local_model, layout, dims, self.seed)
+        if self.local_model is not None and (world_size > 1 or self.checkpointing):
+            _check_on_meta(self.local_model, layout, dims, self.seed, self.checkpointing)
 
 
-def _check_on_meta(factory: Any, layout: Layout, dims: Any, seed: int) -> None:
-    """The TP plan and split points against the model built on the meta device. A factory
-    that cannot build there is checked on the engines instead."""
+def _check_on_meta(factory: Any, layout: Layout, dims: Any, seed: int, blocks: Any) -> None:
+    """The TP plan, split points and checkpointed blocks against the model built on the
+    meta device. A factory that cannot build there is checked on the engines instead."""
     import torch
 
     from workbench.parallel.parallelize import check_layout
+    from workbench.parallel.user_checkpointing import checkpoint_blocks
 
     try:
         with torch.device("meta"), torch.random.fork_rng(devices=[]):
@@ -144,7 +153,9 @@ def _check_on_meta(factory: Any, layout: Layout, dims: Any, seed: int) -> None:
     except Exception:
         return
     if isinstance(model, torch.nn.Module):
-        check_layout(model, layout, dims)
+        checkpoint_blocks(model, blocks)
+        if dims.world_size > 1:
+            check_layout(model, layout, dims)
 
 
 def user_spec(model: Any, strategy: str, options: dict[str, Any]) -> UserSpec:

@@ -22,6 +22,7 @@ _LAZY: dict[str, str] = {
     "from_record": "events",
     "to_record": "events",
     "MemoryTracer": "memory",
+    "to_hta": "hta",
     "to_perfetto": "perfetto",
     "Recorder": "recorder",
     "gradient_bytes": "storage",
@@ -29,6 +30,8 @@ _LAZY: dict[str, str] = {
     "parameter_bytes": "storage",
     "process_rss": "storage",
     "storage_bytes": "storage",
+    "collective_waits": "stragglers",
+    "straggler_summary": "stragglers",
 }
 
 if TYPE_CHECKING:
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
         from_record,
         to_record,
     )
+    from workbench.trace.hta import to_hta
     from workbench.trace.memory import MemoryTracer
     from workbench.trace.perfetto import to_perfetto
     from workbench.trace.recorder import Recorder
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
         process_rss,
         storage_bytes,
     )
+    from workbench.trace.stragglers import collective_waits, straggler_summary
 
 __all__ = [
     "PHASES",
@@ -68,12 +73,15 @@ __all__ = [
     "PhaseSpan",
     "Recorder",
     "bus_factor",
+    "collective_waits",
     "from_record",
     "gradient_bytes",
     "optimizer_bytes",
     "parameter_bytes",
     "process_rss",
     "storage_bytes",
+    "straggler_summary",
+    "to_hta",
     "to_perfetto",
     "to_record",
 ]

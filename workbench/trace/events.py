@@ -71,10 +71,15 @@ class MemorySample:
     other: int = 0
     allocator: int = 0
     label: str = ""  # e.g. the module path for per-module samples during forward
+    # Parameters that do not require grad (a LoRA model's base weights); ``params`` are the
+    # trainable ones, whose gradients and optimizer state ``grads`` / ``optimizer`` are.
+    frozen: int = 0
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.other
+        return (
+            self.params + self.frozen + self.grads + self.optimizer + self.activations + self.other
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,4 +1,5 @@
-"""Per-rank memory by category: parameters, gradients, optimizer state, activations.
+"""Per-rank memory by category: parameters (trainable, and frozen weights apart),
+gradients, optimizer state, activations.
 
 Parameters, gradients and optimizer state are exact storage sums (see ``storage``).
 Activations are the tensors autograd saves for backward, seen through
@@ -25,6 +26,7 @@ from workbench.trace.saved_tensors import (
     LiveSaved,
     Saved,
     SavedMany,
+    graph_free,
     is_parameter,
     pack_key,
     unpack,
@@ -33,7 +35,7 @@ from workbench.trace.storage import gradient_bytes_of, local_tensors, process_rs
 
 __all__ = ["MemoryTracer"]
 
-_CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "allocator")
+_CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "allocator", "frozen")
 
 
 class MemoryTracer:
@@ -170,6 +172,7 @@ class MemoryTracer:
             phase=rec.phase,
             t=rec.now(),
             params=self._params.bytes,
+            frozen=self._params.frozen,
             grads=gradient_bytes_of(params),
             optimizer=optimizer,
             activations=activations,
@@ -225,7 +228,7 @@ class MemoryTracer:
         return params
 
     def _update_peak(self, s: MemorySample) -> None:
-        values = (s.params, s.grads, s.optimizer, s.activations, s.other, s.allocator)
+        values = (s.params, s.grads, s.optimizer, s.activations, s.other, s.allocator, s.frozen)
         with self._live.lock:
             old = self._peaks.get(s.step)
             if old is None:
@@ -255,7 +258,7 @@ class MemoryTracer:
         storages, lock = live.storages, live.lock
         acquire, release = lock.acquire, lock.release
         high, recorder = self._high, self.recorder
-        plain, parameter, saved = torch.Tensor, torch.nn.Parameter, Saved
+        plain, parameter, saved, alias = torch.Tensor, torch.nn.Parameter, Saved, graph_free
         time_ns = time.time_ns
         released, drain = live.released, live.drain
 
@@ -273,10 +276,12 @@ class MemoryTracer:
             if kind is plain:
                 storage = t.untyped_storage()
                 ptr = storage.data_ptr()
-                if not ptr:  # meta, empty or freed: no memory
-                    return t
+                if not ptr:  # meta, empty or freed: no memory, but still a graph
+                    return alias(t)
                 index = t.get_device()
                 key = ptr if index < 0 else (t.device.type, index, ptr)
+                # A parameter's storage (a weight's transpose): as autograd would keep it;
+                # such a view's grad_fn leads to the parameter, never back to the saver.
                 if key in live.param_keys:
                     return t
                 acquire()
@@ -293,7 +298,9 @@ class MemoryTracer:
                         count(key, storage.nbytes())
                 finally:
                     release()
-                return saved((t, key, live))
+                # graph_free(t), inlined: the handle must not hold t's grad_fn (a cycle
+                # when an op saves its own output; see saved_tensors.py).
+                return saved((t.detach() if t.requires_grad else t, key, live))
             if kind is parameter:
                 return t
             return self._pack_subclass(t, count)
@@ -312,7 +319,7 @@ class MemoryTracer:
             and (key := pack_key(entry)) not in live.param_keys
         ]
         if not found:
-            return t
+            return graph_free(t)
         with live.lock:
             live.drain()
             for key, nbytes in found:
@@ -321,4 +328,4 @@ class MemoryTracer:
                     count(key, nbytes)
                 else:
                     entry[0] += 1
-        return SavedMany((t, tuple(key for key, _ in found), live))
+        return SavedMany((graph_free(t), tuple(key for key, _ in found), live))

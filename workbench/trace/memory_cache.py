@@ -28,6 +28,7 @@ does not count again per block); both hold their object weakly.
 
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections.abc import Callable
@@ -83,11 +84,16 @@ _PLAIN_TYPES = frozenset(_PLAIN)
 _DATA_PTR = torch.Tensor.data_ptr
 
 
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
 def _signature(params: list[torch.nn.Parameter]) -> list[int]:
-    """(identity, data pointer of each storage-owning tensor) of every parameter: the
-    identities, then the pointers (built by ``map`` at C speed when every parameter is a
-    plain tensor, the common case)."""
+    """(identity, requires_grad, data pointer of each storage-owning tensor) of every
+    parameter: the identities, the flags (a parameter frozen or unfrozen between samples
+    moves its bytes between categories), then the pointers (built by ``map`` at C speed
+    when every parameter is a plain tensor, the common case)."""
     out = list(map(id, params))
+    out.extend(map(_REQUIRES_GRAD, params))
     if set(map(type, params)) <= _PLAIN_TYPES:
         out.extend(map(_DATA_PTR, params))
         return out
@@ -102,6 +108,11 @@ def _signature(params: list[torch.nn.Parameter]) -> list[int]:
 class ParameterCache:
     """The model's parameter storages: their keys, their bytes and the device.
 
+    ``bytes`` are the trainable parameters' storages, ``frozen`` those of parameters that
+    do not require grad (a LoRA model's base weights). A storage holding both (FSDP2's
+    all-gather output while a unit is unsharded) counts its frozen parameters' own bytes
+    as frozen and the rest, padding included, as trainable.
+
     Holds the model weakly: one cache per model is shared by every tracer on it (see
     ``parameter_cache``), so a loop traced block by block does not count them per block.
     """
@@ -113,12 +124,15 @@ class ParameterCache:
         # data pointer, see ``saved_tensors.pack_key``).
         self.pack_keys: frozenset[Any] = frozenset()
         self.bytes = 0
+        self.frozen = 0
         self.device: torch.device | None = None
         self.recounts = 0  # how many times the storages were counted (for tests)
         self._signature: list[int] | None = None
 
     def __repr__(self) -> str:
-        return f"ParameterCache(bytes={self.bytes}, storages={len(self.keys)})"
+        return (
+            f"ParameterCache(bytes={self.bytes}, frozen={self.frozen}, storages={len(self.keys)})"
+        )
 
     @property
     def model(self) -> torch.nn.Module:
@@ -137,19 +151,28 @@ class ParameterCache:
         return params
 
     def _count(self, params: list[torch.nn.Parameter]) -> None:
-        keys: set[StorageKey] = set()
-        total = 0
+        sizes: dict[StorageKey, int] = {}
+        frozen: dict[StorageKey, int] = {}  # storage -> bytes of frozen parameters in it
+        trainable: set[StorageKey] = set()  # storages holding a trainable parameter
         device: torch.device | None = None
         for p in params:
             for t in local_tensors(p):
                 if device is None:
                     device = t.device
                 found = storage_entry(t)
-                if found is not None and found[0] not in keys:
-                    keys.add(found[0])
-                    total += found[1]
-        self.keys, self.bytes, self.device = frozenset(keys), total, device
-        self.pack_keys = frozenset(map(pack_key, keys))
+                if found is None:
+                    continue
+                sizes.setdefault(found[0], found[1])
+                if p.requires_grad:
+                    trainable.add(found[0])
+                else:
+                    frozen[found[0]] = frozen.get(found[0], 0) + t.numel() * t.element_size()
+        # A storage of frozen parameters alone is frozen whole (its padding too).
+        held = {k: sizes[k] if k not in trainable else min(v, sizes[k]) for k, v in frozen.items()}
+        self.frozen = sum(held.values())
+        self.keys, self.device = frozenset(sizes), device
+        self.bytes = sum(sizes.values()) - self.frozen
+        self.pack_keys = frozenset(map(pack_key, sizes))
         self.recounts += 1
 
 

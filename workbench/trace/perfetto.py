@@ -4,6 +4,8 @@ Layout: one process per rank (``pid = rank``); thread tracks for compute phases 
 communication; one counter track per memory category. Overlapping events never share a
 track (async collectives overlap, e.g. two DDP buckets in flight): each goes to the first
 lane of its kind that is free, so lanes read "comm", "comm 2", ...
+A collective in which a rank waited for a late peer holds a child slice ``wait`` over
+that part (``stragglers.collective_waits``); its args split ``wait_us`` from ``transfer_us``.
 
 Timestamps are microseconds from the earliest event (``otherData.t0_ns`` keeps the
 absolute origin); absolute nanosecond clocks would lose precision as JSON doubles.
@@ -20,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from workbench.trace.events import CommEvent, Event, MemorySample, Metric, PhaseSpan
+from workbench.trace.stragglers import collective_waits
 
 __all__ = ["MEMORY_COUNTERS", "to_perfetto"]
 
@@ -31,6 +34,7 @@ MEMORY_COUNTERS: dict[str, str] = {
     "activations": "memory: activations",
     "other": "memory: other",
     "allocator": "memory: allocator",
+    "frozen": "memory: frozen weights",
 }
 
 # Thread ids: lanes of a kind are base + 0, 1, 2 ...
@@ -70,7 +74,7 @@ def to_perfetto(events: Iterable[Event], path: str | os.PathLike[str] | None = N
     """
     items = sorted(events, key=lambda e: (e.rank, _event_time(e)))
     times = [_event_time(e) for e in items if _event_time(e) > 0]
-    builder = _TraceBuilder(t0=min(times) if times else 0)
+    builder = _TraceBuilder(t0=min(times) if times else 0, waits=collective_waits(items))
     for e in items:
         builder.add(e)
     result = {
@@ -86,8 +90,10 @@ def to_perfetto(events: Iterable[Event], path: str | os.PathLike[str] | None = N
 class _TraceBuilder:
     """Trace events per rank, each on the first free lane of its kind; names for the lanes."""
 
-    def __init__(self, t0: int) -> None:
+    def __init__(self, t0: int, waits: dict[CommEvent, int] | None = None) -> None:
         self.t0 = t0
+        # ns a rank waited inside a collective for its latest peer (stragglers.py)
+        self.waits = waits or {}
         self.trace: list[dict[str, Any]] = []
         self.ranks: set[int] = set()
         self._lanes: dict[tuple[int, str], _Lanes] = defaultdict(_Lanes)
@@ -107,7 +113,23 @@ class _TraceBuilder:
                 "algbw_GBps": e.algbw / 1e9,
                 "busbw_GBps": e.busbw / 1e9,
             }
-            self._span(e, e.op, f"comm,{e.source}", "comm", args)
+            wait = self.waits.get(e, 0)
+            if wait:
+                args.update(wait_us=wait / 1000.0, transfer_us=(e.end - e.start - wait) / 1000.0)
+            tid = self._span(e, e.op, f"comm,{e.source}", "comm", args)
+            if wait:  # a child slice: the part of the collective spent waiting for a peer
+                self.trace.append(
+                    {
+                        "name": "wait",
+                        "cat": "wait",
+                        "ph": "X",
+                        "pid": e.rank,
+                        "tid": tid,
+                        "ts": _us(e.start, self.t0),
+                        "dur": wait / 1000.0,
+                        "args": {"op": e.op},
+                    }
+                )
         elif isinstance(e, MemorySample):
             for field, name in MEMORY_COUNTERS.items():
                 self._counter(e.rank, e.t, name, "memory", {"bytes": getattr(e, field)})
@@ -116,19 +138,21 @@ class _TraceBuilder:
 
     def _span(
         self, e: PhaseSpan | CommEvent, name: str, cat: str, kind: str, args: dict[str, Any]
-    ) -> None:
+    ) -> int:
+        tid = self._lane_tid(e.rank, kind, e.start, e.end)
         self.trace.append(
             {
                 "name": name,
                 "cat": cat,
                 "ph": "X",
                 "pid": e.rank,
-                "tid": self._lane_tid(e.rank, kind, e.start, e.end),
+                "tid": tid,
                 "ts": _us(e.start, self.t0),
                 "dur": (e.end - e.start) / 1000.0,
                 "args": args,
             }
         )
+        return tid
 
     def _counter(self, rank: int, t: int, name: str, cat: str, args: dict[str, Any]) -> None:
         self.trace.append(

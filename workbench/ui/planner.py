@@ -21,6 +21,7 @@ from workbench.planner import (
     MODELS,
     PRECISIONS,
     RECOMPUTE,
+    HardwareSpec,
     ModelSpec,
     ParallelSpec,
     Plan,
@@ -47,7 +48,7 @@ class PlannerState:
 
     model: str = "llama2-7b"
     params_b: float = 7.0  # billions, used when model == CUSTOM
-    gpu: str = "a100-80gb"
+    gpu: str | HardwareSpec = "a100-80gb"  # a preset's name, or e.g. cluster.measured_hardware()
     gpus: int = 8
     inter: str | None = None  # None: the GPU preset's usual network
     zero: int = 0
@@ -91,6 +92,8 @@ class PlannerState:
         )
 
     def hardware(self) -> Any:
+        if isinstance(self.gpu, HardwareSpec):  # measured (cluster.measured_hardware())
+            return self.gpu if self.inter is None else self.gpu.with_(inter=LINKS[self.inter])
         return hardware_preset(self.gpu, inter=self.inter)
 
     def layout(self) -> ParallelSpec:
@@ -121,6 +124,12 @@ class PlannerState:
             pp=self.pp,
             zero=self.zero,
         )
+
+
+def _gpu_options(gpu: str | HardwareSpec) -> list[tuple[str, Any]]:
+    """The presets, and a measured ``HardwareSpec`` the widget was given, by name."""
+    own = [(gpu.name, gpu)] if isinstance(gpu, HardwareSpec) else []
+    return [*((k, k) for k in GPUS), *own]
 
 
 def _verdict_html(plan: Plan) -> str:
@@ -166,7 +175,7 @@ class PlannerWidget:
         self.size = widgets.FloatLogSlider(
             value=s.params_b, base=10, min=-1, max=3, step=0.05, description="size (B)"
         )
-        self.gpu = widgets.Dropdown(options=list(GPUS), value=s.gpu, description="GPU")
+        self.gpu = widgets.Dropdown(options=_gpu_options(s.gpu), value=s.gpu, description="GPU")
         self.gpus = widgets.SelectionSlider(
             options=list(GPU_COUNTS), value=s.gpus, description="GPUs"
         )

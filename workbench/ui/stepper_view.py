@@ -76,7 +76,9 @@ def _option_controls(stepper: Stepper) -> dict[str, Any]:
             options=PRECISIONS, value=spec.precision, description="precision"
         ),
         "overlap": widgets.Checkbox(value=spec.overlap, description="overlap (DDP)"),
-        "checkpointing": widgets.Checkbox(value=spec.checkpointing, description="activation ckpt"),
+        "checkpointing": widgets.Checkbox(
+            value=spec.checkpointing is not False, description="activation ckpt"
+        ),
         "microbatches": widgets.BoundedIntText(
             value=spec.microbatches, min=1, max=64, description="micro-batches"
         ),
@@ -85,8 +87,10 @@ def _option_controls(stepper: Stepper) -> dict[str, Any]:
         ),
     }
     if spec.model not in PRESETS:  # your own model: its factories are fixed here
-        for name in ("model", "optimizer", "checkpointing"):
+        for name in ("model", "optimizer"):
             options[name].disabled = True
+        # Blocks given by name or class: the checkbox cannot say which, so it shows them.
+        options["checkpointing"].disabled = not isinstance(spec.checkpointing, bool)
     for control in options.values():
         # One label width for the whole grid: the default (80px) cuts "micro-batches".
         control.style.description_width = LABEL_WIDTH
