@@ -169,9 +169,13 @@ def test_timeline_names_phases_in_the_bars_and_steps_on_top() -> None:
     events = ddp_events(3)
     fig = comm_timeline_figure(events)
     for trace in fig.data:
-        if len(trace.x):
-            assert trace.text == trace.name  # phase or op written in each of its bars
+        if len(trace.x) and trace.meta["lane"] == "phase":
+            assert trace.text == trace.name  # the phase written in each of its bars
             assert trace.textposition == "inside"
+        elif len(trace.x):
+            # no name in a collective's bar: a wait bar over it would print over the name
+            assert trace.text is None and trace.textposition == "none"
+    assert {t.meta["lane"] for t in fig.data if len(t.x)} == {"phase", "comm"}
     assert fig.layout.uniformtext.mode == "hide"  # a name that does not fit is left out
     top = fig.layout.xaxis2
     assert top.overlaying == "x" and top.matches == "x" and top.side == "top"

@@ -7,8 +7,8 @@ FSDP's all-gathers / reduce-scatters and pipeline bubbles (gaps in the compute l
 visible at a glance; hovering a collective shows op, bytes, duration and bus bandwidth.
 A grey ``wait`` bar over the start of a collective is the time that rank waited in it for
 its latest peer (``trace/stragglers.py``), apart from the transfer.
-Phase and op names are written inside the bars wide enough to hold them, and every step is
-named on a top axis over its span, its start dotted across the lanes.
+Phase names are written inside the compute bars wide enough to hold them, and every step
+is named on a top axis over its span, its start dotted across the lanes.
 """
 
 from __future__ import annotations
@@ -167,16 +167,20 @@ def comm_hover(e: CommEvent) -> str:
 
 
 def _bar(name: str, color: str, group: str) -> go.Bar:
+    # Names are written in the compute lane's bars only: on the comm lane a grey wait bar
+    # lies over the start of its collective, and the two names printed over each other
+    # read as "waitreduce". Collectives are named by the legend and the hover.
+    named = group == "phase"
     return go.Bar(
         name=name,
         orientation="h",
         marker={"color": color, "line": {"width": 0.5, "color": "white"}},
-        opacity=0.9 if group == "phase" else 0.85,
+        opacity=0.9 if named else 0.85,
         legendgroup=group,
-        legendgrouptitle={"text": "compute" if group == "phase" else "collectives"},
+        legendgrouptitle={"text": "compute" if named else "collectives"},
         hoverinfo="text",  # hovertext, not the name written in the bar
-        text=name,  # one string for every bar of the trace: no per-bar array to grow
-        textposition="inside",
+        text=name if named else None,  # one string for every bar: no per-bar array to grow
+        textposition="inside" if named else "none",
         insidetextanchor="middle",
         textangle=0,
         textfont={"color": "white", "size": 11},
