@@ -24,7 +24,7 @@ from workbench.plots import (
     update_memory_figure,
 )
 from workbench.plots.event_input import as_float_array, event_time
-from workbench.trace.events import MemorySample, to_record
+from workbench.trace.events import MemorySample, Metric, to_record
 
 FIGURES: dict[str, tuple[Callable, Callable]] = {
     "memory": (lambda ev: memory_figure(ev, capacity=200 << 20), update_memory_figure),
@@ -73,7 +73,8 @@ def test_figure_widget_grows_like_the_figure(name: str) -> None:
     widget = go.FigureWidget(build(of_steps(events, range(2))))
     update(widget, of_steps(events, range(2, 4)))
     assert _plain(widget)["data"] == _plain(whole)["data"]
-    assert widget.layout.meta == whole.layout.meta
+    # ticks, ranges, annotations and legend names too: every update rewrites them
+    assert _plain(widget)["layout"] == _plain(whole)["layout"]
 
 
 def test_new_rank_adds_traces_and_keeps_the_old_ones() -> None:
@@ -140,3 +141,21 @@ def test_a_figure_restored_from_json_keeps_growing(name: str) -> None:
                 assert np.array_equal(as_float_array(a.get(prop)), as_float_array(b.get(prop)))
         assert a.get("hovertext") == b.get("hovertext")
     assert grown["layout"]["meta"] == whole["layout"]["meta"]
+
+
+def test_identical_ranks_grown_step_by_step_equal_all_at_once() -> None:
+    """The 'ranks 0–1 identical' naming depends on the whole curves, not on the batches."""
+    losses = [2.0, 1.5, 1.5, 1.25]
+    events = [
+        Metric(rank=rank, step=step, name="loss", value=v + (0.5 if rank == 1 and step == 2 else 0))
+        for step, v in enumerate(losses)
+        for rank in (0, 1)
+    ]
+    whole = loss_figure(events)
+    grown = loss_figure(events[:1])
+    for i in range(1, len(events)):
+        update_loss_figure(grown, events[i : i + 1])
+    assert _plain(grown) == _plain(whole)
+    assert [t.name for t in whole.data] == ["rank 0", "rank 1"]  # they differ at step 2
+    same = loss_figure(events[:4])
+    assert [t.name for t in same.data if t.showlegend] == ["ranks 0–1 identical"]

@@ -7,6 +7,7 @@ import pytest
 from tests.plots.events import MS, ddp_events
 from workbench.errors import ConfigError
 from workbench.plots import bandwidth_figure, loss_figure, update_bandwidth_figure
+from workbench.plots.loss import RANK_COLORS, rank_span, update_loss_figure
 from workbench.trace.events import CommEvent, Metric, to_record
 
 
@@ -75,3 +76,52 @@ def test_bandwidth_bad_points() -> None:
         bandwidth_figure([(1024, 0.0)], world_size=2)
     with pytest.raises(ConfigError, match="world_size=0"):
         bandwidth_figure([], world_size=0)
+
+
+def _losses(values: dict[int, list[float]], start: int = 0) -> list[Metric]:
+    return [
+        Metric(rank=rank, step=start + step, name="loss", value=v)
+        for rank, series in values.items()
+        for step, v in enumerate(series)
+    ]
+
+
+def _legend(fig) -> list[str]:
+    return [t.name for t in fig.data if t.showlegend is not False]
+
+
+def test_identical_rank_curves_share_one_legend_entry_that_says_so() -> None:
+    same = [2.5, 2.25, 2.0]
+    fig = loss_figure(_losses({0: same, 1: same}), reference=[2.5, 2.25, 2.0])
+    assert _legend(fig) == ["single device", "ranks 0–1 identical"]
+    rank0, rank1 = (next(t for t in fig.data if t.meta["key"] == f"loss/rank/{r}") for r in (0, 1))
+    assert rank0.legendgroup == rank1.legendgroup  # one legend click shows or hides both
+    assert rank1.hoverinfo == "skip" and "ranks 0–1" in rank0.hovertemplate
+    assert list(rank1.y) == same  # still drawn, on top of rank 0's line
+    # the line on top is drawn in the color of the legend's swatch (rank 0's)
+    assert rank1.line.color == rank1.marker.color == rank0.line.color == RANK_COLORS[0]
+
+
+def test_ranks_that_part_ways_get_their_own_entries_again() -> None:
+    fig = loss_figure(_losses({0: [2.5, 2.25], 1: [2.5, 2.25]}))
+    assert _legend(fig) == ["ranks 0–1 identical"]
+    update_loss_figure(fig, _losses({0: [2.0], 1: [2.1]}, start=2))
+    assert _legend(fig) == ["rank 0", "rank 1"]
+    assert all(t.hoverinfo == "all" for t in fig.data)
+    assert [t.line.color for t in fig.data] == [RANK_COLORS[0], RANK_COLORS[1]]
+    assert [t.marker.color for t in fig.data] == [RANK_COLORS[0], RANK_COLORS[1]]
+
+
+def test_identical_sets_are_found_among_many_ranks() -> None:
+    a, b = [3.0, 2.0], [3.0, 2.5]
+    fig = loss_figure(_losses({0: a, 1: b, 2: a, 3: b, 4: b, 5: [1.0, 1.0]}))
+    assert _legend(fig) == ["ranks 0, 2 identical", "ranks 1, 3–4 identical", "rank 5"]
+    assert rank_span([4, 0, 1, 2, 6]) == "0–2, 4, 6"
+
+
+def test_loss_ticks_are_whole_steps() -> None:
+    for steps, dtick in ((3, 1), (4, 1), (30, 5), (200, 20)):
+        fig = loss_figure(_losses({0: [1.0] * steps}))
+        assert fig.layout.xaxis.tick0 == 0 and fig.layout.xaxis.dtick == dtick
+        assert (steps - 1) / dtick <= 10
+    assert loss_figure([], reference=[1.0] * 50).layout.xaxis.dtick == 5

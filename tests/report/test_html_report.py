@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from plotly.offline import get_plotlyjs
 
 from workbench.errors import ConfigError
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure, synthetic_events
-from workbench.report import ReportSection, figure_div_id, write_report
+from workbench.report import ReportSection, figure_div_id, render_report, write_report
+from workbench.trace.events import Metric
 
 EVIL = "<script>alert('x')</script>"
 
@@ -89,3 +92,35 @@ def test_bad_sections_are_config_errors(tmp_path: Path) -> None:
         write_report(tmp_path / "b.html", [ReportSection("s", table=[[1, 2]])], title="t")  # type: ignore[list-item]
     with pytest.raises(ConfigError, match="figure 0 is a dict"):
         write_report(tmp_path / "c.html", [ReportSection("s", figures=[{}])], title="t")  # type: ignore[list-item]
+
+
+def _drawn(text: str, div_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The data and layout the report hands ``Plotly.newPlot`` for one figure div."""
+    call = re.search(r"Plotly\.newPlot\(\s*\"" + re.escape(div_id) + r"\",\s*", text)
+    assert call is not None, div_id
+    decoder = json.JSONDecoder()
+    data, end = decoder.raw_decode(text, call.end())
+    layout, _ = decoder.raw_decode(text, text.index("{", end))
+    return data, layout
+
+
+def test_report_figures_carry_phase_axes_peak_labels_and_identical_ranks() -> None:
+    events = synthetic_events(3)
+    same = [
+        Metric(rank=r, step=s, name="loss", value=2.0 - s / 4) for s in range(3) for r in (0, 1)
+    ]
+    figures = [memory_figure(events), comm_timeline_figure(events), loss_figure(same)]
+    text = render_report([ReportSection("run", figures=figures)], title="t")
+    _, memory = _drawn(text, figure_div_id(0, 0))
+    for suffix in ("", "2"):
+        axis = memory[f"xaxis{suffix}"]
+        names = {re.sub(r"<[^>]+>", "", line) for t in axis["ticktext"] for line in t.split("<br>")}
+        assert {"data", "forward", "backward", "optimizer", "step 0", "step 2"} <= names
+        assert all(float(v).is_integer() for v in axis["tickvals"])
+    for label in (a for a in memory["annotations"] if a["name"].startswith("peak")):
+        axis = memory["yaxis" + label["yref"][1:]]
+        assert label["yanchor"] == "bottom" and 0 < label["y"] < axis["range"][1]
+    _, timeline = _drawn(text, figure_div_id(0, 1))
+    assert timeline["xaxis2"]["ticktext"][0] == "<b>step 0</b>"
+    loss, _ = _drawn(text, figure_div_id(0, 2))
+    assert [t["name"] for t in loss if t.get("showlegend", True)] == ["ranks 0–1 identical"]

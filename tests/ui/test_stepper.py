@@ -43,11 +43,12 @@ def test_run_n_fills_progress_and_loss_with_reference(stepper: Stepper) -> None:
     view.run_button.click()
     assert view.progress.value == 3 and view.progress.max == 3
     assert [s.step for s in stepper.status] == [3, 3]
-    names = {t.name: len(t.y) for t in view.loss.data}
-    assert names["rank 0"] == 3 and names["rank 1"] == 3
-    assert names["single device"] >= 3
+    # by key: DDP ranks report the same loss, so their legend reads "ranks 0–1 identical"
+    lengths = {t.meta["key"]: len(t.y) for t in view.loss.data}
+    assert lengths["loss/rank/0"] == 3 and lengths["loss/rank/1"] == 3
+    assert lengths["loss/reference"] >= 3
     ref = next(t for t in view.loss.data if t.name == "single device")
-    mine = next(t for t in view.loss.data if t.name == "rank 0")
+    mine = next(t for t in view.loss.data if t.meta["key"] == "loss/rank/0")
     assert max(abs(a - b) for a, b in zip(mine.y, ref.y[:3], strict=False)) < 1e-5
     assert view.pause_button.disabled and not view.run_button.disabled  # run is over
 

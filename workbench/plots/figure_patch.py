@@ -76,6 +76,12 @@ class Patch:
     trace or to a trace created in this patch by ``create``; ``replace`` overwrites props of
     derived traces (a peak marker, a median line). ``categorical`` names props in ``NUMERIC``
     that hold labels for this figure (the timeline's lane names in ``y``).
+
+    ``layout`` is merged into the figure's layout (``update_layout``); ``assign`` maps layout
+    paths (``"xaxis2"``, ``"xaxis.minor"``, ``"annotations"``) to values that replace what is
+    there whole. Rewriting derived layout (ticks, labels, the state in ``meta``) on every
+    update goes through ``assign``: plotly's merge walks every old and new property, which
+    for a few axes and annotations costs ten times the assignment.
     """
 
     def __init__(self, fig: FigureLike, *, categorical: frozenset[str] = frozenset()) -> None:
@@ -85,6 +91,7 @@ class Patch:
         self.points: dict[str, dict[str, list[Any]]] = {}
         self.replace: dict[str, dict[str, Any]] = {}
         self.layout: dict[str, Any] = {}
+        self.assign: dict[str, Any] = {}
         self.shapes: list[dict[str, Any]] = []
         self.annotations: list[dict[str, Any]] = []
 
@@ -144,6 +151,8 @@ class Patch:
                 fig.data[i].update(props)
             if layout:
                 fig.update_layout(layout)
+            for path, value in self.assign.items():
+                fig.layout[path] = value
         return fig
 
 

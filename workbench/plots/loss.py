@@ -1,7 +1,9 @@
 """Loss (or any scalar metric) per step, one line per rank, with a reference curve.
 
 The reference is typically the single-device run of the same model and data: a data- or
-tensor-parallel run that is correct lies on top of it.
+tensor-parallel run that is correct lies on top of it. Ranks whose curves are identical (every
+step, every value: DDP reports the same loss everywhere) share one legend entry, "ranks 0–1
+identical", since the line drawn last hides the others.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import numpy as np
 import plotly.graph_objects as go
 
 from workbench.errors import ConfigError
-from workbench.plots.event_input import coerce_events, validate_ranks
+from workbench.plots.event_input import as_float_array, coerce_events, validate_ranks
 from workbench.plots.figure_patch import FigureLike, Patch, figure_state, initial_meta
 from workbench.trace.events import Event, Metric
 
-__all__ = ["RANK_COLORS", "loss_figure", "update_loss_figure"]
+__all__ = ["RANK_COLORS", "loss_figure", "rank_span", "update_loss_figure"]
 
 KIND = "loss"
 RANK_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6")
@@ -42,8 +44,14 @@ def loss_figure(
         title=f"{name.capitalize()} per step",
         template="plotly_white",
         hovermode="x unified",
-        # Steps are whole numbers; never let plotly put ticks at 0.5.
-        xaxis={"title": {"text": "step"}, "tickformat": "d", "rangemode": "tozero"},
+        # Steps are whole numbers: ticks at whole steps only (``_step_ticks``); plotly's own
+        # choice puts ticks at 0.5, which "d" then prints as a second "0" or "1".
+        xaxis={
+            "title": {"text": "step"},
+            "tickformat": "d",
+            "rangemode": "tozero",
+            **_step_ticks(0),
+        },
         yaxis={"title": {"text": name}},
         legend={"title": {"text": "run"}},
         meta=initial_meta({"kind": KIND, "name": name, "ranks": wanted}),
@@ -63,6 +71,7 @@ def loss_figure(
                 meta={"key": "loss/reference"},
             )
         )
+        fig.update_layout(xaxis=_step_ticks(len(values) - 1))
     return update_loss_figure(fig, events)
 
 
@@ -90,10 +99,89 @@ def update_loss_figure(fig: FigureLike, events: Iterable[Event | Mapping[str, An
                     name=f"rank {m.rank}",
                     mode="lines+markers",
                     line={"color": color, "width": 2},
-                    marker={"size": 5},
-                    hovertemplate=f"rank {m.rank}: %{{y:.6g}}<extra></extra>",
+                    marker={"size": 5, "color": color},
                     meta={"rank": m.rank},
                 ),
             )
         patch.add(key, x=m.step, y=m.value)
+    curves = _curves(fig, patch)
+    _name_identical(curves, patch)
+    last = max((float(x.max()) for x, _ in curves.values() if x.size), default=0.0)
+    reference = fig.data[patch.index["loss/reference"]] if patch.has("loss/reference") else None
+    if reference is not None:
+        last = max(last, len(reference.x) - 1)
+    for prop, value in _step_ticks(int(last)).items():
+        patch.assign[f"xaxis.{prop}"] = value
     return patch.apply(fig)
+
+
+def _step_ticks(last: int) -> dict[str, Any]:
+    """A whole-number tick spacing (1, 2, 5, 10, 20, ...) giving at most 10 ticks to ``last``."""
+    dtick = 1
+    while last / dtick > 10:
+        dtick = int(dtick * (2.5 if str(dtick)[0] == "2" else 2))  # 1, 2, 5, 10, 20, 50
+    return {"tick0": 0, "dtick": dtick}
+
+
+def rank_span(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2]`` -> ``"0–2"``, ``[0, 1, 3]`` -> ``"0–1, 3"`` (sorted, runs by a dash)."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _curves(fig: FigureLike, patch: Patch) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Every rank's (steps, values) as they will be once ``patch`` is applied."""
+    out = {}
+    for key in sorted({*patch.index, *patch.new}):
+        if not key.startswith("loss/rank/"):
+            continue
+        old = fig.data[patch.index[key]] if key in patch.index else None
+        new = patch.points.get(key, {})
+
+        x, y = (
+            np.concatenate(
+                (
+                    as_float_array(old[prop] if old is not None else None),
+                    np.asarray(new.get(prop, []), dtype=float),
+                )
+            )
+            for prop in ("x", "y")
+        )
+        out[int(key.rsplit("/", 1)[1])] = (x, y)
+    return out
+
+
+def _name_identical(curves: dict[int, tuple[np.ndarray, np.ndarray]], patch: Patch) -> None:
+    """One legend entry and one hover line for each set of ranks with identical curves;
+    every rank of a set stays drawn (a legend click hides or shows them together)."""
+    groups: list[list[int]] = []
+    for rank, (x, y) in sorted(curves.items()):
+        for group in groups:
+            gx, gy = curves[group[0]]
+            if np.array_equal(x, gx) and np.array_equal(y, gy):
+                group.append(rank)
+                break
+        else:
+            groups.append([rank])
+    for group in groups:
+        label = f"rank {group[0]}" if len(group) == 1 else f"ranks {rank_span(group)}"
+        # The line drawn on top is the group's last rank: in the leader's color it matches
+        # the legend's swatch (each rank gets its own color back once the curves part).
+        color = RANK_COLORS[group[0] % len(RANK_COLORS)]
+        for rank in group:
+            leader = rank == group[0]
+            patch.set(
+                f"loss/rank/{rank}",
+                name=f"{label} identical" if leader and len(group) > 1 else f"rank {rank}",
+                legendgroup=label,
+                showlegend=leader,
+                hoverinfo="all" if leader else "skip",
+                hovertemplate=f"{label}: %{{y:.6g}}<extra></extra>",
+                line={"color": color, "width": 2},
+                marker={"size": 5, "color": color},
+            )

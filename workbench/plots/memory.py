@@ -2,8 +2,10 @@
 
 One subplot per rank (rank 0 on top), one stacked area per category. The x axis is either the
 sample number on that rank (every sample equally wide, so a short optimizer phase is as
-readable as a long backward) or the time since the first event. Phase, step and module label
-of each sample are in the hover text.
+readable as a long backward), labelled with the phase of each run of samples and the step it
+opens, or the time since the first event. Step boundaries are dotted on both; the module label
+of each sample is in the hover text. Each rank's y range leaves room above its peak for the
+peak's label, so the label is never cut by the panel's frame.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import plotly.graph_objects as go
 from workbench.errors import ConfigError, choices_error
 from workbench.plots.event_input import coerce_events, validate_ranks
 from workbench.plots.figure_patch import FigureLike, Patch, figure_state, initial_meta
+from workbench.plots.phase_axis import band_name, band_ticks, boundary_grid, extend_bands
 from workbench.plots.style import CATEGORIES, MIB, category_color, format_bytes
 from workbench.trace.events import Event, MemorySample
 
@@ -25,7 +28,10 @@ X_MODES = ("sample", "time")
 KIND = "memory"
 _ALWAYS = CATEGORIES[:4]  # "other" gets a trace only once a rank reports some
 _OOM_COLOR = "#D62728"
-_GAP = 0.08  # vertical gap between rank subplots, as a fraction of the plot height
+_GAP = 0.12  # vertical gap between rank subplots (room for two lines of tick labels)
+# Share of each rank's y range above its highest point (peak or capacity): the peak label
+# (about 20 px) sits there, inside the panel even with 8 ranks at the default height.
+_HEADROOM = 0.25
 
 
 def memory_figure(
@@ -57,7 +63,7 @@ def memory_figure(
         template="plotly_white",
         hovermode="closest",
         legend={"title": {"text": "category"}, "traceorder": "normal"},
-        margin={"l": 70, "r": 30, "t": 60, "b": 50},
+        margin={"l": 70, "r": 30, "t": 60, "b": 70},
         height=_height(max(len(wanted or ()), 1)),
         meta=initial_meta(
             {
@@ -68,6 +74,7 @@ def memory_figure(
                 "ranks": wanted,
                 "axes": {},  # rank -> axis number (1 = "x"/"y", 2 = "x2"/"y2", ...)
                 "count": {},  # rank -> samples so far (the next sample's x in "sample" mode)
+                "bands": {},  # rank -> [[step, phase, first x, last x], ...] (phase_axis)
                 "peak": {},  # rank -> [x, total bytes, step, phase]
             }
         ),
@@ -80,7 +87,8 @@ def memory_figure(
         for rank in wanted:
             _add_rank(patch, state, rank)
         _layout_ranks(patch, state)
-        patch.layout["meta"] = initial_meta(state)
+        _assign_annotations(patch, state)
+        patch.assign["meta"] = initial_meta(state)
         patch.apply(fig)
     return update_memory_figure(fig, events)
 
@@ -101,15 +109,14 @@ def update_memory_figure(
     if state["t0"] is None:
         state["t0"] = min(s.t for s in samples)
     patch = Patch(fig)
-    added_rank = False
     new_peaks: set[str] = set()
     for s in samples:
         rank = str(s.rank)
         if rank not in state["axes"]:
             _add_rank(patch, state, s.rank)
-            added_rank = True
         xv = state["count"][rank] if state["x"] == "sample" else (s.t - state["t0"]) / 1e6
         state["count"][rank] += 1
+        extend_bands(state["bands"][rank], s.step, band_name(s.phase, s.label), xv)
         _add_sample(patch, state, s, xv)
         peak = state["peak"].get(rank)
         if peak is None or s.total > peak[1]:
@@ -117,15 +124,17 @@ def update_memory_figure(
             new_peaks.add(rank)
     for rank in sorted(new_peaks, key=int):
         _set_peak(patch, state, rank)
-    if added_rank:
-        _layout_ranks(patch, state)
-    patch.layout["meta"] = initial_meta(state)
+    # Ticks, ranges and labels follow from the state alone, so every update rewrites them
+    # (a few short arrays per rank): a figure grown in pieces equals one built at once.
+    _layout_ranks(patch, state)
+    _assign_annotations(patch, state)
+    patch.assign["meta"] = initial_meta(state)
     return patch.apply(fig)
 
 
 def _add_sample(patch: Patch, state: dict[str, Any], s: MemorySample, xv: float) -> None:
     """One point on every category's stacked area of the sample's rank."""
-    where = f"rank {s.rank} · step {s.step} · {s.phase or '?'}"
+    where = f"rank {s.rank} · step {s.step} · {s.phase or 'no phase'}"
     if s.label:
         where += f" · {s.label}"
     if not patch.has(_key(s.rank, CATEGORIES[0])):
@@ -149,19 +158,83 @@ def _add_sample(patch: Patch, state: dict[str, Any], s: MemorySample, xv: float)
         )
 
 
+def _peak_label(state: dict[str, Any], rank: str) -> tuple[str, bool]:
+    total = state["peak"][rank][1]
+    over = state["capacity"] is not None and total > state["capacity"]
+    return f"peak {format_bytes(total)}" + (" > capacity (OOM)" if over else ""), over
+
+
 def _set_peak(patch: Patch, state: dict[str, Any], rank: str) -> None:
     """Move the rank's peak marker to its new highest total (red past the capacity)."""
     px, total, step, phase = state["peak"][rank]
-    over = state["capacity"] is not None and total > state["capacity"]
-    label = f"peak {format_bytes(total)}" + (" > capacity (OOM)" if over else "")
+    label, over = _peak_label(state, rank)
     patch.set(
         _key(int(rank), "peak"),
         x=[px],
         y=[total / MIB],
-        text=[label],
         hovertext=[f"rank {rank} · step {step} · {phase}<br>{label}"],
         marker={"color": _OOM_COLOR if over else "#222222"},
     )
+
+
+def _assign_annotations(patch: Patch, state: dict[str, Any]) -> None:
+    # Never an empty list: FigureWidget's front end draws nothing of a figure whose layout
+    # holds an empty array. Labels only ever get added, so none means none before either.
+    annotations = _annotations(state)
+    if annotations:
+        patch.assign["annotations"] = annotations
+
+
+def _annotations(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's capacity label and peak label, in rank order.
+
+    The peak label sits just above the marker, inside the headroom ``_layout_ranks`` keeps
+    above the peak; near either end of the x range it is anchored on that side, so it is not
+    cut at the left or right edge either."""
+    out: list[dict[str, Any]] = []
+    bands = [b for b in state["bands"].values() if b]
+    lo = min((b[0][2] for b in bands), default=0)
+    span = max((b[-1][3] for b in bands), default=0) - lo
+    for rank in sorted(state["axes"], key=int):
+        xa, ya = _axis_names(state["axes"][rank])
+        capacity = state["capacity"]
+        if capacity is not None:
+            out.append(
+                {
+                    "name": f"capacity rank {rank}",
+                    "xref": f"{xa} domain",
+                    "x": 1,
+                    "xanchor": "right",
+                    "yref": ya,
+                    "y": capacity / MIB,
+                    "yanchor": "bottom",
+                    "text": f"capacity {format_bytes(capacity)}: OOM above",
+                    "showarrow": False,
+                    "font": {"color": _OOM_COLOR, "size": 11},
+                }
+            )
+        if rank not in state["peak"]:
+            continue
+        px, total = state["peak"][rank][:2]
+        label, over = _peak_label(state, rank)
+        where = (px - lo) / span if span > 0 else 0.5
+        out.append(
+            {
+                "name": f"peak rank {rank}",
+                "xref": xa,
+                "x": px,
+                "xanchor": "left" if where < 0.15 else "right" if where > 0.85 else "center",
+                "yref": ya,
+                "y": total / MIB,
+                "yanchor": "bottom",
+                "yshift": 7,  # clear of the marker's triangle
+                "text": label,
+                "showarrow": False,
+                "bgcolor": "rgba(255, 255, 255, 0.8)",  # readable over a step boundary
+                "font": {"color": _OOM_COLOR if over else "#222222", "size": 11},
+            }
+        )
+    return out
 
 
 def _key(rank: int, what: str) -> str:
@@ -198,10 +271,9 @@ def _peak(rank: int, state: dict[str, Any]) -> go.Scatter:
         name="peak",
         legendgroup="peak",
         showlegend=state["axes"][str(rank)] == 1,
-        mode="markers+text",
+        mode="markers",  # its label is a layout annotation (see _annotations)
         marker={"symbol": "triangle-down", "size": 11, "color": "#222222"},
-        textposition="top center",
-        cliponaxis=False,  # the "peak" label sits above the highest point: keep it whole
+        cliponaxis=False,  # the marker's triangle reaches above the highest point
         hoverinfo="text",
         xaxis=xa,
         yaxis=ya,
@@ -214,6 +286,7 @@ def _add_rank(patch: Patch, state: dict[str, Any], rank: int) -> None:
     number = len(state["axes"]) + 1
     state["axes"][str(rank)] = number
     state["count"][str(rank)] = 0
+    state["bands"][str(rank)] = []
     xa, ya = _axis_names(number)
     capacity = state["capacity"]
     if capacity is not None:
@@ -230,20 +303,6 @@ def _add_rank(patch: Patch, state: dict[str, Any], rank: int) -> None:
                 "line": {"color": _OOM_COLOR, "width": 2, "dash": "dash"},
             }
         )
-        patch.annotations.append(
-            {
-                "name": f"capacity rank {rank}",
-                "xref": f"{xa} domain",
-                "x": 1,
-                "xanchor": "right",
-                "yref": ya,
-                "y": capacity / MIB,
-                "yanchor": "bottom",
-                "text": f"capacity {format_bytes(capacity)}: OOM above",
-                "showarrow": False,
-                "font": {"color": _OOM_COLOR, "size": 11},
-            }
-        )
 
 
 def _layout_ranks(patch: Patch, state: dict[str, Any]) -> None:
@@ -255,26 +314,40 @@ def _layout_ranks(patch: Patch, state: dict[str, Any]) -> None:
         number = state["axes"][rank]
         top = 1 - row * (height + _GAP)
         suffix = "" if number == 1 else str(number)
-        patch.layout[f"xaxis{suffix}"] = {
+        bands = state["bands"][rank]
+        ticks = band_ticks(bands) if state["x"] == "sample" else boundary_grid(bands)
+        patch.assign[f"xaxis{suffix}"] = {
             "anchor": f"y{suffix}",
             "domain": [0, 1],
             "matches": None if number == 1 else "x",
             "title": {"text": _x_title(state["x"]) if row == n - 1 else ""},
+            **ticks,
         }
-        patch.layout[f"yaxis{suffix}"] = {
+        patch.assign[f"yaxis{suffix}"] = {
             "anchor": f"x{suffix}",
             "domain": [max(top - height, 0), top],
             "title": {"text": f"rank {rank}<br>MiB"},
             "rangemode": "tozero",
+            **_y_range(state, rank),
         }
     patch.layout["height"] = _height(n)
 
 
+def _y_range(state: dict[str, Any], rank: str) -> dict[str, Any]:
+    """From 0 to the rank's peak or the capacity line, whichever is higher, plus headroom;
+    plotly's own range (nothing set) until there is either."""
+    peak = state["peak"].get(rank)
+    highest = max(peak[1] if peak else 0, state["capacity"] or 0)
+    if highest <= 0:
+        return {"autorange": True}
+    return {"autorange": False, "range": [0, highest / MIB / (1 - _HEADROOM)]}
+
+
 def _height(ranks: int) -> int:
-    return 140 + 220 * ranks
+    return 160 + 240 * ranks
 
 
 def _x_title(mode: str) -> str:
     if mode == "sample":
-        return "memory sample on the rank (hover: step · phase · module)"
-    return "time since first event (ms)"
+        return "phase of each memory sample · dotted: step boundaries (hover: module, bytes)"
+    return "time since first event (ms) · dotted: step boundaries (hover: step, phase)"

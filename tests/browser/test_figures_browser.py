@@ -1,0 +1,77 @@
+"""What a class sees on a projector, in a real browser (JupyterLab + headless Chromium):
+the memory figure names phases and steps on its axis (no fractional sample numbers), its
+peak labels sit inside their panels, identical rank curves say so, and no output reads as a
+widget's repr, neither in a live notebook nor in a committed walkthrough opened unrun.
+
+The first test runs ``docs_images.shoot``, the code that makes the README screenshots, and
+leaves its PNGs in test-artifacts/browser/docs/ (look at them there).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.browser import stepper_page as sp
+from tests.browser.docs_images import IMAGES, shoot
+from tests.browser.figure_probes import REPR, problems
+from tests.browser.session import browser_missing, open_notebook
+from workbench.magics.progress import startup_line
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def browser() -> None:
+    reason = browser_missing()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("browser")
+def test_readme_screenshots_show_phases_steps_and_whole_labels() -> None:
+    out = sp.ARTIFACTS / "docs"
+    result = shoot(out, steps=4)
+    drawn = result["drawn"]
+    assert problems(drawn, result["text"]) == []
+    assert not result["leftovers"], f"processes left after a clean shutdown: {result['leftovers']}"
+    # the start-up bar closed itself (a closed widget's view is removed: nothing is left of
+    # it on a live page; its saved line is what the next test reads) and no repr is shown
+    assert startup_line(2) not in result["text"]
+    # both ranks' panels, each naming the five DDP phases of every step it drew
+    memory = drawn["memory"]["axes"]
+    assert set(memory) == {"x", "x2"}
+    for ticks in memory.values():
+        labels = [line for tick in ticks for line in tick]
+        assert [t for t in labels if t.startswith("step")] == [f"step {i}" for i in range(4)]
+    # the timeline names every step on its top axis
+    top = [line for tick in drawn["comm"]["axes"]["x2"] for line in tick]
+    assert top == [f"step {i}" for i in range(4)]
+    # DDP reports one loss on every rank: one legend entry says so
+    assert "ranks 0–1 identical" in drawn["loss"]["legend"], drawn["loss"]["legend"]
+    assert all((out / name).stat().st_size > 10_000 for name in IMAGES.values())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("browser")
+def test_a_committed_walkthrough_opened_unrun_shows_no_widget_repr() -> None:
+    """What a reader sees before running anything: saved outputs only."""
+    with tempfile.TemporaryDirectory(prefix="wb-browser-saved-") as root:
+        notebook = Path(root) / "00_quickstart.ipynb"
+        shutil.copy(ROOT / "notebooks" / notebook.name, notebook)
+        with open_notebook(notebook, viewport=sp.VIEWPORT) as session:
+            page = session.page
+            page.get_by_text("workbench: 2 ranks").first.wait_for()  # outputs are drawn
+            text = page.locator(".jp-Notebook").inner_text()
+    assert not session.leftovers, session.leftovers
+    shown = REPR.search(text)
+    assert shown is None, text[shown.start() : shown.start() + 80]
+    assert startup_line(2) in text
+    assert not re.search(r"Error displaying widget|Loading widget", text)
