@@ -14,6 +14,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
+from workbench.magics.trace_cmds import trace_log
 from workbench.trace import CommEvent, MemorySample, Metric, PhaseSpan
 
 CELL = """
@@ -45,11 +46,14 @@ def test_trace_on_and_traced_loop(
     magics.trace_log = None
     assert magics.cluster is cluster  # started from Python, current for the magics too
     try:
+        # A new TraceLog pulls what the engines recorded since they started: earlier tests'
+        # traced blocks on this shared cluster too. This test counts only its own.
+        earlier = len(trace_log(magics).pull())
         ipython_shell.run_line_magic("wb", "trace on")
         ipython_shell.run_cell_magic("wb", "", CELL)
         ipython_shell.run_line_magic("wb", "trace off")
         ipython_shell.run_cell_magic("wb", "", "y = 1")  # not traced any more
-        events = magics.trace_log.events
+        events = magics.trace_log.events[earlier:]
         spans = Counter((e.rank, e.phase) for e in events if isinstance(e, PhaseSpan))
         for rank in (0, 1):
             assert spans[(rank, "cell")] == 1 and spans[(rank, "traced")] == 1
