@@ -81,6 +81,12 @@ def _sbatch(bed: Bed, folder: Path) -> str:
     log = Path(str(out).replace("%j", job_id)) if job_id else None
     text = log.read_text(errors="replace") if log is not None and log.exists() else ""
     assert done.returncode == 0, f"sbatch exit {done.returncode}: {done.stderr}\n{text[-4000:]}"
+    # both nodes were allocated and each slurmd launched the job's step (its torchrun)
+    ctld = (bed.root / "slurm" / "slurmctld.log").read_text(errors="replace")
+    assert f"Allocate JobId={job_id} NodeList=wbmn[1-2]" in ctld, ctld[-3000:]
+    for node in bed.nodes:
+        slurmd = (bed.root / "slurm" / f"slurmd-{node.name}.log").read_text(errors="replace")
+        assert f"launch task StepId={job_id}.0 " in slurmd, (node.name, slurmd[-3000:])
     return text
 
 

@@ -4,7 +4,8 @@ A run (a ``TrainingSession``'s ``RunSpec``, or a user run's ``UserSpec``) become
 ``run.json`` for ``python -m workbench.parallel.job`` (``parallel/job.py``); a script stays
 the script. Either way the folder gets ``torchrun.sh`` (one node, the command line alone)
 and ``job.sbatch`` (``srun`` starts one ``torchrun`` per node of the allocation; they meet
-at the allocation's first node, read with ``scontrol show hostnames``). Checkpoints go to
+at the allocation's first node, read with ``scontrol show hostnames``; each node points gloo
+at the interface it reaches the others through). Checkpoints go to
 the notebook's directory, signed with the notebook's key file: the scripts point
 ``WORKBENCH_STATE_DIR`` at the folder that holds it and refuse to start without it (a job
 with a fresh key would write checkpoints the notebook then refuses). The key itself is
