@@ -194,3 +194,14 @@ def test_checkpointing_patterns_travel_through_the_job_file() -> None:
         assert step.run_step() > 0
     finally:
         step.close()
+
+
+def test_sbatch_names_gloos_interface_per_node_unless_the_user_did(tmp_path: Path) -> None:
+    # gloo would bind the address the node's own name resolves to (127.0.1.1 on stock
+    # Debian); each node works out its interface inside srun, where it runs
+    done = wb.export(str(MIGRATION), tmp_path / "job", nodes=2, procs_per_node=1)
+    text = done.files["sbatch"].read_text()
+    srun = text[text.index("srun ") :]
+    assert "ifname=${GLOO_SOCKET_IFNAME:-$(node_interface)}" in srun
+    assert "export -f node_interface" in text[: text.index("srun ")]
+    assert srun.rstrip().endswith(f"torchrun {MIGRATION}")

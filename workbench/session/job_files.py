@@ -4,7 +4,8 @@ A run (a ``TrainingSession``'s ``RunSpec``, or a user run's ``UserSpec``) become
 ``run.json`` for ``python -m workbench.parallel.job`` (``parallel/job.py``); a script stays
 the script. Either way the folder gets ``torchrun.sh`` (one node, the command line alone)
 and ``job.sbatch`` (``srun`` starts one ``torchrun`` per node of the allocation; they meet
-at the allocation's first node, read with ``scontrol show hostnames``). Checkpoints go to
+at the allocation's first node, read with ``scontrol show hostnames``; each node points gloo
+at the interface it reaches the others through). Checkpoints go to
 the notebook's directory, signed with the notebook's key file: the scripts point
 ``WORKBENCH_STATE_DIR`` at the folder that holds it and refuse to start without it (a job
 with a fresh key would write checkpoints the notebook then refuses). The key itself is
@@ -205,8 +206,39 @@ def torchrun_script(argv: list[str], preamble: list[str]) -> str:
     return "\n".join(["#!/bin/bash", "# one node", *preamble, body, ""])
 
 
+# gloo binds the address this node's own hostname resolves to unless GLOO_SOCKET_IFNAME names
+# an interface, and stock Debian/Ubuntu resolve a host's own name to 127.0.1.1, which no other
+# node can reach (the job then hangs in gloo's connect). Each node names the interface it
+# reaches another node of the job through: a peer's name resolves to its real address there.
+_NODE_INTERFACE = r"""node_interface() {
+  local peer addr
+  command -v ip >/dev/null || return 0
+  peer=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vxF "$SLURMD_NODENAME" | head -n 1)
+  [ -n "$peer" ] || return 0
+  addr=$(getent ahostsv4 "$peer" | awk 'NR == 1 {print $1}')
+  [ -n "$addr" ] || return 0
+  ip -o route get "$addr" | sed -n 's/.* dev \([^ ]*\).*/\1/p'
+}"""
+
+
+def _srun_line(target: list[str], procs_per_node: int) -> str:
+    """One ``torchrun`` per node, each with gloo on the interface that joins the nodes."""
+    per_node = [
+        "ifname=${GLOO_SOCKET_IFNAME:-$(node_interface)}",
+        'if [ -n "$ifname" ]; then export GLOO_SOCKET_IFNAME=$ifname; fi',
+        'exec "$TORCHRUN" --nnodes "$SLURM_JOB_NUM_NODES" \\',
+        f"    --nproc-per-node {procs_per_node} \\",
+        '    --rdzv-id "$SLURM_JOB_ID" --rdzv-backend c10d \\',
+        '    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" "$@"',
+    ]
+    program = shlex.quote("\n".join(per_node))
+    args = " ".join(shlex.quote(a) for a in target)
+    return f"srun --kill-on-bad-exit=1 bash -c {program} \\\n    torchrun {args}"
+
+
 def sbatch_script(target: list[str], shape: JobShape, preamble: list[str], name: str) -> str:
-    """``srun`` starts one ``torchrun`` per node; they meet at the allocation's first node."""
+    """``srun`` starts one ``torchrun`` per node; they meet at the allocation's first node
+    (by name: torchrun hosts the rendezvous on the node whose own name it is)."""
     head = [
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
@@ -216,15 +248,6 @@ def sbatch_script(target: list[str], shape: JobShape, preamble: list[str], name:
     ]
     if shape.gpus:
         head.append(f"#SBATCH --gpus-per-node={shape.procs_per_node}")
-    run = [
-        '"$TORCHRUN"',
-        '--nnodes "$SLURM_JOB_NUM_NODES"',
-        f"--nproc-per-node {shape.procs_per_node}",
-        '--rdzv-id "$SLURM_JOB_ID"',
-        "--rdzv-backend c10d",
-        '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"',
-        " ".join(shlex.quote(a) for a in target),
-    ]
     return "\n".join(
         [
             *head,
@@ -232,9 +255,11 @@ def sbatch_script(target: list[str], shape: JobShape, preamble: list[str], name:
             "# the first node of the allocation hosts the rendezvous",
             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             f"MASTER_PORT=${{MASTER_PORT:-{DEFAULT_PORT}}}",
-            "export MASTER_ADDR MASTER_PORT",
             f"TORCHRUN=${{TORCHRUN:-{shlex.quote(_torchrun())}}}",
-            "srun --kill-on-bad-exit=1 " + " \\\n    ".join(run),
+            "export MASTER_ADDR MASTER_PORT TORCHRUN",
+            _NODE_INTERFACE,
+            "export -f node_interface",
+            _srun_line(target, shape.procs_per_node),
             "",
         ]
     )
