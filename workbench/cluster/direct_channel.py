@@ -19,7 +19,7 @@ import zmq
 from jupyter_client.session import Session
 
 from workbench.cluster.hosts import net_space
-from workbench.cluster.live_inbox import LiveInbox, capped
+from workbench.cluster.live_inbox import LiveInbox, capped, signed_messages
 from workbench.engine.direct_cells import (
     REPLY_TYPE,
     REQUEST_TYPE,
@@ -142,19 +142,10 @@ class _Channel:
             ms = None if timeout is None else max(0, int(timeout * 1000))
             if not self.socket.poll(ms):
                 return
-            while True:
-                try:
-                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    return
-                self._deliver(frames)
+            for msg in signed_messages(self.socket, self.session):
+                self._deliver(msg)
 
-    def _deliver(self, frames: list[bytes]) -> None:
-        try:
-            _, body = self.session.feed_identities(frames)
-            msg = self.session.deserialize(body, content=True)
-        except Exception:  # malformed or not signed with our key: not from our engine
-            return
+    def _deliver(self, msg: dict[str, Any]) -> None:
         if msg["header"].get("msg_type") != REPLY_TYPE:
             return
         reply = self.pending.pop(msg["parent_header"].get("msg_id", ""), None)

@@ -10,14 +10,14 @@ up is dropped, never shown in a later cell.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
 
 from workbench.engine.live_push import OUTPUT_TYPE
 
-__all__ = ["LiveInbox"]
+__all__ = ["LiveInbox", "capped", "signed_messages"]
 
 _ENGINE = "wb_engine_id"  # the output header's field naming the engine it came from
 _MAX_CHARS = 8 * 1024 * 1024  # per cell and stream; the final reply has the whole text
@@ -38,20 +38,14 @@ class LiveInbox:
         """Deliver every message that arrived (never waits)."""
         if self.socket.closed:
             return
-        while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._deliver(frames)
+        for msg in signed_messages(self.socket, self.session):
+            self._deliver(msg)
 
-    def _deliver(self, frames: list[bytes]) -> None:
+    def _deliver(self, msg: dict[str, Any]) -> None:
         try:
-            _, body = self.session.feed_identities(frames)
-            msg = self.session.deserialize(body, content=True)
             header, content = msg["header"], msg["content"]
             name, text = content["name"], content["text"]
-        except Exception:  # malformed or not signed with our key: not from our engine
+        except Exception:  # well signed but not an output message's shape
             return
         if header.get("msg_type") != OUTPUT_TYPE or name not in ("stdout", "stderr"):
             return
@@ -64,6 +58,23 @@ class LiveInbox:
 
     def close(self) -> None:
         self.socket.close(linger=0)
+
+
+def signed_messages(socket: zmq.Socket, session: Any) -> Iterator[dict[str, Any]]:
+    """Every message waiting on ``socket`` (never waits) that is signed with ``session``'s
+    key and well formed; anything else (malformed, a replay, another key) is dropped:
+    any local process can connect to these loopback sockets."""
+    while True:
+        try:
+            frames = socket.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        try:
+            _, body = session.feed_identities(frames)
+            msg = session.deserialize(body, content=True)
+        except Exception:  # malformed or not signed with our key: not from our engine
+            continue
+        yield msg
 
 
 def capped(old: str, text: str) -> str:
