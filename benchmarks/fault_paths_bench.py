@@ -94,6 +94,14 @@ def _watch_ids(client: Any, engine_id: int, marks: Marks, stop: threading.Event)
         time.sleep(0.001)
 
 
+def _recovered(cluster: Any) -> float:
+    """Seconds of ``recover_sync()`` up to a working all-reduce."""
+    start = time.monotonic()
+    cluster.recover_sync()
+    cluster.execute(CHECK, timeout=60)
+    return time.monotonic() - start
+
+
 def _dead_rank(cluster: Any) -> tuple[dict[str, float], float]:
     from workbench.errors import EngineDied
 
@@ -123,10 +131,7 @@ def _dead_rank(cluster: Any) -> tuple[dict[str, float], float]:
         stop.set()
         for u in undo:
             u()
-    start = time.monotonic()
-    cluster.recover_sync()
-    cluster.execute(CHECK, timeout=60)
-    return marks.after("kill"), time.monotonic() - start
+    return marks.after("kill"), _recovered(cluster)
 
 
 def _hang(cluster: Any) -> tuple[dict[str, float], float]:
@@ -145,10 +150,7 @@ def _hang(cluster: Any) -> tuple[dict[str, float], float]:
     finally:
         for u in undo:
             u()
-    start = time.monotonic()
-    cluster.recover_sync()
-    cluster.execute(CHECK, timeout=60)
-    return marks.after("timeout"), time.monotonic() - start
+    return marks.after("timeout"), _recovered(cluster)
 
 
 def _profile(name: str, samples: list[dict[str, float]]) -> list[str]:
