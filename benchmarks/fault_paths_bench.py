@@ -201,6 +201,9 @@ def run(quick: bool = False) -> BenchResult:
         _row("a rank's process killed mid-cell: kill to EngineDied", died, DEAD_TARGET, rounds),
         _row(f"a hang past timeout={TIMEOUT_S}s: timeout to its report", late, HANG_TARGET, rounds),
     ]
+    ends = (("dead rank", dead, "cell: EngineDied"), ("hang", hang, "cell: CollectiveTimeout"))
+    for label, samples, key in ends:
+        result.notes.append(f"{label}, each round: {[s[key] for s in samples]} s")
     for kind, values in recovery.items():
         spread = [round(v, 2) for v in values]
         result.notes.append(
