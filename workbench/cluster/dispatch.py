@@ -43,8 +43,7 @@ __all__ = ["RankDispatch"]
 
 log = logging.getLogger("workbench.cluster")
 
-# After an engine died, a survivor in Python code still busy this long afterwards is marked
-# stuck (recover() frees it); one in a collective at once (it fails out of it soon).
+# After a death, a survivor busy in Python code this long is marked stuck (recover() frees it)
 _DEATH_GRACE_S = 0.5
 # After an interrupt, engines in Python code stop at once; one blocked in a collective
 # does not (signals run between bytecodes) and is left for recover().
@@ -171,8 +170,7 @@ class RankDispatch:
 
     @staticmethod
     def _frozen(r: RankAssignment) -> bool:
-        """A local engine whose process is stopped (SIGSTOP, a debugger): it cannot answer.
-        Engines on other hosts are not inspected from here."""
+        """A local engine stopped (SIGSTOP, a debugger) cannot answer; remote ones unread."""
         return local_state(r.host, r.pid) in FROZEN
 
     def _lost(self, r: RankAssignment, future: Any) -> bool:
@@ -203,15 +201,16 @@ class RankDispatch:
             return False
         return False
 
-    def _nothing_to_wait(self, targets: list[Any], futures: list[Any], pending: list[int]) -> bool:
-        """After a death: each rank without a reply is dead (a direct cell's never comes)
-        or waits in a collective (its status file says so) that the next cell's
-        ``_ensure_free`` waits for."""
-        return all(
-            self._dead_rank(targets[i], futures[i])
-            or (read_status(self.run_dir, targets[i].rank) or {}).get("in_flight")
-            for i in pending
-        )
+    def _nothing_to_wait(
+        self, targets: list[Any], futures: list[Any], pending: list[int], seen: set[int]
+    ) -> bool:
+        """After a death: each rank without a reply is dead (a direct cell's never comes) or
+        was ``seen`` in a collective since, which it fails out of (``_ensure_free`` waits)."""
+        for i in pending:
+            status = None if i in seen else read_status(self.run_dir, targets[i].rank)
+            if (status or {}).get("in_flight"):
+                seen.add(i)
+        return all(i in seen or self._dead_rank(targets[i], futures[i]) for i in pending)
 
     def _wait_all(
         self,
@@ -224,6 +223,7 @@ class RankDispatch:
         died; raises ``CollectiveTimeout`` with the hang report at ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         death_deadline: float | None = None
+        seen: set[int] = set()  # after a death: survivors seen waiting in a collective
         next_health = time.monotonic() + _HEALTH_S
         client = self._client  # a stop (or restart) from another thread replaces it
         try:
@@ -247,7 +247,7 @@ class RankDispatch:
                 ):
                     death_deadline = now + _DEATH_GRACE_S
                 if death_deadline is not None and (
-                    now >= death_deadline or self._nothing_to_wait(targets, futures, pending)
+                    now >= death_deadline or self._nothing_to_wait(targets, futures, pending, seen)
                 ):
                     return  # collect() reports the death; the rest are marked stuck
                 if deadline is not None and now >= deadline:
