@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ipyparallel as ipp
@@ -19,6 +19,7 @@ from workbench import validate
 from workbench.cluster.cell_routes import live_watch, send_cell
 from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.hang import (
+    after_interrupt,
     describe_rank,
     hang_report,
     lost_engines_error,
@@ -29,7 +30,7 @@ from workbench.cluster.health import status_rows
 from workbench.cluster.live_output import LiveWatch, OnOutput
 from workbench.cluster.processes import FROZEN, local_state
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.results import CellResult, format_remote, reply_metadata
+from workbench.cluster.results import ABORTED, CellResult, format_remote, reply_metadata
 from workbench.cluster.signals import signal_rank_sync
 from workbench.errors import (
     ClusterError,
@@ -42,19 +43,14 @@ __all__ = ["RankDispatch"]
 
 log = logging.getLogger("workbench.cluster")
 
-# After an engine died, survivors' collectives fail at once ("connection reset"); any rank
-# still busy this long afterwards is marked stuck (recover() frees it) instead of waited for,
-# so the death is reported within a second.
+# After a death, a survivor busy in Python code this long is marked stuck (recover() frees it)
 _DEATH_GRACE_S = 0.5
 # After an interrupt, engines in Python code stop at once; one blocked in a collective
 # does not (signals run between bytecodes) and is left for recover().
 _INTERRUPT_GRACE_S = 2.0
+# ... one the hang report saw in a collective only this long (were its status stale).
+_BLOCKED_GRACE_S = 0.2
 _POLL_S = 0.02
-# ipykernel drops requests queued behind one that failed; say so instead of a task uuid.
-_ABORTED = (
-    "the engine dropped this work because the work before it on that rank failed "
-    "(ipykernel aborts what was queued behind an error); run it again"
-)
 # While waiting, how often the controller (and, for local engines, their processes) are
 # checked: without a controller no reply and no death notice would ever arrive.
 _HEALTH_S = 0.25
@@ -174,8 +170,7 @@ class RankDispatch:
 
     @staticmethod
     def _frozen(r: RankAssignment) -> bool:
-        """A local engine whose process is stopped (SIGSTOP, a debugger): it cannot answer.
-        Engines on other hosts are not inspected from here."""
+        """A local engine stopped (SIGSTOP, a debugger) cannot answer; remote ones unread."""
         return local_state(r.host, r.pid) in FROZEN
 
     def _lost(self, r: RankAssignment, future: Any) -> bool:
@@ -206,6 +201,17 @@ class RankDispatch:
             return False
         return False
 
+    def _nothing_to_wait(
+        self, targets: list[Any], futures: list[Any], pending: list[int], seen: set[int]
+    ) -> bool:
+        """After a death: each rank without a reply is dead (a direct cell's never comes) or
+        was ``seen`` in a collective since, which it fails out of (``_ensure_free`` waits)."""
+        for i in pending:
+            status = None if i in seen else read_status(self.run_dir, targets[i].rank)
+            if (status or {}).get("in_flight"):
+                seen.add(i)
+        return all(i in seen or self._dead_rank(targets[i], futures[i]) for i in pending)
+
     def _wait_all(
         self,
         targets: list[RankAssignment],
@@ -217,6 +223,7 @@ class RankDispatch:
         died; raises ``CollectiveTimeout`` with the hang report at ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         death_deadline: float | None = None
+        seen: set[int] = set()  # after a death: survivors seen waiting in a collective
         next_health = time.monotonic() + _HEALTH_S
         client = self._client  # a stop (or restart) from another thread replaces it
         try:
@@ -239,7 +246,9 @@ class RankDispatch:
                     lost(r, f) for r, f in zip(targets, futures, strict=True)
                 ):
                     death_deadline = now + _DEATH_GRACE_S
-                if death_deadline is not None and now >= death_deadline:
+                if death_deadline is not None and (
+                    now >= death_deadline or self._nothing_to_wait(targets, futures, pending, seen)
+                ):
                     return  # collect() reports the death; the rest are marked stuck
                 if deadline is not None and now >= deadline:
                     break
@@ -255,27 +264,28 @@ class RankDispatch:
         done = [r.rank for r in targets if r.rank not in pending_ranks]
         # The report first: it shows where the ranks were when time ran out.
         message, report = hang_report(self.run_dir, pending_ranks, done, timeout)
-        blocked = self._give_up(targets, futures)
-        freed = [r for r in pending_ranks if r not in blocked]
-        if freed:
-            message += f"\nranks {freed} were interrupted and are free for the next cell."
-        if blocked:
-            message += (
-                f"\nranks {blocked} are still blocked (an interrupt does not end a "
-                "collective) and cannot run another cell until `%wb restart` "
-                "(cluster.recover_sync()) frees them."
-            )
+        blocked = self._give_up(targets, futures, in_collective=set(report.get("waiting", ())))
+        message += after_interrupt([r for r in pending_ranks if r not in blocked], blocked)
         raise CollectiveTimeout(message, report=report)
 
-    def _give_up(self, targets: list[RankAssignment], futures: list[Any]) -> list[int]:
+    def _give_up(
+        self, targets: list[RankAssignment], futures: list[Any], in_collective: Iterable[int] = ()
+    ) -> list[int]:
         """Interrupt the ranks still busy (ends Python code at once), wait a moment, and
-        mark those still busy as stuck (e.g. blocked in a collective). Returns them."""
+        mark those still busy as stuck (e.g. blocked in a collective). Returns them. Ranks
+        ``in_collective`` (seen waiting in one by the hang report) get ``_BLOCKED_GRACE_S``."""
         busy = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
         if not busy:
             return []
         self.interrupt(busy)
-        end = time.monotonic() + _INTERRUPT_GRACE_S
-        while time.monotonic() < end and not all(f.ready() for f in futures):
+        start = time.monotonic()
+        while True:
+            left = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
+            waited = time.monotonic() - start
+            if not left or waited >= _INTERRUPT_GRACE_S:
+                break
+            if waited >= _BLOCKED_GRACE_S and set(in_collective).issuperset(left):
+                break
             time.sleep(_POLL_S)
         self._mark_stuck(targets, futures)
         blocked = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
@@ -308,7 +318,7 @@ class RankDispatch:
             except ipp.error.RemoteError as exc:
                 failures[r.rank] = format_remote(exc)
             except ipp.error.TaskAborted:
-                failures[r.rank] = _ABORTED
+                failures[r.rank] = ABORTED
         if dead:
             self._mark_stuck(targets, futures)
             self.state = "degraded"
@@ -367,7 +377,7 @@ class RankDispatch:
                 ename, evalue, tb, _ = exc.elist[0]
                 result.ename, result.evalue, result.traceback = ename, str(evalue), tb
             except ipp.error.TaskAborted:
-                result.ename, result.evalue, result.traceback = "TaskAborted", _ABORTED, _ABORTED
+                result.ename, result.evalue, result.traceback = "TaskAborted", ABORTED, ABORTED
             out.append(result)
         if dead:
             self._mark_stuck(targets, futures)

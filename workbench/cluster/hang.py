@@ -18,6 +18,7 @@ from workbench.engine.flight import status_path
 from workbench.errors import ClusterError, EngineDied, EngineUnresponsive
 
 __all__ = [
+    "after_interrupt",
     "describe_rank",
     "hang_report",
     "lost_engines_error",
@@ -123,6 +124,20 @@ def hang_report(
     if waiting:  # a hang, not just a slow cell: who waits where, who never came
         report.update(waiting=waiting, never_entered=never, status=statuses)
     return "\n".join(lines), report
+
+
+def after_interrupt(freed: list[int], blocked: list[int]) -> str:
+    """The hang message's last lines: which ranks the interrupt freed, which stay blocked."""
+    message = ""
+    if freed:
+        message += f"\nranks {freed} were interrupted and are free for the next cell."
+    if blocked:
+        message += (
+            f"\nranks {blocked} are still blocked (an interrupt does not end a "
+            "collective) and cannot run another cell until `%wb restart` "
+            "(cluster.recover_sync()) frees them."
+        )
+    return message
 
 
 def lost_engines_error(

@@ -153,7 +153,14 @@ def _leave_group(cluster: Cluster, rank: int) -> Any:
 async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport) -> list[int]:
     """Free stuck ranks; returns the ranks whose engines had to be killed."""
     client = cluster.client_unchecked()
-    stuck = {r: f for r, f in cluster._stuck.items() if r not in dead}
+    # a survivor of a death that has failed out of its collective since is no longer stuck
+    # (the death returned without waiting for it): it is healthy, as _ensure_free finds too
+    given_up = cluster._given_up
+    stuck = {
+        r: f
+        for r, f in cluster._stuck.items()
+        if r not in dead and (r in given_up or not f.ready())
+    }
     if not stuck:
         return []
     healthy = [r.rank for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CellResult", "format_remote", "reply_metadata"]
+__all__ = ["ABORTED", "CellResult", "format_remote", "reply_metadata"]
+
+# ipykernel drops requests queued behind one that failed; say so instead of a task uuid.
+ABORTED = (
+    "the engine dropped this work because the work before it on that rank failed "
+    "(ipykernel aborts what was queued behind an error); run it again"
+)
 
 
 @dataclass(slots=True, kw_only=True)
