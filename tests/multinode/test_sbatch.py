@@ -83,7 +83,10 @@ def _sbatch(bed: Bed, folder: Path) -> str:
     assert done.returncode == 0, f"sbatch exit {done.returncode}: {done.stderr}\n{text[-4000:]}"
     # both nodes were allocated and each slurmd launched the job's step (its torchrun)
     ctld = (bed.root / "slurm" / "slurmctld.log").read_text(errors="replace")
-    assert f"Allocate JobId={job_id} NodeList=wbmn[1-2]" in ctld, ctld[-3000:]
+    # the main scheduler logs "sched: Allocate JobId=N NodeList=...", the backfill one
+    # "sched/backfill: _start_job: Started JobId=N in PART on ..." (which one starts it is timing)
+    allocated = rf"(Allocate JobId={job_id} NodeList=|Started JobId={job_id} in \S+ on )wbmn\[1-2\]"
+    assert re.search(allocated, ctld), ctld[-3000:]
     for node in bed.nodes:
         slurmd = (bed.root / "slurm" / f"slurmd-{node.name}.log").read_text(errors="replace")
         assert f"launch task StepId={job_id}.0 " in slurmd, (node.name, slurmd[-3000:])
