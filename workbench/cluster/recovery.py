@@ -269,7 +269,7 @@ async def new_engines(
     new = [(eid, {**info, **fact}) for eid, info, fact in zip(new_ids, infos, facts, strict=True)]
     if engines.ipp is not None:
         attach_nannies(engines.ipp, dict(new))
-    watch_engines(engines, ranks, new)
+    watch_engines(engines, new)
     return new
 
 
