@@ -102,7 +102,8 @@ def _holder(expr: ast.expr, annotated: set[str], imported: set[str]) -> bool:
     elif isinstance(expr, ast.Attribute):
         name = expr.attr
     elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
-        return expr.func.attr == "current" or _holder(expr.func.value, annotated, imported)
+        made = expr.func.attr in ("current", "latest")  # Cluster.current()._x
+        return made or _holder(expr.func.value, annotated, imported)
     else:
         return False
     return name in annotated or any(word in name.lower() for word in HOLDER_WORDS)
