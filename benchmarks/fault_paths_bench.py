@@ -75,10 +75,10 @@ def _wrap(owner: Any, name: str, marks: Marks, before: str, after: str) -> Calla
 
 
 def _instrument(marks: Marks) -> list[Callable[[], None]]:
-    from workbench.cluster import dispatch, engine_watch
+    from workbench.cluster import dispatch, engine_watch, hang
 
     return [
-        _wrap(dispatch, "hang_report", marks, "hang report: reading status", "hang report: built"),
+        _wrap(hang, "hang_report", marks, "hang report: reading status", "hang report: built"),
         _wrap(dispatch.RankDispatch, "_give_up", marks, "interrupt: sent", "interrupt: grace over"),
         _wrap(engine_watch.EngineWatch, "_report", marks, "watch: exit seen", "watch: told ctrl"),
         _wrap(dispatch.RankDispatch, "_wait_all", marks, "wait: cell sent", "wait: over"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Collection, Iterable, Mapping, Set
+from typing import Any
 
 from workbench.errors import ConfigError, choices_error
 
@@ -195,3 +196,16 @@ def rank_list(ranks: int | Iterable[int], world_size: int) -> list[int]:
     if not wanted:
         raise refused("no rank chosen")
     return wanted
+
+
+def args_by_rank(value: object, world_size: int) -> dict[int, tuple[Any, ...]]:
+    """Per-rank arguments (``Cluster.run_each``): a dict of rank -> a tuple (or list) of
+    arguments, every rank in ``0..world_size-1``."""
+    valid = f"a dict of rank (0..{world_size - 1}) -> a tuple of arguments, e.g. {{0: (1,)}}"
+    if not isinstance(value, Mapping) or not value:
+        raise invalid("args_by_rank", value, "not a dict of ranks", valid)
+    rank_list(list(value), world_size)
+    bad = [r for r, a in value.items() if not isinstance(a, tuple | list)]
+    if bad:
+        raise invalid("args_by_rank", value, f"rank {bad[0]}'s arguments are not a tuple", valid)
+    return {int(r): tuple(a) for r, a in value.items()}

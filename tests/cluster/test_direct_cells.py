@@ -44,7 +44,9 @@ def _comparable(result: CellResult) -> CellResult:
 @pytest.mark.parametrize("code", CELLS)
 def test_direct_cell_results_equal_the_controllers(cluster: Cluster, code: str) -> None:
     direct = cluster.execute(code)
-    assert all(cluster._direct.port(r.engine_id) for r in cluster.ranks)  # it was direct
+    assert all(
+        cluster.dispatch.cells.pool.port(r.engine_id) for r in cluster.ranks
+    )  # it was direct
     via_controller = cluster.execute(code, direct=False)
     if direct[0].execute_result is not None:  # one history: the next cell's number
         counts = [r.execute_result["execution_count"] for r in (direct[0], via_controller[0])]
@@ -73,7 +75,7 @@ def test_state_is_shared_with_the_controller_path(cluster: Cluster) -> None:
 def test_cell_sockets_listen_on_loopback_only(cluster: Cluster) -> None:
     cluster.execute("1")
     for r in cluster.ranks:
-        port = cluster._direct.port(r.engine_id)
+        port = cluster.dispatch.cells.pool.port(r.engine_id)
         listening = [
             (c.laddr.ip, c.laddr.port)
             for c in psutil.Process(r.pid).net_connections(kind="inet")
@@ -86,12 +88,12 @@ def test_engines_elsewhere_open_no_socket(cluster: Cluster) -> None:
     assert cluster.run(open_if_same_network, "another-machine/4026531840") == [None, None]
     assert cluster.run(open_if_same_network, None) == [None, None]
     same = cluster.run(open_if_same_network, net_space())
-    assert same == [cluster._direct.port(r.engine_id) for r in cluster.ranks]
+    assert same == [cluster.dispatch.cells.pool.port(r.engine_id) for r in cluster.ranks]
 
 
 def test_unsigned_or_foreign_cells_are_refused(cluster: Cluster) -> None:
     cluster.execute("forged = False")
-    port = cluster._direct.port(cluster.ranks[0].engine_id)
+    port = cluster.dispatch.cells.pool.port(cluster.ranks[0].engine_id)
     key = cluster.client.session.key
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
@@ -126,7 +128,7 @@ def test_a_late_reply_never_answers_a_later_cell(cluster: Cluster) -> None:
         "('next', 0)",
         "('next', 1)",
     ]
-    assert cluster._direct.busy() == set()
+    assert cluster.dispatch.cells.pool.busy() == set()
 
 
 def test_an_engine_killed_mid_cell_is_reported_and_replaced(own_cluster: Cluster) -> None:
@@ -158,8 +160,8 @@ def test_an_engine_killed_mid_cell_is_reported_and_replaced(own_cluster: Cluster
         "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
     )
     assert [r.execute_result["data"]["text/plain"] for r in results] == ["2.0", "2.0"]
-    assert own_cluster._direct.port(own_cluster.ranks[1].engine_id) is not None
-    assert not own_cluster._direct.known(old)
+    assert own_cluster.dispatch.cells.pool.port(own_cluster.ranks[1].engine_id) is not None
+    assert not own_cluster.dispatch.cells.pool.known(old)
 
 
 def test_status_shows_a_rank_busy_with_a_direct_cell(cluster: Cluster, tmp_path: Any) -> None:
@@ -177,7 +179,7 @@ def test_status_shows_a_rank_busy_with_a_direct_cell(cluster: Cluster, tmp_path:
     runner.start()
     try:
         deadline = time.monotonic() + 60
-        while not cluster._direct.busy() and time.monotonic() < deadline:
+        while not cluster.dispatch.cells.pool.busy() and time.monotonic() < deadline:
             time.sleep(0.01)
         states = {row["rank"]: row["state"] for row in cluster.status()}
         assert states[1] == "busy"
@@ -185,7 +187,7 @@ def test_status_shows_a_rank_busy_with_a_direct_cell(cluster: Cluster, tmp_path:
         release.touch()
         runner.join(90)
     assert not runner.is_alive()
-    assert cluster._direct.busy() == set()
+    assert cluster.dispatch.cells.pool.busy() == set()
 
 
 AWAITING = "import asyncio\nawait asyncio.sleep(0.01)\nprint('awaited', rank)\nrank + 1"
@@ -249,7 +251,7 @@ def _assert_rank0_answers(cluster: Cluster) -> None:
     # bounded generously: on a loaded machine a healthy cell takes well under a second
     results = cluster.execute("print('ok')", ranks=[0], timeout=60)
     assert [r.stdout for r in results] == ["ok\n"]
-    assert cluster._direct.port(cluster.ranks[0].engine_id) is not None  # it was direct
+    assert cluster.dispatch.cells.pool.port(cluster.ranks[0].engine_id) is not None  # it was direct
 
 
 @pytest.mark.parametrize(
@@ -267,7 +269,7 @@ def test_malformed_frames_leave_the_cell_socket_readable(
     cluster: Cluster, messages: list[list[bytes]]
 ) -> None:
     cluster.execute("1")  # the channels are open
-    port = cluster._direct.port(cluster.ranks[0].engine_id)
+    port = cluster.dispatch.cells.pool.port(cluster.ranks[0].engine_id)
     assert port is not None
     sock = _send_frames(port, messages)
     try:  # the sender stays connected while the kernel's next cell runs
@@ -281,7 +283,7 @@ def test_malformed_frames_leave_the_cell_socket_readable(
 def test_random_bytes_over_plain_tcp_leave_the_cell_socket_readable(cluster: Cluster) -> None:
     # Not ZMTP at all: libzmq may read such bytes as ZMTP 1.0 frames and hand them on.
     cluster.execute("1")
-    port = cluster._direct.port(cluster.ranks[0].engine_id)
+    port = cluster.dispatch.cells.pool.port(cluster.ranks[0].engine_id)
     assert port is not None
     connections = []
     try:
@@ -315,7 +317,7 @@ class _Recorder:
 
 def test_a_cell_signed_for_one_rank_does_not_run_on_another(cluster: Cluster) -> None:
     cluster.execute("1")  # the channels are open
-    channel = cluster._direct._channels[cluster.ranks[0].engine_id]
+    channel = cluster.dispatch.cells.pool._channels[cluster.ranks[0].engine_id]
     recorder = _Recorder(channel.socket)
     channel.socket = recorder  # type: ignore[assignment]
     try:
@@ -324,7 +326,7 @@ def test_a_cell_signed_for_one_rank_does_not_run_on_another(cluster: Cluster) ->
         channel.socket = recorder.socket
     assert first[0].execute_result["data"]["text/plain"] == "1"
     [frames] = recorder.sent
-    port1 = cluster._direct.port(cluster.ranks[1].engine_id)
+    port1 = cluster.dispatch.cells.pool.port(cluster.ranks[1].engine_id)
     assert port1 is not None
     sock = _send_frames(port1, [frames])  # replayed, byte for byte, to rank 1's cell port
     try:

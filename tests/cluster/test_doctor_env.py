@@ -119,7 +119,7 @@ def test_the_start_refuses_before_any_store_or_group_exists(
         for i, (host, facts) in enumerate([("node-a", _with()), ("node-b", _with(nccl="2.1"))])
     ]  # fmt: skip
 
-    async def engine_infos(cluster: Any) -> tuple[list[int], list[dict[str, Any]]]:
+    async def engine_infos(*args: Any) -> tuple[list[int], list[dict[str, Any]]]:
         return [0, 1], infos
 
     opened: list[object] = []
@@ -130,15 +130,20 @@ def test_the_start_refuses_before_any_store_or_group_exists(
 
     monkeypatch.setattr(start_sequence, "engine_infos", engine_infos)
     monkeypatch.setattr(start_sequence, "open_store", open_store)
-    cluster = SimpleNamespace(
+    engines = SimpleNamespace(
         client_unchecked=lambda: None,
         config=SimpleNamespace(backend="gloo", threads_per_engine=None, init_timeout=5),
         check_packages=(),
         environment=None,
-        startup=StartupProfile(),
     )
     here = str(infos[0]["environment"]["nccl"])  # None on a CPU build of torch
     with pytest.raises(ClusterError, match=rf"nccl differs: node-a has {here}, node-b has 2\.1"):
-        asyncio.run(start_sequence.init_process_group(cluster))  # type: ignore[arg-type]
+        start = start_sequence.init_process_group(
+            engines,  # type: ignore[arg-type]
+            [],
+            StartupProfile(),
+            lambda *_: None,
+        )
+        asyncio.run(start)
     assert opened == []
-    assert cluster.environment is not None and cluster.environment.errors
+    assert engines.environment is not None and engines.environment.errors

@@ -96,7 +96,7 @@ def test_an_already_gone_process_is_reported_at_once() -> None:
 def test_local_engines_start_without_a_nanny_and_ranks_here_are_signalled_by_pid(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = make_ipp_cluster(Cluster(n=2)).config
+    config = make_ipp_cluster(Cluster(n=2).engines).config
     assert "--IPEngine.enable_nanny=False" in ForkEngineSetLauncher(config=config).engine_args
     proc = _sleeper()
     try:

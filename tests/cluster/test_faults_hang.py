@@ -130,7 +130,7 @@ def _cell_connections(cluster: Cluster) -> dict[int, set[tuple[Any, Any]]]:
     """Per rank: the engine's established connections on its cell socket (the kernel's)."""
     out = {}
     for r in cluster.ranks:
-        port = cluster._direct.port(r.engine_id)
+        port = cluster.dispatch.cells.pool.port(r.engine_id)
         out[r.rank] = {
             (tuple(c.laddr), tuple(c.raddr))
             for c in psutil.Process(r.pid).net_connections(kind="tcp")

@@ -60,7 +60,7 @@ def test_a_death_returns_without_waiting_for_a_survivor_in_a_collective(
 def test_a_timeout_reports_without_waiting_out_the_interrupt_for_a_blocked_rank(
     own_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatch, "_INTERRUPT_GRACE_S", STRETCHED_S)
+    monkeypatch.setattr(dispatch, "INTERRUPT_GRACE_S", STRETCHED_S)
     start = time.monotonic()
     with pytest.raises(CollectiveTimeout) as info:
         own_cluster.execute(BARRIER, timeout=3.0)

@@ -127,7 +127,7 @@ def test_without_on_output_nothing_streams(cluster: Cluster, tmp_path: Path) -> 
     # A script's execute is unchanged: the engines are not asked for progress messages.
     cell = "import time\nprint('x', flush=True)\ntime.sleep(0.4)"
     cluster.execute(cell)
-    pending: Any = cluster._direct
+    pending: Any = cluster.dispatch.cells.pool
     assert pending is not None
     requests = []
     original = type(pending).send

@@ -19,12 +19,12 @@ from workbench.engine import boot, process_group, zygote
 
 
 def _engine_cmd(cluster: Cluster) -> Any:
-    ipp_cluster = make_ipp_cluster(cluster)
+    ipp_cluster = make_ipp_cluster(cluster.engines)
     return ipp_cluster, ipp_cluster.config.LocalEngineSetLauncher.get("engine_cmd")
 
 
 def test_local_cluster_forks_its_engines_without_waiting_for_the_controller() -> None:
-    ipp_cluster = make_ipp_cluster(Cluster(n=2))
+    ipp_cluster = make_ipp_cluster(Cluster(n=2).engines)
     assert ipp_cluster.engine_launcher_class is ForkEngineSetLauncher
     launcher = ForkEngineSetLauncher(config=ipp_cluster.config, n=2)
     assert launcher.engine_cmd[-1] == zygote.__file__
@@ -44,7 +44,7 @@ def test_multi_node_launchers_keep_ipyparallels_start_and_a_500ms_heartbeat(
     launcher: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = Cluster(n=2, launcher=launcher, hosts=["node-a", "node-b"])
-    cluster._controller_address = "10.0.0.1"  # what start() would find from the hosts
+    cluster.engines.controller_address = "10.0.0.1"  # what start() would find from the hosts
     ipp_cluster, cmd = _engine_cmd(cluster)
     assert cmd is None
     assert ipp_cluster.send_engines_connection_env is True
@@ -102,13 +102,13 @@ def _stop(launcher: str, monkeypatch: pytest.MonkeyPatch) -> tuple[_Client, list
     hosts = [] if launcher == "local" else ["node-a", "node-b"]
     cluster = Cluster(n=2, launcher=launcher, hosts=hosts)
     client = _Client()
-    cluster._client = client  # type: ignore[assignment]
+    cluster.engines.client = client  # type: ignore[assignment]
     cluster.ranks = [_rank(0), _rank(1)]
     ended: list[Any] = []
     monkeypatch.setattr(fast_stop, "end", lambda procs, grace=0.5: ended.append(procs) or [])
-    monkeypatch.setattr(cluster, "_process_tree", lambda: [])
-    monkeypatch.setattr(cluster, "controller_lost", lambda: False)
-    asyncio.run(shutdown.shutdown(cluster, quiet=False))
+    monkeypatch.setattr(cluster.engines, "process_tree", lambda ranks: [])
+    monkeypatch.setattr(cluster.engines, "controller_lost", lambda: False)
+    asyncio.run(shutdown.shutdown(cluster.engines, cluster.ranks, quiet=False))
     assert client.closed
     return client, ended
 

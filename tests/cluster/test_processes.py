@@ -46,7 +46,7 @@ def test_local_states_running_stopped_gone() -> None:
 
 def test_cluster_pids_leave_out_engines_on_other_hosts() -> None:
     cluster = Cluster(n=2, launcher="ssh", hosts=["node-a", "node-b"])
-    cluster._ipp = object()  # type: ignore[assignment]  # no launchers to list
+    cluster.engines.ipp = object()  # type: ignore[assignment]  # no launchers to list
     cluster.ranks = assign_ranks(
         [
             EngineInfo(engine_id=0, host=HERE, pid=os.getpid()),

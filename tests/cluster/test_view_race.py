@@ -34,7 +34,7 @@ def _rank(rank: int) -> RankAssignment:
 
 def test_engine_gone_between_check_and_request_is_engine_died() -> None:
     cluster = Cluster(n=2)
-    cluster._client = _Client()
+    cluster.engines.client = _Client()
     cluster.ranks = [_rank(0), _rank(1)]
     cluster.state = "running"
     try:
@@ -45,6 +45,6 @@ def test_engine_gone_between_check_and_request_is_engine_died() -> None:
         assert "rank 1" in str(info.value) and "No such engine" not in str(info.value)
         assert cluster.state == "degraded"
     finally:
-        cluster._client = None
+        cluster.engines.client = None
         cluster.ranks = []
         cluster.state = "stopped"

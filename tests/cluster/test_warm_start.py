@@ -76,7 +76,7 @@ def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None
         assert all(warm_start.warm(role) is None for role in warm_start.ROLES)  # taken
         parents = {psutil.Process(r.pid).ppid() for r in cluster.ranks}
         assert parents == {forker.pid}
-        ipp = cluster._ipp
+        ipp = cluster.engines.ipp
         assert ipp is not None and ipp.controller is not None
         assert ipp.controller.process.pid == controller.pid
         assert {forker.pid, controller.pid} <= set(cluster.pids())  # watched and stopped
@@ -231,7 +231,7 @@ def test_the_workbench_kernel_starts_the_forker_that_wb_start_forks_from(
         assert "2 ranks" in _run(kc, "%wb start -n 2")
         text = _run(kc, "%%wb\nimport os\nprint('parent', os.getppid())")
         assert text.count(f"parent {forker}") == 2, text
-        code = "print(__import__('workbench').Cluster.latest()._ipp.controller.process.pid)"
+        code = "print(__import__('workbench').Cluster.latest().engines.ipp.controller.process.pid)"
         assert _run(kc, code).strip() == str(pids["controller"])
         assert "stopped" in _run(kc, "%wb stop")
         assert _wait_gone(list(pids.values())) == []

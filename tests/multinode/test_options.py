@@ -111,9 +111,9 @@ def test_a_remote_pid_is_never_used_locally(monkeypatch: pytest.MonkeyPatch) -> 
     cluster = Cluster(n=2, launcher="ssh", hosts=["n1"])
     me = os.getpid()
     cluster.ranks = [replace(r, pid=me, pid_space=REMOTE) for r in _ranks({"n1": 2})]
-    cluster._ipp = SimpleNamespace(controller=None, engines={})  # started, as far as pids go
+    cluster.engines.ipp = SimpleNamespace(controller=None, engines={})  # started, as far as pids go
     assert me not in cluster.pids()
-    assert me not in [p.pid for p in cluster._process_tree()]
+    assert me not in [p.pid for p in cluster.engines.process_tree(cluster.ranks)]
     assert cluster.status_dir_of(cluster.ranks[0]) is None  # its /tmp is not ours
 
     killed: list[int] = []

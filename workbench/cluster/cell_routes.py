@@ -1,10 +1,11 @@
 """Which way a ``%%wb`` cell goes to each rank: straight to the engine's loopback cell
 socket when it has one (``direct_channel.py``), else through the ipyparallel controller.
 
-An engine's socket is asked for once: as it registers (``start_sequence.py``), or at the
-first cell sent to it (an engine started by a recovery). An engine that cannot open one
-(another host or network namespace, a kernel without the capture hooks) gets None and
-its cells go through the controller.
+``CellRoutes`` holds a cluster's pool of direct cells (one per client). An engine's socket
+is asked for once: as it registers (``registration.py``), or at the first cell sent to it
+(an engine started by a recovery). An engine that cannot open one (another host or network
+namespace, a kernel without the capture hooks) gets None and its cells go through the
+controller.
 """
 
 from __future__ import annotations
@@ -12,34 +13,36 @@ from __future__ import annotations
 import ast
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from workbench.cluster.direct_channel import DirectCells, open_if_same_network
-from workbench.cluster.hosts import net_space
+from workbench.cluster.direct_channel import DirectCells
+from workbench.cluster.engines import EngineSet
 from workbench.cluster.live_output import LiveWatch, OnOutput
 from workbench.cluster.ranks import RankAssignment
 from workbench.errors import ConfigError, RankError
 
-if TYPE_CHECKING:
-    from workbench.cluster.dispatch import RankDispatch
+__all__ = ["CellRoutes", "live_watch", "send_cell", "top_level_await"]
 
-__all__ = ["live_watch", "send_cell", "top_level_await"]
+# engine id -> its DirectView (RankDispatch.view)
+View = Callable[[int], Any]
+# (targets, futures, timeout) -> results: RankDispatch.collect, with its death handling
+Collect = Callable[[list[RankAssignment], list[Any], float | None], list[Any]]
 
 log = logging.getLogger("workbench.cluster")
 
 
 def send_cell(
-    dispatch: RankDispatch,
+    cells: DirectCells | None,
+    view: View,
     code: str,
     targets: list[RankAssignment],
-    timeout: float | None,
-    direct: bool,
     *,
     live: bool = False,
 ) -> list[Any]:
-    """Send ``code`` to every target rank; one future-like reply per rank, in order.
-    With ``live`` a direct cell also streams its output while it runs."""
-    cells = _direct_cells(dispatch, targets, timeout) if direct else None
+    """Send ``code`` to every target rank, through ``cells`` where it can (None: through
+    the controller only); one future-like reply per rank, in order. With ``live`` a direct
+    cell also streams its output while it runs."""
     via_controller = [r.rank for r in targets if cells is None or cells.port(r.engine_id) is None]
     if via_controller and top_level_await(code):
         raise ConfigError(
@@ -54,13 +57,13 @@ def send_cell(
     for r in targets:
         future = None if cells is None else cells.send(r.engine_id, code, live=live)
         if future is None:
-            future = dispatch.view(r.engine_id).execute(code, silent=False, block=False)
+            future = view(r.engine_id).execute(code, silent=False, block=False)
         futures.append(future)
     return futures
 
 
 def live_watch(
-    dispatch: RankDispatch,
+    cells: DirectCells | None,
     targets: list[RankAssignment],
     futures: list[Any],
     on_output: OnOutput | None,
@@ -71,8 +74,8 @@ def live_watch(
         return None
 
     def drain() -> None:  # the direct path's progress messages (both paths may mix)
-        if dispatch._direct is not None:
-            dispatch._direct.drain_live()
+        if cells is not None:
+            cells.drain_live()
 
     return LiveWatch(targets, futures, on_output, drain)
 
@@ -91,34 +94,56 @@ def top_level_await(code: str) -> bool:
     return bool(compiled.co_flags & inspect.CO_COROUTINE)
 
 
-def _direct_cells(
-    dispatch: RankDispatch, targets: list[RankAssignment], timeout: float | None
-) -> DirectCells | None:
-    """The direct channels, opened for target engines that have none yet."""
-    client = dispatch._client
-    if client is None:
-        return None
-    cells = dispatch._direct
-    if cells is None or cells.client is not client:
-        if cells is not None:
-            cells.close()
-        cells = dispatch._direct = DirectCells(client)
-    cells.keep_only({r.engine_id for r in dispatch.ranks})
-    new = [r for r in targets if not cells.known(r.engine_id)]
-    if not new:
-        return cells
-    futures = []
-    for r in new:
-        future = dispatch._direct_port_futures.pop(r.engine_id, None)
-        if future is None:
-            view = dispatch.view(r.engine_id)
-            future = view.apply_async(open_if_same_network, net_space())
-        futures.append(future)
-    try:
-        ports = dispatch.collect(new, futures, timeout)
-    except RankError as exc:  # e.g. an engine without ipykernel's capture hooks
-        log.warning("direct cell channels not opened, using the controller: %s", exc)
-        ports = [None] * len(new)
-    for r, port in zip(new, ports, strict=True):
-        cells.add(r.engine_id, port)
-    return cells
+class CellRoutes:
+    """A cluster's pool of direct cells: made for its client, kept to its ranks' engines."""
+
+    def __init__(self, engines: EngineSet, ranks: list[RankAssignment]) -> None:
+        self.engines = engines
+        self.ranks = ranks  # the cluster's list, shared
+        self.pool: DirectCells | None = None
+
+    def _pool(self) -> DirectCells | None:
+        """The pool of the current client (a new client, after a restart, gets a new one)."""
+        client = self.engines.client
+        if client is None:
+            return None
+        if self.pool is None or self.pool.client is not client:
+            self.forget()
+            self.pool = DirectCells(client)
+        return self.pool
+
+    def ask_port(self, engine_id: int) -> None:
+        """As an engine registers: ask it to open its cell socket, so that the first cell
+        sent to it goes at once."""
+        pool = self._pool()
+        if pool is not None:
+            pool.ask_port(engine_id)
+
+    def opened(
+        self, targets: list[RankAssignment], view: View, collect: Collect, timeout: float | None
+    ) -> DirectCells | None:
+        """The pool, with a socket opened on each target engine that has none yet."""
+        pool = self._pool()
+        if pool is None:
+            return None
+        pool.keep_only({r.engine_id for r in self.ranks})
+        new = [r for r in targets if not pool.known(r.engine_id)]
+        if not new:
+            return pool
+        futures = [pool.port_request(r.engine_id, view(r.engine_id)) for r in new]
+        try:
+            ports = collect(new, futures, timeout)
+        except RankError as exc:  # e.g. an engine without ipykernel's capture hooks
+            log.warning("direct cell channels not opened, using the controller: %s", exc)
+            ports = [None] * len(new)
+        for r, port in zip(new, ports, strict=True):
+            pool.add(r.engine_id, port)
+        return pool
+
+    def busy(self) -> set[int]:
+        return set() if self.pool is None else self.pool.busy()
+
+    def forget(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.close()

@@ -8,39 +8,33 @@ Control is async-first (``start``/``stop``) with ``*_sync`` twins, like ipyparal
 
 from __future__ import annotations
 
-import asyncio
 import atexit
+import functools
 import logging
-import tempfile
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import ipyparallel as ipp
-import psutil
 
-from workbench.cluster import gpus, launchers, rendezvous
+from workbench.cluster import gpus, launchers, start_sequence
 from workbench.cluster.connection import find_connection_file
-from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.doctor import ClusterDoctor
 from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
 from workbench.cluster.doctor_net import NetworkReport
-from workbench.cluster.engine_watch import EngineWatch
-from workbench.cluster.hosts import local_pid_space
+from workbench.cluster.engines import EngineSet
+from workbench.cluster.grow import grow as grow_engines
 from workbench.cluster.loop import OneAtATime, async_first, sync_twin
 from workbench.cluster.ranks import RankAssignment
+from workbench.cluster.recovery import RecoveryReport, lost_ranks
+from workbench.cluster.recovery import recover as recover_engines
 from workbench.cluster.scripts import ScriptRuns
 from workbench.cluster.shutdown import shutdown
-from workbench.cluster.start_sequence import init_process_group, start_engines
 from workbench.cluster.startup import StartupProfile
-from workbench.cluster.tracking import ProcessTracking
 from workbench.config import ClusterConfig
-from workbench.errors import (
-    ClusterError,
-)
+from workbench.errors import ClusterError
 
 __all__ = ["Cluster", "ProgressCallback"]
 
@@ -48,6 +42,8 @@ log = logging.getLogger("workbench.cluster")
 
 # (stage, done, total): "engines" while engines register, "rendezvous" while ranks join.
 ProgressCallback = Callable[[str, int, int], None]
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
@@ -66,7 +62,17 @@ def _stop_all_at_exit() -> None:
             log.debug("atexit stop failed for %r", cluster, exc_info=True)
 
 
-class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
+def _forwarded(method: Callable[Concatenate[RankDispatch, P], R]) -> Callable[..., R]:
+    """``Cluster.<name>``: ``RankDispatch.<name>`` called on the cluster's dispatcher."""
+
+    @functools.wraps(method)
+    def forward(self: Cluster, *args: P.args, **kwargs: P.kwargs) -> R:
+        return method(self.dispatch, *args, **kwargs)
+
+    return forward
+
+
+class Cluster(ScriptRuns, ClusterDoctor):
     """Engines + process group. Use as a context manager or call ``start_sync``/``stop_sync``.
 
     >>> with Cluster(n=2) as cluster:                # doctest: +SKIP
@@ -106,12 +112,7 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
         self.launcher_options = launchers.parse_options(launcher, launcher_options)
         # versions that must match on every host, besides torch/CUDA/NCCL/workbench/Python
         self.check_packages = check_package_names("check_packages", check_packages)
-        self.environment: EnvironmentReport | None = None  # compared at start (doctor_env)
         self.network: NetworkReport | None = None  # the last doctor("net")
-        self._controller_address: str | None = None
-        self._ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
-        # engine id -> the launcher's host entry that started it (ssh), for replacements
-        self.launch_hosts: dict[int, str] = {}
         if profile is not None or cluster_id is not None:  # fail now, not at start
             find_connection_file(profile, cluster_id)
         # More local engines than GPUs: refused for NCCL, said for auto, before any process
@@ -124,36 +125,17 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
         if self.gpu_notice is not None:
             warnings.warn(self.gpu_notice, UserWarning, stacklevel=2)
         self.progress = progress
-        self._state = "stopped"
-        self.ranks: list[RankAssignment] = []
         self.timings: dict[str, float] = {}
         self.startup = StartupProfile()  # where the last start's time went (startup.py)
-        self._ipp: ipp.Cluster | None = None
-        self._client: ipp.Client | None = None
-        self._views: dict[int, Any] = {}  # per-engine DirectViews of _client (dispatch.py)
-        self._direct: DirectCells | None = None  # cells straight to local engines (dispatch.py)
-        self._owns_engines = profile is None and cluster_id is None
-        # engine id -> its pending facts (engine_info; rendezvous.engine_address), asked
-        # for as it registers (start_sequence.py)
-        self._info_futures: dict[int, Any] = {}
-        self._address_futures: dict[int, Any] = {}
-        self._direct_port_futures: dict[int, Any] = {}  # open_if_same_network, at registration
-        self._engine_ids: list[int] = []  # the engines that get ranks, chosen at start
-        self._nanny_pids: set[int] = set()
-        self._engine_watch: EngineWatch | None = None  # reports local engines' deaths
-        # Out-of-band status files of the engines (see flight.py) and the orphan watchdog.
-        self.run_dir: str | None = None
-        self._watchdog: Any | None = None
-        # Ranks left blocked by a timeout / interrupt / death, and their unfinished futures.
-        self._stuck: dict[int, Any] = {}
+        # One owner each: the engines, their processes and the state (EngineSet); the
+        # ranks (this list, shared with the dispatcher; a recovery renumbers it in place);
+        # running code on them, their views, cell sockets and blocked ranks (RankDispatch).
+        self.engines = EngineSet(self.config, self.launcher_options, self.check_packages)
+        self._ranks: list[RankAssignment] = []
+        self.dispatch = RankDispatch(self.engines, self._ranks)
         # Set when a failing rank closed the process group on every rank (a session's
         # fail-together operation); the next session build re-creates it (recover()).
         self.group_closed = False
-        # Those of them a timeout or an interrupt gave up on: they refuse new work.
-        self._given_up: set[int] = set()
-        # Every process this cluster started, remembered from the moment it is seen: once a
-        # parent dies (a killed controller), its children cannot be found from here any more.
-        self._known: dict[int, psutil.Process] = {}
         # start, stop, restart and recover one at a time, from any thread or event loop: two
         # recoveries at once started two replacements and left no working group
         self._lifecycle = OneAtATime()
@@ -187,28 +169,50 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
     def state(self) -> str:
         """``stopped``, ``starting``, ``running``, ``degraded`` (a dead or stuck engine:
         ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``."""
-        if self._state in ("running", "degraded") and self.controller_lost():
-            self._state = "broken"
-        return self._state
+        return self.engines.state
 
     @state.setter
     def state(self, value: str) -> None:
-        self._state = value
+        self.engines.state = value
+
+    @property
+    def ranks(self) -> list[RankAssignment]:
+        return self._ranks
+
+    @ranks.setter
+    def ranks(self, value: list[RankAssignment]) -> None:
+        self._ranks[:] = value  # in place: the dispatcher holds this list
+
+    @property
+    def run_dir(self) -> str | None:
+        """Out-of-band status files of the engines (see flight.py) and the watchdog's."""
+        return self.engines.run_dir
+
+    @run_dir.setter
+    def run_dir(self, value: str | None) -> None:
+        self.engines.run_dir = value
+
+    @property
+    def environment(self) -> EnvironmentReport | None:
+        """Every host's versions, compared at start (doctor_env.py)."""
+        return self.engines.environment
 
     def controller_died(self) -> ClusterError:
         """The error every call raises once the controller is gone."""
-        proc = self._controller_process()
-        pid = f" (pid {proc.pid})" if proc is not None else ""
-        return ClusterError(
-            f"the cluster's ipyparallel controller{pid} died: nothing can reach the engines "
-            "or notice an engine death any more. Rebuild the whole cluster with "
-            "`%wb restart` (cluster.restart_sync()); this stops every process it started."
-        )
+        return self.engines.controller_died()
 
     def check_controller(self) -> None:
         """Raise ``controller_died()`` when the controller is gone (fast, no round trip)."""
-        if self.state == "broken":
-            raise self.controller_died()
+        self.engines.check_controller()
+
+    def controller_lost(self) -> bool:
+        """True when the controller this cluster started has exited."""
+        return self.engines.controller_lost()
+
+    def pids(self) -> list[int]:
+        """Process ids (on this host) of the controller, engines and their nannies started
+        by this cluster."""
+        return self.engines.pids(self._ranks)
 
     # ----------------------------------------------------------------- introspection
     def __repr__(self) -> str:
@@ -236,14 +240,15 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
     @property
     def client(self) -> ipp.Client:
         self.check_controller()
-        if self._client is None or self.state not in ("running", "degraded"):
+        client = self.engines.client
+        if client is None or self.state not in ("running", "degraded"):
             raise ClusterError("the cluster is not running; start it with start_sync()")
-        return self._client
+        return client
 
     @property
     def ipp_cluster(self) -> ipp.Cluster | None:
         """The underlying ipyparallel cluster (None when connected to an external one)."""
-        return self._ipp
+        return self.engines.ipp
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> Cluster:
@@ -283,24 +288,38 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
             return await self._start()
 
     @async_first
-    async def recover(self, *, shrink: bool = False, drop: tuple[int, ...] = ()) -> Any:
+    async def recover(self, *, shrink: bool = False, drop: tuple[int, ...] = ()) -> RecoveryReport:
         """Replace dead engines, free or replace stuck ones, keep the rest and their rank
         numbers, and re-create the process group on a fresh port. Returns a
         ``RecoveryReport``. See ``workbench.cluster.recovery``. ``shrink=True`` drops the
         dead ranks instead (and the survivors in ``drop``) and renumbers the rest."""
-        from workbench.cluster.recovery import recover
-
         async with self._lifecycle.hold("cluster.recover()"):
-            return await recover(self, shrink=shrink, drop=drop)
+            stuck = self.dispatch.stuck
+            report = await recover_engines(
+                self.engines, self._ranks, (stuck.held, stuck.given_up), shrink=shrink, drop=drop
+            )
+            self._regrouped()
+            self.timings["recover_s"] = report.seconds
+            return report
 
     @async_first
-    async def grow(self, n: int = 1) -> Any:
+    async def grow(self, n: int = 1) -> RecoveryReport:
         """Add ``n`` engines as new last ranks and re-create the process group at the bigger
         world size (after a shrink: back to the size it had). Returns a ``RecoveryReport``."""
-        from workbench.cluster.grow import grow
-
         async with self._lifecycle.hold("cluster.grow()"):
-            return await grow(self, n)
+            report = await grow_engines(self.engines, self._ranks, n)
+            self._regrouped()
+            return report
+
+    def _regrouped(self) -> None:
+        """A fresh process group on every rank: none is blocked, none has it closed."""
+        self.dispatch.stuck.forget()
+        self.group_closed = False
+
+    def lost_ranks(self) -> list[int]:
+        """Ranks whose engine is gone or does not respond (what a recovery replaces or
+        drops)."""
+        return lost_ranks(self.engines, self._ranks)
 
     # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
     start_sync = sync_twin(start)
@@ -318,41 +337,21 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
         self.network = None  # measured on the engines that are about to be replaced
         notes, self.startup = self.startup.notes, StartupProfile()
         self.startup.notes.update(notes)  # e.g. the kernel's import of the magics
-        t0 = time.perf_counter()
-        # status_dir: a directory every node shares, so hang reports include remote ranks
-        self.run_dir = tempfile.mkdtemp(
-            prefix="wb-run-", dir=self.launcher_options.status_dir or None
-        )
-        # The watchdog runs before the first process starts, and learns every process as
-        # it appears: a kernel killed at any moment of the start leaves nothing behind.
-        self._start_watchdog()
-        self.startup.mark("watchdog started")
-        tracker = asyncio.ensure_future(self._track_start()) if self._watchdog else None
         try:
-            await start_engines(self)
-            t1 = time.perf_counter()
-            await init_process_group(self)
+            self.timings = await start_sequence.start(
+                self.engines, self._ranks, self.startup, self._report, self.dispatch.cells.ask_port
+            )
         except BaseException:
-            if tracker is not None:
-                tracker.cancel()
             await self._shutdown(quiet=True)
             self.state = "stopped"
             raise
-        if tracker is not None:
-            tracker.cancel()
-        self._write_pidfile()
-        self.timings = {
-            "engines_s": t1 - t0,
-            "process_group_s": time.perf_counter() - t1,
-            "total_s": time.perf_counter() - t0,
-        }
         self.state = "running"
         _live.add(self)
         _current[:] = [r for r in _current if r() not in (None, self)] + [weakref.ref(self)]
         return self
 
     async def _stop(self) -> None:
-        if self.state == "stopped" and self._ipp is None and self._client is None:
+        if self.state == "stopped" and self.engines.ipp is None and self.engines.client is None:
             return
         self.state = "stopping"
         await self._shutdown(quiet=False)
@@ -362,7 +361,19 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
     @property
     def stuck_ranks(self) -> list[int]:
         """Ranks left blocked (in a collective) by a timeout, an interrupt or a death."""
-        return sorted(self._stuck)
+        return self.dispatch.stuck.ranks
+
+    # ----------------------------------------------------------------- running code
+    # RankDispatch does it; these are the cluster's public names for it (same signatures
+    # and docstrings).
+    run = _forwarded(RankDispatch.run)
+    run_each = _forwarded(RankDispatch.run_each)
+    execute = _forwarded(RankDispatch.execute)
+    interrupt = _forwarded(RankDispatch.interrupt)
+    status = _forwarded(RankDispatch.status)
+    ensure_alive = _forwarded(RankDispatch.ensure_alive)
+    view = _forwarded(RankDispatch.view)
+    collect = _forwarded(RankDispatch.collect)
 
     # ----------------------------------------------------------------- internals
     def _report(self, stage: str, done: int, total: int) -> None:
@@ -373,22 +384,11 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
                 log.debug("progress callback failed", exc_info=True)
 
     def status_dir_of(self, rank: RankAssignment) -> str | None:
-        """Where ``rank`` writes its out-of-band status: the run directory when the rank
-        sees it (same machine, or a ``status_dir`` shared by every node), else nowhere (a
-        node-local /tmp path would only litter the node)."""
-        if self.launcher_options.status_dir or rank.pid_space == local_pid_space():
-            return self.run_dir
-        return None
-
-    def address_call(self) -> tuple[Any, ...]:
-        """``apply_async`` arguments asking an engine for its reachable address etc."""
-        iface = self.launcher_options.network_interface or None
-        return (rendezvous.engine_address, self._controller_address, iface)
-
-    def client_unchecked(self) -> ipp.Client:
-        if self._client is None:
-            raise ClusterError("no ipyparallel client; the cluster has not started")
-        return self._client
+        """Where ``rank`` writes its out-of-band status (None: nowhere it can see)."""
+        return self.engines.status_dir_of(rank)
 
     async def _shutdown(self, *, quiet: bool) -> None:
-        await shutdown(self, quiet=quiet)
+        try:
+            await shutdown(self.engines, self._ranks, quiet=quiet)
+        finally:  # what the dispatcher holds per engine (views, cell sockets, stuck ranks)
+            self.dispatch.forget()

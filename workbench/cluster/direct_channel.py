@@ -166,6 +166,8 @@ class DirectCells:
         self._context = zmq.Context.instance()
         self._lock = threading.Lock()  # one socket is never used by two threads at once
         self._channels: dict[int, _Channel | None] = {}
+        # engine id -> its pending port (open_if_same_network), asked as it registered
+        self._port_requests: dict[int, Any] = {}
         self._inbox: LiveInbox | None = None  # opened by the first live cell
 
     def _pending(self, msg_id: str) -> DirectReply | None:
@@ -182,6 +184,21 @@ class DirectCells:
 
     def known(self, engine_id: int) -> bool:
         return engine_id in self._channels
+
+    def ask_port(self, engine_id: int) -> None:
+        """Ask the engine to open its cell socket now (it registered); ``add`` the port
+        its ``port_request`` answers."""
+        self._port_requests[engine_id] = self.client[engine_id].apply_async(
+            open_if_same_network, net_space()
+        )
+
+    def port_request(self, engine_id: int, view: Any) -> Any:
+        """The pending answer with the engine's port: the one asked at registration, else
+        asked now through ``view`` (an engine started by a recovery)."""
+        future = self._port_requests.pop(engine_id, None)
+        if future is None:
+            future = view.apply_async(open_if_same_network, net_space())
+        return future
 
     def add(self, engine_id: int, port: int | None) -> None:
         old = self._channels.pop(engine_id, None)
@@ -214,6 +231,7 @@ class DirectCells:
             channel = self._channels.pop(eid)
             if channel is not None:
                 channel.close()
+        self._port_requests = {e: f for e, f in self._port_requests.items() if e in engine_ids}
 
     def busy(self) -> set[int]:
         """Engines with a cell sent on their channel and not answered yet (replies that

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import html
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from workbench import validate
+from workbench.cluster.ranks import RankAssignment
 from workbench.engine.doctor_net import probe_network
 from workbench.planner.calibrate import LinkFit
 from workbench.planner.network_fit import (
@@ -24,8 +25,16 @@ from workbench.planner.network_fit import (
     sweep_groups,
 )
 
-if TYPE_CHECKING:  # only a parameter here
-    from workbench.cluster.cluster import Cluster
+
+class RunsOnRanks(Protocol):
+    """What the network check needs of a cluster: its ranks and a way to run on them
+    (a ``Cluster``; named here, not imported, so that ``cluster.py`` may import this)."""
+
+    @property
+    def ranks(self) -> list[RankAssignment]: ...
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]: ...
+
 
 __all__ = ["NetOptions", "NetworkReport", "measure_network"]
 
@@ -171,7 +180,9 @@ def _mean_rows(per_rank: Sequence[Sequence[Sequence[float]]]) -> list[tuple[floa
     ]
 
 
-def measure_network(cluster: Cluster, options: NetOptions, timeout: float = 600.0) -> NetworkReport:
+def measure_network(
+    cluster: RunsOnRanks, options: NetOptions, timeout: float = 600.0
+) -> NetworkReport:
     """Run the probes on every rank at once and build the report."""
     hosts = [r.host for r in cluster.ranks]
     pairs, chosen = choose_pairs(hosts, options.all_pairs_up_to)

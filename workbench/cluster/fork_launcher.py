@@ -52,7 +52,7 @@ class ForkEngineSetLauncher(LocalEngineLauncher):
 
     def engine_exited(self) -> bool:
         """True once one of the engines forked so far has exited (seen while the
-        cluster starts: ``start_sequence.engines_exited`` asks every 20 ms)."""
+        cluster starts: ``registration.engines_exited`` asks every 20 ms)."""
         proc = self.process
         if proc is None:
             return False

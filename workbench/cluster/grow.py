@@ -1,4 +1,4 @@
-"""``grow(cluster, n)``: more ranks on a running cluster, the inverse of a shrink
+"""``grow(engines, ranks, n)``: more ranks on a running cluster, the inverse of a shrink
 (``recover(shrink=True)``): new engines join as the last ranks and every rank joins a new
 process group at the bigger world size. A training session then rebuilds its run there and
 loads its last checkpoint, resharded (``TrainingSession.grow``)."""
@@ -7,42 +7,40 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from workbench import validate
 from workbench.cluster.elastic import grown_ranks
+from workbench.cluster.engines import EngineSet
+from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.recovery import RecoveryReport, new_engines, regroup
 from workbench.config import MAX_ENGINES
 from workbench.errors import ClusterError
 
-if TYPE_CHECKING:
-    from workbench.cluster.cluster import Cluster
-
 __all__ = ["grow"]
 
 
-async def grow(cluster: Cluster, count: int) -> RecoveryReport:
+async def grow(engines: EngineSet, ranks: list[RankAssignment], count: int) -> RecoveryReport:
     """Start ``count`` engines where the launcher puts them and add them as the last ranks
     (a new process group at the bigger world size). The inverse of a shrink."""
     validate.integer("n", count, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
-    cluster.check_controller()
-    if cluster.state != "running" or not cluster.ranks:
+    engines.check_controller()
+    if engines.state != "running" or not ranks:
         raise ClusterError(
-            f"the cluster is {cluster.state}; grow a running cluster (recover it first)"
+            f"the cluster is {engines.state}; grow a running cluster (recover it first)"
         )
-    ipp_cluster = cluster.ipp_cluster
-    if ipp_cluster is None or cluster.config.launcher == "mpi":
+    ipp_cluster = engines.ipp
+    if ipp_cluster is None or engines.config.launcher == "mpi":
         raise ClusterError(
             "this cluster cannot take new engines (an external ipyparallel cluster or one "
             "mpiexec job); restart it with the number of ranks you want"
         )
     started = time.perf_counter()
     report = RecoveryReport()
-    new = await new_engines(cluster, count, ipp_cluster.start_engines(count))
-    template = cluster.ranks[-1]
+    new = await new_engines(engines, ranks, count, ipp_cluster.start_engines(count))
+    template = ranks[-1]
     added = []
     for eid, info in new:
-        cluster.launch_hosts[eid] = info.get("launch_host", "")
+        engines.launch_hosts[eid] = info.get("launch_host", "")
         added.append(
             replace(
                 template,
@@ -52,8 +50,8 @@ async def grow(cluster: Cluster, count: int) -> RecoveryReport:
                 pid_space=info["pid_space"],
             )
         )
-    cluster.ranks = grown_ranks(cluster.ranks, added)
-    report.added = [r.rank for r in cluster.ranks if r.engine_id in dict(new)]
-    await regroup(cluster)
+    ranks[:] = grown_ranks(ranks, added)
+    report.added = [r.rank for r in ranks if r.engine_id in dict(new)]
+    await regroup(engines, ranks)
     report.seconds = time.perf_counter() - started
     return report

@@ -7,16 +7,27 @@ import os
 import shutil
 import subprocess
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psutil
 
 from workbench.errors import ClusterError, ConfigError
 
-if TYPE_CHECKING:
-    from workbench.cluster.launchers import LauncherOptions
+__all__ = ["MpiOptions", "check_mpi_slots", "is_openmpi", "preflight_mpi"]
 
-__all__ = ["check_mpi_slots", "is_openmpi", "preflight_mpi"]
+
+class MpiOptions(Protocol):
+    """The launcher options these checks read (``launchers.LauncherOptions``; named here,
+    not imported, so that ``launchers.py`` may import this module)."""
+
+    @property
+    def hostfile(self) -> str: ...
+
+    @property
+    def mpi_args(self) -> tuple[str, ...]: ...
+
+    @property
+    def mpiexec(self) -> str: ...
 
 
 def is_openmpi(mpiexec: str) -> bool:
@@ -27,7 +38,7 @@ def is_openmpi(mpiexec: str) -> bool:
     return "Open MPI" in out.stdout or "OpenRTE" in out.stdout
 
 
-def preflight_mpi(options: LauncherOptions) -> None:
+def preflight_mpi(options: MpiOptions) -> None:
     import importlib.util
 
     if shutil.which(options.mpiexec) is None:
@@ -55,7 +66,7 @@ def preflight_mpi(options: LauncherOptions) -> None:
 _PLACEMENT = ("--host", "-H", "-host", "--hostfile", "-hostfile", "--machinefile", "-machinefile")
 
 
-def check_mpi_slots(n: int, hosts: Sequence[str], options: LauncherOptions) -> None:
+def check_mpi_slots(n: int, hosts: Sequence[str], options: MpiOptions) -> None:
     """Without hosts or a hostfile, openmpi starts every engine here and, with more engines
     than this machine's cores (its default slots), fails with its own "not enough slots"
     text that names none of the workbench's options: say which ones to pass, first."""

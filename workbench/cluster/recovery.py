@@ -1,4 +1,4 @@
-"""``recover(cluster)``: back to a working process group after a dead or stuck engine.
+"""``recover(engines, ranks)``: back to a working process group after a dead or stuck engine.
 
 0. Unresponsive engines (a process still there on this host, but stopped or missing the
    controller's heartbeats) are killed first: that closes their sockets, so a survivor
@@ -26,24 +26,24 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
 from workbench import validate
 from workbench.cluster.elastic import decide_loss, shrunk_ranks
+from workbench.cluster.engines import EngineSet
 from workbench.cluster.processes import FROZEN, GONE, local_state
-from workbench.cluster.ranks import relocalize
+from workbench.cluster.ranks import RankAssignment, relocalize
+from workbench.cluster.registration import watch_engines
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.ssh_launcher import attach_nannies
-from workbench.cluster.start_sequence import open_store, watch_engines
+from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.engine import process_group
 from workbench.errors import ClusterError
-
-if TYPE_CHECKING:
-    from workbench.cluster.cluster import Cluster
 
 __all__ = ["FREE_GRACE_S", "RecoveryReport", "lost_ranks", "new_engines", "recover", "regroup"]
 
@@ -96,35 +96,35 @@ class RecoveryReport:
         return "; ".join(parts) + "; process group re-created on a fresh port"
 
 
-def _unresponsive(cluster: Cluster, ids: set[int]) -> list[int]:
+def _unresponsive(engines: EngineSet, ranks: list[RankAssignment], ids: set[int]) -> list[int]:
     """Local ranks whose process is still there but stopped, or gone from the controller."""
     out = []
-    for r in cluster.ranks:
+    for r in ranks:
         state = local_state(r.host, r.pid)
         if state is not None and state != GONE and (r.engine_id not in ids or state in FROZEN):
             out.append(r.rank)
     return out
 
 
-def lost_ranks(cluster: Cluster) -> list[int]:
+def lost_ranks(engines: EngineSet, ranks: list[RankAssignment]) -> list[int]:
     """Ranks whose engine is gone or does not respond (what a recovery replaces or drops)."""
-    ids = set(cluster.client_unchecked().ids)
-    gone = (r.rank for r in cluster.ranks if _gone(cluster, r.rank, ids))
-    return sorted({*_unresponsive(cluster, ids), *gone})
+    ids = set(engines.client_unchecked().ids)
+    gone = (r.rank for r in ranks if _gone(engines, ranks, r.rank, ids))
+    return sorted({*_unresponsive(engines, ranks, ids), *gone})
 
 
-def _gone(cluster: Cluster, r_rank: int, ids: set[int]) -> bool:
+def _gone(engines: EngineSet, ranks: list[RankAssignment], r_rank: int, ids: set[int]) -> bool:
     """The engine left the controller, or (on this host) its process exited."""
-    r = cluster.ranks[r_rank]
+    r = ranks[r_rank]
     return r.engine_id not in ids or local_state(r.host, r.pid) == GONE
 
 
-async def _kill_local(cluster: Cluster, ranks: list[int]) -> None:
-    """SIGKILL the (local) engines of ``ranks`` and wait until their processes are gone."""
+async def _kill_local(ranks: list[RankAssignment], which: list[int]) -> None:
+    """SIGKILL the (local) engines of ranks ``which`` and wait until their processes are gone."""
     procs = []
-    for rank in ranks:
+    for rank in which:
         try:
-            proc = psutil.Process(cluster.ranks[rank].pid)
+            proc = psutil.Process(ranks[rank].pid)
             proc.kill()  # works on a stopped process too
             procs.append(proc)
         except psutil.Error:
@@ -138,41 +138,44 @@ async def _gather(futures: list[Any], timeout: float) -> list[Any]:
     )
 
 
-async def _interrupt(cluster: Cluster, ranks: list[int]) -> None:
-    client = cluster.client_unchecked()
-    await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGINT) for r in ranks))
+async def _interrupt(engines: EngineSet, ranks: list[RankAssignment], which: list[int]) -> None:
+    client = engines.client_unchecked()
+    await asyncio.gather(*(signal_rank(client, ranks[r], signal.SIGINT) for r in which))
 
 
-def _leave_group(cluster: Cluster, rank: int) -> Any:
+def _leave_group(engines: EngineSet, ranks: list[RankAssignment], rank: int) -> Any:
     """Tear the group down on ``rank`` and cut its connections (``teardown_rank(sever=True)``):
     a rank blocked in a collective with it fails at once, whoever still holds the group."""
-    client = cluster.client_unchecked()
-    return client[cluster.ranks[rank].engine_id].apply_async(process_group.teardown_rank, True)
+    client = engines.client_unchecked()
+    return client[ranks[rank].engine_id].apply_async(process_group.teardown_rank, True)
 
 
-async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport) -> list[int]:
-    """Free stuck ranks; returns the ranks whose engines had to be killed."""
-    client = cluster.client_unchecked()
+async def _free_stuck(
+    engines: EngineSet,
+    ranks: list[RankAssignment],
+    dead: list[int],
+    report: RecoveryReport,
+    blocked: tuple[Mapping[int, Any], set[int]],
+) -> list[int]:
+    """Free stuck ranks; returns the ranks whose engines had to be killed. ``blocked``:
+    the dispatcher's stuck ranks (rank -> its unfinished request) and those given up."""
+    client = engines.client_unchecked()
     # a survivor of a death that has failed out of its collective since is no longer stuck
     # (the death returned without waiting for it): it is healthy, as _ensure_free finds too
-    given_up = cluster._given_up
-    stuck = {
-        r: f
-        for r, f in cluster._stuck.items()
-        if r not in dead and (r in given_up or not f.ready())
-    }
+    held, given_up = blocked
+    stuck = {r: f for r, f in held.items() if r not in dead and (r in given_up or not f.ready())}
     if not stuck:
         return []
-    healthy = [r.rank for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
-    await _interrupt(cluster, sorted(stuck))  # frees ranks busy in Python code
-    leaving = {r: _leave_group(cluster, r) for r in healthy}
+    healthy = [r.rank for r in ranks if r.rank not in dead and r.rank not in stuck]
+    await _interrupt(engines, ranks, sorted(stuck))  # frees ranks busy in Python code
+    leaving = {r: _leave_group(engines, ranks, r) for r in healthy}
     deadline = time.monotonic() + FREE_GRACE_S
     while True:
         # A stuck rank that comes back leaves the group at once too: another stuck rank may
         # be blocked on *it* (a chain), and its own failure does not close its connections.
         for r in sorted(stuck):
             if stuck[r].ready() and r not in leaving:
-                leaving[r] = _leave_group(cluster, r)
+                leaving[r] = _leave_group(engines, ranks, r)
         if all(f.ready() for f in stuck.values()) or time.monotonic() >= deadline:
             break
         await asyncio.sleep(0.02)
@@ -183,10 +186,10 @@ async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport)
     except Exception as exc:  # setup_rank tears down again before it joins
         cluster_log(f"leaving the old group failed: {exc!r}")
     # killed on the engine's own host: by pid here, else through its nanny (signals.py)
-    await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGKILL) for r in killed))
+    await asyncio.gather(*(signal_rank(client, ranks[r], signal.SIGKILL) for r in killed))
     # wait until the controller has noticed (the kernel's engine watch or the nanny
     # reports it)
-    ids = {cluster.ranks[r].engine_id for r in killed}
+    ids = {ranks[r].engine_id for r in killed}
     deadline = time.monotonic() + 15
     while ids & set(client.ids) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
@@ -199,17 +202,19 @@ def cluster_log(message: str) -> None:
     logging.getLogger("workbench.cluster").debug(message)
 
 
-async def _start_replacements(cluster: Cluster, dead: list[int]) -> None:
+async def _start_replacements(
+    engines: EngineSet, ranks: list[RankAssignment], dead: list[int]
+) -> None:
     """Start one engine per dead rank: on the dead engine's own host where the launcher
     can place engines (ssh, slurm), else wherever the launcher puts them."""
-    ipp_cluster = cluster.ipp_cluster
+    ipp_cluster = engines.ipp
     if ipp_cluster is None:
         raise ClusterError(
             f"ranks {dead} died on an external ipyparallel cluster (profile/cluster_id), "
             "which the workbench did not start and cannot add engines to; start "
             "replacement engines yourself, then cluster.restart_sync()"
         )
-    launcher = cluster.config.launcher
+    launcher = engines.config.launcher
     if launcher == "mpi":
         # one mpiexec holds every engine: nothing can be added to it, and mpiexec ends the
         # whole job when one rank dies
@@ -224,7 +229,7 @@ async def _start_replacements(cluster: Cluster, dead: list[int]) -> None:
     # ssh: on the host entry that started it; slurm: a 1-engine job on its node
     per_host: dict[str, int] = {}
     for rank in dead:
-        host = cluster.launch_hosts.get(cluster.ranks[rank].engine_id)
+        host = engines.launch_hosts.get(ranks[rank].engine_id)
         if not host:
             raise ClusterError(
                 f"rank {rank}: the {launcher} host that started its engine is unknown"
@@ -235,138 +240,142 @@ async def _start_replacements(cluster: Cluster, dead: list[int]) -> None:
     )
 
 
-async def new_engines(cluster: Cluster, count: int, start: Any) -> list[tuple[int, dict[str, Any]]]:
+async def new_engines(
+    engines: EngineSet, ranks: list[RankAssignment], count: int, start: Any
+) -> list[tuple[int, dict[str, Any]]]:
     """Await ``start`` (which starts ``count`` engines), wait until they register and return
     each one's id and facts (pid, host, address, launch host)."""
-    client = cluster.client_unchecked()
+    client = engines.client_unchecked()
     before = set(client.ids)
     await start
-    cluster._write_pidfile()  # the watchdog covers the new engines from their launch
-    deadline = time.monotonic() + cluster.config.start_timeout
+    engines.write_pidfile(ranks)  # the watchdog covers the new engines from their launch
+    deadline = time.monotonic() + engines.config.start_timeout
     while len(set(client.ids) - before) < count:
         if time.monotonic() > deadline:
             raise ClusterError(
                 f"{count} new engine(s) did not register within "
-                f"start_timeout={cluster.config.start_timeout}s"
+                f"start_timeout={engines.config.start_timeout}s"
             )
         await asyncio.sleep(0.02)
     new_ids = sorted(set(client.ids) - before)[:count]
     infos = await _gather(
         [client[eid].apply_async(process_group.engine_info) for eid in new_ids],
-        timeout=cluster.config.start_timeout,
+        timeout=engines.config.start_timeout,
     )
     facts = await _gather(
-        [client[eid].apply_async(*cluster.address_call()) for eid in new_ids],
-        timeout=cluster.config.start_timeout,
+        [client[eid].apply_async(*engines.address_call()) for eid in new_ids],
+        timeout=engines.config.start_timeout,
     )
     new = [(eid, {**info, **fact}) for eid, info, fact in zip(new_ids, infos, facts, strict=True)]
-    if cluster.ipp_cluster is not None:
-        attach_nannies(cluster.ipp_cluster, dict(new))
-    watch_engines(cluster, new)
+    if engines.ipp is not None:
+        attach_nannies(engines.ipp, dict(new))
+    watch_engines(engines, new)
     return new
 
 
-async def _replace(cluster: Cluster, dead: list[int], report: RecoveryReport) -> None:
+async def _replace(
+    engines: EngineSet, ranks: list[RankAssignment], dead: list[int], report: RecoveryReport
+) -> None:
     """Start ``len(dead)`` engines and give them the dead ranks (same host first)."""
     if not dead:
         return
-    new = await new_engines(cluster, len(dead), _start_replacements(cluster, dead))
+    new = await new_engines(engines, ranks, len(dead), _start_replacements(engines, ranks, dead))
     # each dead rank takes a new engine started by the same launch host when there is one
     free = list(new)
     for rank in sorted(dead):
-        old = cluster.ranks[rank]
-        want = cluster.launch_hosts.get(old.engine_id)
+        old = ranks[rank]
+        want = engines.launch_hosts.get(old.engine_id)
         pick = next((x for x in free if x[1].get("launch_host") == want), free[0])
         free.remove(pick)
         eid, info = pick
-        cluster.launch_hosts[eid] = info.get("launch_host", "")
+        engines.launch_hosts[eid] = info.get("launch_host", "")
         report.replaced[rank] = (old.engine_id, eid)
-        cluster.ranks[rank] = replace(
+        ranks[rank] = replace(
             old, engine_id=eid, pid=info["pid"], host=info["host"], pid_space=info["pid_space"]
         )
         if rank == 0 and info["host"] != old.host and old.master_addr != "127.0.0.1":
-            cluster.ranks = [replace(r, master_addr=info["address"]) for r in cluster.ranks]
+            ranks[:] = [replace(r, master_addr=info["address"]) for r in ranks]
     # a replacement on another host changes who is local to whom (LOCAL_RANK, devices)
-    cluster.ranks = relocalize(cluster.ranks)
+    ranks[:] = relocalize(ranks)
 
 
 async def recover(
-    cluster: Cluster, *, shrink: bool = False, drop: tuple[int, ...] = ()
+    engines: EngineSet,
+    ranks: list[RankAssignment],
+    blocked: tuple[Mapping[int, Any], set[int]],
+    *,
+    shrink: bool = False,
+    drop: tuple[int, ...] = (),
 ) -> RecoveryReport:
     """See the module docstring. Works from ``running`` too (re-creates the group).
+    ``blocked``: the dispatcher's stuck ranks (rank -> unfinished request) and the ranks
+    of those it gave up on; the caller forgets them once this returns.
 
     ``shrink=True``: dead ranks are dropped instead of replaced, the survivors renumbered
     0..n-1 (``cluster/elastic.py``); ``drop`` names survivors to leave out too (their
     engines are killed: a TP/PP partner of a lost rank cannot train alone). Without it, a
     lost host (every engine gone, the host silent) raises ``HostLost``."""
     validate.boolean("shrink", shrink)
-    drop = tuple(validate.rank_list(drop, cluster.world_size)) if drop else ()
-    cluster.check_controller()  # a dead controller needs a full restart, not a recovery
-    if cluster.state not in ("running", "degraded") or not cluster.ranks:
+    drop = tuple(validate.rank_list(drop, len(ranks))) if drop else ()
+    engines.check_controller()  # a dead controller needs a full restart, not a recovery
+    if engines.state not in ("running", "degraded") or not ranks:
         raise ClusterError("the cluster is not running; start it with `%wb start`")
     started = time.perf_counter()
     report = RecoveryReport()
-    client = cluster.client_unchecked()
+    client = engines.client_unchecked()
     ids = set(client.ids)
-    report.unresponsive = _unresponsive(cluster, ids)
-    await _kill_local(cluster, report.unresponsive)
+    report.unresponsive = _unresponsive(engines, ranks, ids)
+    await _kill_local(ranks, report.unresponsive)
     dead = sorted(
-        {*report.unresponsive, *(r.rank for r in cluster.ranks if _gone(cluster, r.rank, ids))}
+        {*report.unresponsive, *(r.rank for r in ranks if _gone(engines, ranks, r.rank, ids))}
     )
     if not shrink:
-        decide_loss(cluster.ranks, dead)  # a lost host has nowhere to put a replacement
-    killed = await _free_stuck(cluster, dead, report)
+        decide_loss(ranks, dead)  # a lost host has nowhere to put a replacement
+    killed = await _free_stuck(engines, ranks, dead, report, blocked)
     report.killed = killed
     if shrink:
-        await _drop(cluster, sorted({*dead, *killed}), sorted(set(drop) - set(dead)), report)
+        await _drop(engines, ranks, sorted({*dead, *killed}), sorted(set(drop) - set(dead)), report)
     else:
-        await _replace(cluster, sorted({*dead, *killed}), report)
-    await regroup(cluster)
+        await _replace(engines, ranks, sorted({*dead, *killed}), report)
+    await regroup(engines, ranks)
     report.seconds = time.perf_counter() - started
-    cluster.timings["recover_s"] = report.seconds
     return report
 
 
-async def _drop(cluster: Cluster, gone: list[int], also: list[int], report: RecoveryReport) -> None:
+async def _drop(
+    engines: EngineSet,
+    ranks: list[RankAssignment],
+    gone: list[int],
+    also: list[int],
+    report: RecoveryReport,
+) -> None:
     """Leave ``gone`` (and the survivors ``also``, killed here) out; renumber the rest."""
-    client = cluster.client_unchecked()
-    await asyncio.gather(*(signal_rank(client, cluster.ranks[r], signal.SIGKILL) for r in also))
-    old = {r.engine_id: r.rank for r in cluster.ranks}
-    old_master = cluster.ranks[0]
-    cluster.ranks = shrunk_ranks(cluster.ranks, [*gone, *also])
+    client = engines.client_unchecked()
+    await asyncio.gather(*(signal_rank(client, ranks[r], signal.SIGKILL) for r in also))
+    old = {r.engine_id: r.rank for r in ranks}
+    old_master = ranks[0]
+    ranks[:] = shrunk_ranks(ranks, [*gone, *also])
     report.dropped = sorted([*gone, *also])
-    report.renumbered = {old[r.engine_id]: r.rank for r in cluster.ranks}
-    first = cluster.ranks[0]
+    report.renumbered = {old[r.engine_id]: r.rank for r in ranks}
+    first = ranks[0]
     if first.engine_id != old_master.engine_id and first.master_addr != "127.0.0.1":
         # rank 0 (the rendezvous host) is gone: the new rank 0's host holds the store
-        fact = await _gather([client[first.engine_id].apply_async(*cluster.address_call())], 60)
-        cluster.ranks = [replace(r, master_addr=fact[0]["address"]) for r in cluster.ranks]
+        fact = await _gather([client[first.engine_id].apply_async(*engines.address_call())], 60)
+        ranks[:] = [replace(r, master_addr=fact[0]["address"]) for r in ranks]
 
 
-async def regroup(cluster: Cluster) -> None:
-    """A new process group on a fresh port, on every rank of ``cluster.ranks``."""
-    client = cluster.client_unchecked()
-    if cluster.ranks[0].num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (and
+async def regroup(engines: EngineSet, ranks: list[RankAssignment]) -> None:
+    """A new process group on a fresh port, on every rank of ``ranks``."""
+    client = engines.client_unchecked()
+    if ranks[0].num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (and
         # points gloo at the interface that does) before the store opens
-        await check_reachable(client, cluster.ranks)
-    port = await open_store(cluster, cluster.ranks[0])
-    cluster.ranks = [replace(r, master_port=int(port)) for r in cluster.ranks]
-    futures = [
-        client[r.engine_id].apply_async(
-            process_group.setup_rank,
-            r.as_dict(),
-            cluster.config.init_timeout,
-            0,
-            cluster.status_dir_of(r),
-        )
-        for r in cluster.ranks
-    ]
+        await check_reachable(client, ranks)
+    port = await open_store(engines, ranks[0])
+    ranks[:] = [replace(r, master_port=int(port)) for r in ranks]
+    futures = setup_requests(engines, ranks, {})  # every rank shares rank 0's clock
     try:
-        await _gather(futures, timeout=cluster.config.init_timeout + 10)
+        await wait_joined(engines.config.init_timeout, futures)
     except Exception as exc:
         raise ClusterError(f"re-creating the process group failed: {exc}") from exc
-    cluster._stuck = {}
-    cluster._given_up = set()
-    cluster.state = "running"
-    cluster._write_pidfile()
-    cluster.group_closed = False  # a fresh group on every rank
+    engines.state = "running"
+    engines.write_pidfile(ranks)

@@ -62,3 +62,20 @@ def format_remote(exc: Any) -> str:
     if lines and lines[0].startswith("[") and lines[0].rstrip().endswith("]"):
         lines = lines[1:]
     return "\n".join(lines)
+
+
+def fill_failure(result: CellResult, future: Any) -> None:
+    """Put a finished cell's error (if it raised) into ``result``: the remote exception's
+    name, text and traceback, whichever way ipyparallel reports it."""
+    import ipyparallel as ipp
+
+    try:
+        future.get(0)
+    except ipp.error.RemoteError as exc:
+        result.ename, result.evalue = exc.ename, str(exc.evalue)
+        result.traceback = format_remote(exc)
+    except ipp.error.CompositeError as exc:
+        ename, evalue, tb, _ = exc.elist[0]
+        result.ename, result.evalue, result.traceback = ename, str(evalue), tb
+    except ipp.error.TaskAborted:
+        result.ename, result.evalue, result.traceback = "TaskAborted", ABORTED, ABORTED

@@ -12,89 +12,91 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
 from workbench.cluster import fast_stop, launchers, watchdog
+from workbench.cluster.engines import EngineSet, local_ranks
 from workbench.cluster.processes import reap, started_for, terminate
+from workbench.cluster.ranks import RankAssignment
 from workbench.engine import boot, process_group
-
-if TYPE_CHECKING:  # the cluster is only a parameter here
-    from workbench.cluster.cluster import Cluster
 
 __all__ = ["shutdown"]
 
 log = logging.getLogger("workbench.cluster")
 
 
-async def shutdown(cluster: Cluster, *, quiet: bool) -> None:
+async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bool) -> None:
+    """Stop every process of ``engines`` (see the module docstring); ``ranks`` is emptied.
+    What the cluster holds per rank besides (views, stuck cells, cell sockets) is its
+    dispatcher's to forget."""
     # Snapshot every process first: once engines exit, their nannies are orphans.
-    processes = cluster._process_tree()
-    watch, cluster._engine_watch = cluster._engine_watch, None
+    processes = engines.process_tree(ranks)
+    watch, engines.watch = engines.watch, None
     if watch is not None:  # the engines' exits that follow are this stop's own
         await asyncio.to_thread(watch.close)
     # Without a controller no request reaches the engines: stop them by pid below.
-    lost = cluster.controller_lost()
-    fast = cluster.config.launcher == "local" and cluster._owns_engines
-    client, cluster._client = cluster._client, None
-    asked = client is not None and bool(cluster.ranks) and cluster._owns_engines and not lost
+    lost = engines.controller_lost()
+    fast = engines.config.launcher == "local" and engines.owns
+    client, engines.client = engines.client, None
+    asked = client is not None and bool(ranks) and engines.owns and not lost
     if client is not None:
-        if asked and fast:
-            try:  # engines end themselves at once: see fast_stop.py
-                ids = [r.engine_id for r in cluster.ranks if r.engine_id in client.ids]
-                client[ids].apply_async(boot.exit_now)
-            except Exception:
-                log.debug("asking engines to exit failed", exc_info=True)
-            # before client.close(): the requests must have left
-            await asyncio.to_thread(_finish_engines, cluster, processes, True)
-        elif asked:
-            try:  # leave the process group cleanly so engines exit without noise
-                ar = client[[r.engine_id for r in cluster.ranks if r.engine_id in client.ids]]
-                ar.apply_async(process_group.teardown_rank).get(timeout=5)
-                # Asking engines to exit is faster than SIGTERM from the launcher.
-                client.shutdown(targets=ar.targets, hub=False, block=True)
-            except Exception:
-                log.debug("teardown on engines failed", exc_info=True)
+        if asked:
+            await _ask_engines_to_exit(engines, ranks, client, processes, fast)
         client.close()
     if asked and not fast:
-        await asyncio.to_thread(_finish_engines, cluster, processes, False)
+        await asyncio.to_thread(_finish_engines, engines, ranks, processes, False)
     if lost:  # the dead controller's schedulers and the engines: nobody else ends them
         await asyncio.to_thread(terminate, processes)
     elif fast:  # a local controller holds nothing worth a slow exit
-        await asyncio.to_thread(fast_stop.end, _controller_tree(cluster))
-    dog, cluster._watchdog = cluster._watchdog, None
+        await asyncio.to_thread(fast_stop.end, _controller_tree(engines))
+    dog, engines.watchdog = engines.watchdog, None
     if dog is not None:  # told now (it only exits), so its last poll overlaps what follows
         dog.terminate()
-    ipp_cluster, cluster._ipp = cluster._ipp, None
+    ipp_cluster, engines.ipp = engines.ipp, None
     if ipp_cluster is not None:
         await _stop_ipyparallel(ipp_cluster, quiet=quiet)
-    _forget_engines(cluster)
-    ssh_dir, cluster._ssh_dir = cluster._ssh_dir, None
+    ranks.clear()
+    ssh_dir, engines.ssh_dir = engines.ssh_dir, None
     if ssh_dir is not None:
-        await launchers.close_ssh(cluster.config.hosts, cluster.launcher_options, ssh_dir)
+        await launchers.close_ssh(engines.config.hosts, engines.launcher_options, ssh_dir)
         shutil.rmtree(ssh_dir, ignore_errors=True)
-    if ipp_cluster is not None and cluster._owns_engines:
+    if ipp_cluster is not None and engines.owns:
         known = {p.pid for p in processes}
         processes += [p for p in started_for(ipp_cluster.cluster_id) if p.pid not in known]
-    cluster._given_up = set()
     await asyncio.to_thread(reap, processes)
-    cluster._known = {}
+    engines.known = {}
     if dog is not None:
         watchdog.stop(dog)
-    run_dir, cluster.run_dir = cluster.run_dir, None
+    run_dir, engines.run_dir = engines.run_dir, None
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _forget_engines(cluster: Cluster) -> None:
-    """Drop what the kernel holds per engine: ranks, stuck cells, views, cell sockets."""
-    cluster.ranks = []
-    cluster._stuck = {}
-    cluster._views = {}
-    direct, cluster._direct = cluster._direct, None
-    if direct is not None:
-        direct.close()
+async def _ask_engines_to_exit(
+    engines: EngineSet,
+    ranks: list[RankAssignment],
+    client: Any,
+    processes: list[psutil.Process],
+    fast: bool,
+) -> None:
+    if fast:
+        try:  # engines end themselves at once: see fast_stop.py
+            ids = [r.engine_id for r in ranks if r.engine_id in client.ids]
+            client[ids].apply_async(boot.exit_now)
+        except Exception:
+            log.debug("asking engines to exit failed", exc_info=True)
+        # before client.close(): the requests must have left
+        await asyncio.to_thread(_finish_engines, engines, ranks, processes, True)
+        return
+    try:  # leave the process group cleanly so engines exit without noise
+        ar = client[[r.engine_id for r in ranks if r.engine_id in client.ids]]
+        ar.apply_async(process_group.teardown_rank).get(timeout=5)
+        # Asking engines to exit is faster than SIGTERM from the launcher.
+        client.shutdown(targets=ar.targets, hub=False, block=True)
+    except Exception:
+        log.debug("teardown on engines failed", exc_info=True)
 
 
 async def _stop_ipyparallel(ipp_cluster: Any, *, quiet: bool) -> None:
@@ -112,9 +114,9 @@ async def _stop_ipyparallel(ipp_cluster: Any, *, quiet: bool) -> None:
             raise
 
 
-def _controller_tree(cluster: Cluster) -> list[psutil.Process]:
+def _controller_tree(engines: EngineSet) -> list[psutil.Process]:
     """The controller this cluster started and its schedulers (empty if none)."""
-    proc = cluster._controller_process()
+    proc = engines.controller_process()
     if proc is None:
         return []
     try:
@@ -123,7 +125,9 @@ def _controller_tree(cluster: Cluster) -> list[psutil.Process]:
         return []
 
 
-def _finish_engines(cluster: Cluster, processes: list[psutil.Process], fast: bool) -> None:
+def _finish_engines(
+    engines: EngineSet, ranks: list[RankAssignment], processes: list[psutil.Process], fast: bool
+) -> None:
     """Once the engines have exited on request, end their nannies too.
 
     ipyparallel's per-engine nanny notices its engine is gone only after seconds of
@@ -131,15 +135,15 @@ def _finish_engines(cluster: Cluster, processes: list[psutil.Process], fast: boo
     supervises nothing, so it is killed here and the stop that follows is quick. Only
     engines in this host's pid space are looked at.
     """
-    engine_pids = {r.pid for r in cluster._local_ranks()}
-    engines = [p for p in processes if p.pid in engine_pids]
-    nannies = [p for p in processes if p.pid in cluster._nanny_pids]
+    engine_pids = {r.pid for r in local_ranks(ranks)}
+    exiting = [p for p in processes if p.pid in engine_pids]
+    nannies = [p for p in processes if p.pid in engines.nanny_pids]
     if fast:
-        _, busy = psutil.wait_procs(engines, timeout=1.0)
+        _, busy = psutil.wait_procs(exiting, timeout=1.0)
         # A local engine blocked in a collective never ran exit_now: end it by pid.
         fast_stop.end(busy, grace=0.2)
     else:
-        psutil.wait_procs(engines, timeout=2.0)
+        psutil.wait_procs(exiting, timeout=2.0)
     for proc in nannies:
         try:
             proc.kill()

@@ -15,35 +15,40 @@ import logging
 import tempfile
 import time
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ipyparallel as ipp
 
 from workbench.cluster import doctor_env, launchers, rendezvous, warm_start
-from workbench.cluster.direct_channel import open_if_same_network
 from workbench.cluster.engine_watch import EngineWatch
+from workbench.cluster.engines import EngineSet
 from workbench.cluster.fork_launcher import ForkEngineSetLauncher
-from workbench.cluster.hosts import local_pid_space, net_space
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
-from workbench.cluster.ssh_launcher import attach_nannies
+from workbench.cluster.registration import (
+    OnRegister,
+    Report,
+    engine_info,
+    engine_infos,
+    wait_for_engines,
+)
+from workbench.cluster.startup import StartupProfile
 from workbench.cluster.warm_launchers import WarmControllerLauncher
-from workbench.engine import boot, process_group
+from workbench.engine import process_group
 from workbench.errors import ClusterError
-
-if TYPE_CHECKING:  # the cluster is only a parameter here
-    from workbench.cluster.cluster import Cluster
 
 __all__ = [
     "LOCAL_HEARTBEAT",
     "REMOTE_HEARTBEAT",
+    "check_environments",
     "controller_args",
-    "engine_infos",
     "init_process_group",
     "local_settings",
+    "make_ipp_cluster",
     "open_store",
+    "setup_requests",
+    "start",
     "start_engines",
-    "wait_for_engines",
-    "watch_engines",
+    "wait_joined",
 ]
 
 MULTI_NODE = frozenset({"mpi", "ssh", "slurm"})
@@ -90,8 +95,8 @@ def local_settings(start_timeout: float) -> dict[str, Any]:
     }
 
 
-def make_ipp_cluster(cluster: Cluster) -> ipp.Cluster:
-    c = cluster.config
+def make_ipp_cluster(engines: EngineSet) -> ipp.Cluster:
+    c = engines.config
     kwargs: dict[str, Any] = {
         "n": c.n,
         "log_level": logging.ERROR,
@@ -105,10 +110,10 @@ def make_ipp_cluster(cluster: Cluster) -> ipp.Cluster:
             c.launcher,
             c.n,
             c.hosts,
-            cluster.launcher_options,
-            cluster._controller_address,
-            cluster._ssh_dir,
-            cluster.run_dir,
+            engines.launcher_options,
+            engines.controller_address,
+            engines.ssh_dir,
+            engines.run_dir,
         )
     )
     if c.launcher == "local":
@@ -118,28 +123,67 @@ def make_ipp_cluster(cluster: Cluster) -> ipp.Cluster:
     return ipp.Cluster(**kwargs)
 
 
-async def start_engines(cluster: Cluster) -> None:
+async def start(
+    engines: EngineSet,
+    ranks: list[RankAssignment],
+    startup: StartupProfile,
+    report: Report,
+    on_register: OnRegister | None = None,
+) -> dict[str, float]:
+    """The whole start: the watchdog, then controller and engines, then the process group
+    (ranks assigned into ``ranks``). Returns where the time went (``Cluster.timings``);
+    on failure the caller stops what started."""
+    t0 = time.perf_counter()
+    # status_dir: a directory every node shares, so hang reports include remote ranks
+    engines.run_dir = tempfile.mkdtemp(
+        prefix="wb-run-", dir=engines.launcher_options.status_dir or None
+    )
+    # The watchdog runs before the first process starts, and learns every process as
+    # it appears: a kernel killed at any moment of the start leaves nothing behind.
+    engines.start_watchdog()
+    startup.mark("watchdog started")
+    tracker = asyncio.ensure_future(engines.track_start(ranks)) if engines.watchdog else None
+    try:
+        await start_engines(engines, startup, report, on_register)
+        t1 = time.perf_counter()
+        await init_process_group(engines, ranks, startup, report)
+    finally:
+        if tracker is not None:
+            tracker.cancel()
+    engines.write_pidfile(ranks)
+    return {
+        "engines_s": t1 - t0,
+        "process_group_s": time.perf_counter() - t1,
+        "total_s": time.perf_counter() - t0,
+    }
+
+
+async def start_engines(
+    engines: EngineSet,
+    startup: StartupProfile,
+    report: Report,
+    on_register: OnRegister | None = None,
+) -> None:
     """Start (or connect to) the controller and the engines; return once ``n`` engines
-    have registered (``cluster._engine_ids``)."""
-    c = cluster.config
-    profile = cluster.startup
-    if cluster._owns_engines:
+    have registered (``engines.engine_ids``)."""
+    c = engines.config
+    if engines.owns:
         if c.launcher == "ssh":
-            cluster._ssh_dir = tempfile.mkdtemp(prefix="wb-ssh-")
+            engines.ssh_dir = tempfile.mkdtemp(prefix="wb-ssh-")
         if c.launcher in MULTI_NODE:
-            cluster._controller_address = launchers.controller_address(
-                c.launcher, c.hosts, cluster.launcher_options
+            engines.controller_address = launchers.controller_address(
+                c.launcher, c.hosts, engines.launcher_options
             )
             await launchers.preflight(
-                c.launcher, c.n, c.hosts, cluster.launcher_options, cluster._ssh_dir
+                c.launcher, c.n, c.hosts, engines.launcher_options, engines.ssh_dir
             )
-            profile.mark("launcher checked")
-        ipp_cluster = cluster._ipp = make_ipp_cluster(cluster)
+            startup.mark("launcher checked")
+        ipp_cluster = engines.ipp = make_ipp_cluster(engines)
         # Locally this only spawns the controller: the engines wait for its connection
         # file themselves (local_settings), so their process is launched right after it.
         await ipp_cluster.start_controller()
-        profile.mark("controller started")
-        cluster._write_pidfile()
+        startup.mark("controller started")
+        engines.write_pidfile(())
         try:
             await ipp_cluster.start_engines(c.n)
         except Exception as exc:
@@ -148,216 +192,96 @@ async def start_engines(cluster: Cluster) -> None:
                 f"launcher={c.launcher!r} failed to start engines: {exc}"
                 + (f"\n--- launcher output ---\n{output}" if output else "")
             ) from exc
-        profile.mark("engines launched")
-        profile.remarks.extend(warm_start.pop_outcomes())
-        cluster._write_pidfile()
-        cluster._client = await ipp_cluster.connect_client()
-        profile.mark("client connected")
+        startup.mark("engines launched")
+        startup.remarks.extend(warm_start.pop_outcomes())
+        engines.write_pidfile(())
+        engines.client = await ipp_cluster.connect_client()
+        startup.mark("client connected")
         if c.launcher == "local":  # its engines have no nanny: see local_settings
-            cluster._engine_watch = EngineWatch.for_client(cluster._client)
+            engines.watch = EngineWatch.for_client(engines.client)
     else:
-        cluster._client = ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "")
-    await wait_for_engines(cluster)
-
-
-async def wait_for_engines(cluster: Cluster) -> None:
-    """Until ``n`` engines have registered; each is asked for its facts as it registers."""
-    client = cluster._client
-    if client is None:
-        raise ClusterError("no ipyparallel client")
-    n = cluster.config.n
-    profile = cluster.startup
-    deadline = time.monotonic() + cluster.config.start_timeout
-    seen = -1
-    cluster._info_futures = {}
-    cluster._address_futures = {}
-    cluster._direct_port_futures = {}
-    while True:
-        # One read of the ids per pass: an engine may register between two reads, and
-        # every id counted must be one whose facts were asked for.
-        ids = sorted(client.ids)
-        # Ask each engine for its facts as soon as it registers: importing torch there
-        # overlaps with the other engines still starting.
-        for eid in ids:
-            if eid not in cluster._info_futures:
-                profile.engine_now(eid, "registered")
-                future = client[eid].apply_async(boot.timed_engine_info, cluster.check_packages)
-                future.add_done_callback(lambda _f, eid=eid: profile.engine_now(eid, "answered"))
-                cluster._info_futures[eid] = future
-                cluster._address_futures[eid] = client[eid].apply_async(*cluster.address_call())
-                # its %%wb cell socket too (local engines), so the first cell sends at once
-                cluster._direct_port_futures[eid] = client[eid].apply_async(
-                    open_if_same_network, net_space()
-                )
-        count = len(ids)
-        if count != seen:
-            cluster._report("engines", min(count, n), n)
-            seen = count
-        if count >= n:
-            profile.mark("all engines registered")
-            cluster._engine_ids = ids[:n]
-            return
-        if cluster.controller_lost():
-            raise ClusterError(
-                "the ipyparallel controller exited during start-up; run "
-                "`ipcontroller --debug` by hand to see why"
-            )
-        if cluster._owns_engines and engines_exited(cluster):
-            output = launchers.launcher_output(cluster._ipp)
-            raise ClusterError(
-                f"engines exited during start-up ({count} of {n} registered); "
-                + (
-                    f"the launcher's output:\n{output}"
-                    if output
-                    else "run `ipengine --debug` by hand to see why"
-                )
-            )
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"only {count} of {n} engines registered within "
-                f"start_timeout={cluster.config.start_timeout}s; raise start_timeout or "
-                "check the launcher"
-            )
-        await asyncio.sleep(0.02)
-
-
-def engines_exited(cluster: Cluster) -> bool:
-    if cluster._ipp is None:
-        return False
-    for engine_set in cluster._ipp.engines.values():
-        # a set started as one process (mpiexec, a batch job) ends as a whole
-        if getattr(engine_set, "state", "running") == "after":
-            return True
-        if isinstance(engine_set, ForkEngineSetLauncher) and engine_set.engine_exited():
-            return True
-        for launcher in getattr(engine_set, "launchers", {}).values():
-            # ipyparallel launchers move from "running" to "after" when the process exits
-            if getattr(launcher, "state", "running") == "after":
-                return True
-    return False
-
-
-async def engine_infos(cluster: Cluster) -> tuple[list[int], list[dict[str, Any]]]:
-    """The engines chosen by ``wait_for_engines`` and the facts each reported."""
-    ids = list(cluster._engine_ids)
-    futures = [cluster._info_futures[eid] for eid in ids]
-    infos = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-    cluster.startup.mark("torch imported on every engine")
-    try:
-        addresses = await asyncio.gather(
-            *(asyncio.wrap_future(cluster._address_futures[eid]) for eid in ids)
-        )
-    except ipp.error.RemoteError as exc:  # e.g. network_interface missing on a host
-        raise ClusterError(f"{exc.ename}: {exc.evalue}") from None
-    infos = [{**info, **addr} for info, addr in zip(infos, addresses, strict=True)]
-    here = local_pid_space()
-    for eid, info in zip(ids, infos, strict=True):
-        # another host's wall clock is not ours: its process start is left out
-        cluster.startup.engine_facts(eid, info, same_clock=info.get("pid_space") == here)
-    cluster.launch_hosts = {
-        eid: str(info.get("launch_host", "")) for eid, info in zip(ids, infos, strict=True)
-    }
-    if cluster._ipp is not None:
-        attach_nannies(cluster._ipp, dict(zip(ids, infos, strict=True)))
-    watch_engines(cluster, list(zip(ids, infos, strict=True)))
-    return ids, list(infos)
-
-
-def watch_engines(cluster: Cluster, engines: list[tuple[int, dict[str, Any]]]) -> None:
-    """Have the kernel report these engines' deaths (a local cluster's engines have no
-    nanny to do it; ``engines`` are (engine id, the facts it reported))."""
-    watch = cluster._engine_watch
-    if watch is None:
-        return
-    here = local_pid_space()
-    for eid, info in engines:
-        if info.get("pid_space") == here:
-            watch.watch(eid, int(info["pid"]))
+        engines.client = ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "")
+    await wait_for_engines(engines, startup, report, on_register)
 
 
 def check_environments(
-    cluster: Cluster, engines: list[EngineInfo], infos: list[dict[str, Any]]
+    engines: EngineSet,
+    startup: StartupProfile,
+    found: list[EngineInfo],
+    infos: list[dict[str, Any]],
 ) -> None:
-    """Refuse a start whose engines differ where a run needs them equal; warn of the rest."""
+    """Refuse a start whose engines differ where a run needs them equal; warn of the rest.
+    The comparison is kept (``engines.environment``) also when it refuses."""
     labelled = [
-        (e.host, e.engine_id, i.get("environment", {})) for e, i in zip(engines, infos, strict=True)
+        (e.host, e.engine_id, i.get("environment", {})) for e, i in zip(found, infos, strict=True)
     ]
-    report = cluster.environment = doctor_env.environment_report(labelled, cluster.check_packages)
+    report = engines.environment = doctor_env.environment_report(labelled, engines.check_packages)
     doctor_env.refuse_mismatch(report)
     for text in report.warnings:
         warnings.warn(f"workbench: {text}", UserWarning, stacklevel=2)
-    cluster.startup.mark("environments compared")
+    startup.mark("environments compared")
 
 
-def _engine_info(engine_id: int, info: dict[str, Any]) -> EngineInfo:
-    return EngineInfo(
-        engine_id=engine_id,
-        host=info["host"],
-        pid=info["pid"],
-        address=info["address"],
-        cuda_devices=info["cuda_devices"],
-        cpus=info["cpus"],
-        pid_space=info.get("pid_space", ""),
-    )
-
-
-async def _join_every_rank(
-    cluster: Cluster, ranks: list[RankAssignment], clock_offsets: dict[int, int]
-) -> None:
-    """``setup_rank`` on every engine at once; a rank that cannot join fails the start."""
-    client = cluster.client_unchecked()
-    config = cluster.config
-    futures = [
+def setup_requests(
+    engines: EngineSet, ranks: list[RankAssignment], clock_offsets: dict[int, int]
+) -> list[Any]:
+    """``setup_rank`` sent to every engine at once (an engine missing from
+    ``clock_offsets`` shares rank 0's clock); the requests, in rank order."""
+    client = engines.client_unchecked()
+    return [
         client[r.engine_id].apply_async(
             process_group.setup_rank,
             r.as_dict(),
-            config.init_timeout,
-            clock_offsets[r.engine_id],
-            cluster.status_dir_of(r),
+            engines.config.init_timeout,
+            clock_offsets.get(r.engine_id, 0),
+            engines.status_dir_of(r),
         )
         for r in ranks
     ]
-    for r, future in zip(ranks, futures, strict=True):
-        future.add_done_callback(
-            lambda _f, eid=r.engine_id: cluster.startup.engine_now(eid, "joined")
-        )
+
+
+async def wait_joined(init_timeout: float, futures: list[Any]) -> None:
+    """Until every ``setup_rank`` request answered (the group formed); a rank that cannot
+    join fails the whole (a margin over the group's own timeout for the replies' trip)."""
     try:
         await asyncio.wait_for(
             asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
-            timeout=config.init_timeout + 10,
+            timeout=init_timeout + 10,
         )
     except TimeoutError as exc:
         raise ClusterError(
-            f"process group did not form within init_timeout={config.init_timeout}s"
+            f"process group did not form within init_timeout={init_timeout}s"
         ) from exc
     except ipp.error.RemoteError as exc:
         raise ClusterError(f"init_process_group failed on an engine: {exc}") from exc
 
 
-async def init_process_group(cluster: Cluster) -> None:
-    """Assign ranks, open the rendezvous store on rank 0 and join every rank."""
-    client = cluster.client_unchecked()
-    config = cluster.config
-    ids, infos = await engine_infos(cluster)
-    engines = [_engine_info(eid, info) for eid, info in zip(ids, infos, strict=True)]
-    check_environments(cluster, engines, infos)  # before any process group forms
+async def init_process_group(
+    engines: EngineSet, ranks: list[RankAssignment], startup: StartupProfile, report: Report
+) -> None:
+    """Assign ranks (into ``ranks``), open the rendezvous store on rank 0, join every rank."""
+    client = engines.client_unchecked()
+    config = engines.config
+    ids, infos = await engine_infos(engines, startup)
+    found = [engine_info(eid, info) for eid, info in zip(ids, infos, strict=True)]
+    check_environments(engines, startup, found, infos)  # before any process group forms
     # Clock offsets to rank 0 from one quick round trip per engine (torch is loaded now);
     # engines that all run on one host share its clock and need none.
     sent = received = time.time_ns()
     clocks = [sent] * len(ids)
-    if len({e.host for e in engines}) > 1:
+    if len({e.host for e in found}) > 1:
         clocks = await asyncio.wrap_future(client[ids].apply_async(time.time_ns))
         received = time.time_ns()
     draft = assign_ranks(
-        engines, backend=config.backend, threads_per_engine=config.threads_per_engine
+        found, backend=config.backend, threads_per_engine=config.threads_per_engine
     )
     # Across hosts, every rank first proves it reaches MASTER_ADDR (and points gloo at
     # the interface that does): an unreachable address fails here, named (rendezvous.py).
     if draft[0].num_nodes > 1:
         await rendezvous.check_reachable(client, draft)
-    port = await open_store(cluster, draft[0])
-    ranks = assign_ranks(
-        engines,
+    port = await open_store(engines, draft[0])
+    assigned = assign_ranks(
+        found,
         backend=config.backend,
         master_port=int(port),
         threads_per_engine=config.threads_per_engine,
@@ -365,25 +289,29 @@ async def init_process_group(cluster: Cluster) -> None:
     # Clock offsets to rank 0: midpoint estimate of each engine's wall clock vs ours.
     midpoint = (sent + received) // 2
     offsets = {eid: midpoint - t for eid, t in zip(ids, clocks, strict=True)}
-    base = offsets[ranks[0].engine_id]
-    cluster.startup.mark("clocks and port")
-    cluster._report("rendezvous", 0, len(ranks))
+    base = offsets[assigned[0].engine_id]
+    startup.mark("clocks and port")
+    report("rendezvous", 0, len(assigned))
     # Engines on rank 0's host share its clock; others get the measured offset.
     shifts = {
-        r.engine_id: 0 if r.host == ranks[0].host else offsets[r.engine_id] - base for r in ranks
+        r.engine_id: 0 if r.host == assigned[0].host else offsets[r.engine_id] - base
+        for r in assigned
     }
-    await _join_every_rank(cluster, ranks, shifts)
-    cluster.ranks = ranks
-    cluster.startup.mark("process group formed")
-    cluster._report("rendezvous", len(ranks), len(ranks))
+    futures = setup_requests(engines, assigned, shifts)
+    for r, future in zip(assigned, futures, strict=True):
+        future.add_done_callback(lambda _f, eid=r.engine_id: startup.engine_now(eid, "joined"))
+    await wait_joined(config.init_timeout, futures)
+    ranks[:] = assigned
+    startup.mark("process group formed")
+    report("rendezvous", len(assigned), len(assigned))
 
 
-async def open_store(cluster: Cluster, r0: RankAssignment) -> int:
+async def open_store(engines: EngineSet, r0: RankAssignment) -> int:
     """Rank 0 opens the rendezvous store on ``MASTER_ADDR`` only (loopback for a local
     cluster) and keeps it for ``setup_rank``; returns the port it listens on."""
     port = await asyncio.wrap_future(
-        cluster.client_unchecked()[r0.engine_id].apply_async(
-            process_group.open_store, r0.master_addr, r0.world_size, cluster.config.init_timeout
+        engines.client_unchecked()[r0.engine_id].apply_async(
+            process_group.open_store, r0.master_addr, r0.world_size, engines.config.init_timeout
         )
     )
     return int(port)

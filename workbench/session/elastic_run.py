@@ -122,12 +122,10 @@ def _check_resizable(session: TrainingSession, what: str) -> None:
 def shrink_and_roll_back(session: TrainingSession) -> str:
     """Drop the lost ranks (and survivors the layout cannot use), re-form the group at the
     smaller world size, rebuild the run there and load the last checkpoint."""
-    from workbench.cluster.recovery import lost_ranks
-
     _check_resizable(session, "a shrink")
     cluster = session.cluster
     world, spec = cluster.world_size, session.spec
-    dead = lost_ranks(cluster)
+    dead = cluster.lost_ranks()
     orphans = usable_after_loss(spec, world, dead)  # before anything is changed
     new_spec, note = resized_spec(spec, world, world - len(dead) - len(orphans))
     if session._elastic_base is None:  # what a grow back to this size restores

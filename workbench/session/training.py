@@ -23,12 +23,7 @@ from workbench.errors import (
 )
 from workbench.parallel.spec import RunSpec
 from workbench.session.elastic_run import session_grow
-from workbench.session.rank_failures import (
-    closed_group,
-    error_fields,
-    rank_failure,
-    wait_unless_a_rank_failed,
-)
+from workbench.session.rank_failures import closed_group, error_fields, rank_failure
 from workbench.session.roll_back import recover_and_roll_back, roll_back, where_the_run_was
 from workbench.session.run_state import (
     Listener,
@@ -345,20 +340,9 @@ class TrainingSession:
         ranks = sorted(self._state.status) or self.run_ranks
         cursors = {r: self._state.cursors.get(r, 0) for r in ranks}
         self.cluster.client  # noqa: B018  (fails fast when the controller died or stopped)
-        try:  # a dead engine, also one that died after ensure_alive looked, is EngineDied
-            self.cluster.ensure_alive()
-            futures = [
-                self.cluster.view(self.cluster.ranks[r].engine_id).apply_async(
-                    fn, *args, cursors[r]
-                )
-                for r in ranks
-            ]
-        except EngineDied as exc:
-            raise type(exc)(f"{exc}\n{where_the_run_was(self)}", ranks=exc.ranks) from None
-        targets = [self.cluster.ranks[r] for r in ranks]
-        try:
-            wait_unless_a_rank_failed(self.cluster, targets, futures, self.timeout)
-            results = self.cluster.collect(targets, futures, self.timeout)
+        args = {r: (*args, cursors[r]) for r in ranks}
+        try:  # a dead engine, also one that dies while it runs, is EngineDied
+            by_rank = self.cluster.dispatch.run_each(fn, args, self.timeout, fail_together=True)
         except KeyboardInterrupt:
             self._interrupted = True
             raise
@@ -367,6 +351,7 @@ class TrainingSession:
         except RankError as exc:
             self._regroup = closed_group(exc)  # the failing rank closed it (fail_together)
             raise rank_failure(exc, self._state.status, self.cluster) from None
+        results = [by_rank[r] for r in ranks]
         errors = [r for r in results if r.get("error")] if isinstance(results[0], dict) else []
         if errors:  # every rank agreed on a failed save / load (also an automatic one after
             # a step): the run is as it was, with the steps it completed

@@ -1,0 +1,224 @@
+"""``EngineSet``: one cluster's ipyparallel engines and every process started for them.
+
+The one owner of what the kernel holds about its engines: the ipyparallel cluster and
+client, the facts each engine was asked for as it registered, the engines chosen to get
+ranks, their launch hosts and nannies, the kernel's watch on local engines, the orphan
+watchdog with its pid file and run directory, the controller's address, and the cluster's
+state (``running``, ``degraded``, ``broken``...). The start sequence, the stop and the
+recovery (``start_sequence.py``, ``shutdown.py``, ``recovery.py``) change it through this
+object; ``Cluster`` holds one.
+
+Processes are remembered from the moment they are seen: once a parent dies (a killed
+controller), its children cannot be found from it any more. The watchdog (watchdog.py)
+learns them from a pid file, so a kernel killed at any moment leaves nothing behind. Only
+pids of this host's pid space are listed: a remote engine is signalled through its own host,
+never by its pid here; the pid file also carries the commands that end them there
+(remote_ends.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+import ipyparallel as ipp
+import psutil
+
+from workbench.cluster import rendezvous, watchdog
+from workbench.cluster.doctor_env import EnvironmentReport
+from workbench.cluster.engine_watch import EngineWatch
+from workbench.cluster.hosts import local_pid_space
+from workbench.cluster.launchers import LauncherOptions
+from workbench.cluster.processes import is_local, running
+from workbench.cluster.ranks import RankAssignment
+from workbench.cluster.remote_ends import remote_ends
+from workbench.config import ClusterConfig
+from workbench.errors import ClusterError
+
+__all__ = ["EngineSet", "local_ranks"]
+
+log = logging.getLogger("workbench.cluster")
+
+# How often a starting cluster records its new processes for the orphan watchdog.
+_TRACK_S = 0.1
+
+
+def local_ranks(ranks: Sequence[RankAssignment]) -> list[RankAssignment]:
+    """Ranks whose pid is meaningful here (same machine, same PID namespace). A remote
+    engine is signalled only through its own host, never by its pid here."""
+    here = local_pid_space()
+    # (ranks made by hand, without a pid space, fall back to comparing host names)
+    return [r for r in ranks if (r.pid_space == here if r.pid_space else is_local(r.host))]
+
+
+class EngineSet:
+    """A cluster's engines, their processes and the cluster's state (one owner each)."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        launcher_options: LauncherOptions,
+        check_packages: tuple[str, ...],
+    ) -> None:
+        self.config = config
+        self.launcher_options = launcher_options
+        self.check_packages = check_packages  # compared on every host at start (doctor_env)
+        # an external cluster (profile / cluster_id) is connected to, never started or stopped
+        self.owns = config.profile is None and config.cluster_id is None
+        self.ipp: ipp.Cluster | None = None
+        self.client: ipp.Client | None = None
+        self.controller_address: str | None = None
+        self.ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
+        # Out-of-band status files of the engines (see flight.py) and the watchdog's pid file.
+        self.run_dir: str | None = None
+        # engine id -> its pending facts (engine_info; rendezvous.engine_address), asked
+        # for as it registers (start_sequence.py)
+        self.info_futures: dict[int, Any] = {}
+        self.address_futures: dict[int, Any] = {}
+        self.engine_ids: list[int] = []  # the engines that get ranks, chosen at start
+        # engine id -> the launcher's host entry that started it (ssh), for replacements
+        self.launch_hosts: dict[int, str] = {}
+        self.nanny_pids: set[int] = set()
+        self.environment: EnvironmentReport | None = None  # the hosts compared at start
+        self.watch: EngineWatch | None = None  # reports local engines' deaths
+        self.watchdog: subprocess.Popen[bytes] | None = None  # ends orphans of a killed kernel
+        # Every process this cluster started, remembered from the moment it is seen.
+        self.known: dict[int, psutil.Process] = {}
+        self._state = "stopped"
+
+    # ----------------------------------------------------------------- state
+    @property
+    def state(self) -> str:
+        """``stopped``, ``starting``, ``running``, ``degraded`` (a dead or stuck engine:
+        ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``."""
+        if self._state in ("running", "degraded") and self.controller_lost():
+            self._state = "broken"
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self._state = value
+
+    @property
+    def last_state(self) -> str:
+        """The state as last set, without looking at the controller (a waiting loop reads
+        it at every poll; ``check_controller`` looks on its own cadence)."""
+        return self._state
+
+    def controller_died(self) -> ClusterError:
+        """The error every call raises once the controller is gone."""
+        proc = self.controller_process()
+        pid = f" (pid {proc.pid})" if proc is not None else ""
+        return ClusterError(
+            f"the cluster's ipyparallel controller{pid} died: nothing can reach the engines "
+            "or notice an engine death any more. Rebuild the whole cluster with "
+            "`%wb restart` (cluster.restart_sync()); this stops every process it started."
+        )
+
+    def check_controller(self) -> None:
+        """Raise ``controller_died()`` when the controller is gone (fast, no round trip)."""
+        if self.state == "broken":
+            raise self.controller_died()
+
+    def controller_lost(self) -> bool:
+        """True when the controller this cluster started has exited. It is a child of this
+        process, so its pid is checked here; without it nothing routes work to the engines
+        or notices that one died."""
+        proc = self.controller_process()
+        if proc is None:
+            return False
+        return not running(proc)
+
+    def controller_process(self) -> psutil.Process | None:
+        if not self.owns or self.ipp is None:
+            return None
+        proc = getattr(getattr(self.ipp, "controller", None), "process", None)
+        return proc if isinstance(proc, psutil.Process) else None
+
+    def client_unchecked(self) -> ipp.Client:
+        """The client, whatever the state (the start, stop and recovery use it)."""
+        if self.client is None:
+            raise ClusterError("no ipyparallel client; the cluster has not started")
+        return self.client
+
+    # ----------------------------------------------------------------- engine facts
+    def address_call(self) -> tuple[Any, ...]:
+        """``apply_async`` arguments asking an engine for its reachable address etc."""
+        iface = self.launcher_options.network_interface or None
+        return (rendezvous.engine_address, self.controller_address, iface)
+
+    def status_dir_of(self, rank: RankAssignment) -> str | None:
+        """Where ``rank`` writes its out-of-band status: the run directory when the rank
+        sees it (same machine, or a ``status_dir`` shared by every node), else nowhere (a
+        node-local /tmp path would only litter the node)."""
+        if self.launcher_options.status_dir or rank.pid_space == local_pid_space():
+            return self.run_dir
+        return None
+
+    # ----------------------------------------------------------------- processes
+    def process_tree(self, ranks: Sequence[RankAssignment]) -> list[psutil.Process]:
+        """Controller, engines, nannies and every process they spawned (schedulers...),
+        including those seen before whose parent has died since; only running ones."""
+        engine_pids = {r.pid for r in local_ranks(ranks)}
+        self.nanny_pids = set()
+        for pid in self.pids(ranks):
+            try:
+                proc = self.known.get(pid) or psutil.Process(pid)
+                children = proc.children(recursive=True)
+            except psutil.Error:
+                continue
+            self.known[pid] = proc
+            for child in children:
+                self.known.setdefault(child.pid, child)
+            if pid in engine_pids:  # an engine's children are its nanny
+                self.nanny_pids.update(c.pid for c in children)
+        return [p for p in self.known.values() if running(p)]
+
+    def pids(self, ranks: Sequence[RankAssignment]) -> list[int]:
+        """Process ids (on this host) of the controller, engines and their nannies started
+        by this cluster."""
+        pids: list[int] = []
+        if self.ipp is None:
+            return pids
+        proc = getattr(getattr(self.ipp, "controller", None), "process", None)
+        if proc is not None:
+            pids.append(proc.pid)
+        for engine_set in getattr(self.ipp, "engines", {}).values():
+            # a set that is one process (the local engines' forking one, mpiexec), or ...
+            proc = getattr(engine_set, "process", None)
+            if proc is not None:
+                pids.append(proc.pid)
+            # ... one launcher per engine
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                proc = getattr(launcher, "process", None)
+                if proc is not None:
+                    pids.append(proc.pid)
+        # An engine on another host (or in another PID namespace) has a pid that means
+        # nothing here (its launcher's local process, e.g. ssh, is listed above instead).
+        pids += [r.pid for r in local_ranks(ranks) if r.pid not in pids]
+        return pids
+
+    def start_watchdog(self) -> None:
+        if not self.owns or self.run_dir is None:
+            return
+        watchdog.write_pidfile(self.run_dir, [])
+        self.watchdog = watchdog.spawn(self.run_dir)
+
+    async def track_start(self, ranks: Sequence[RankAssignment]) -> None:
+        """While starting, tell the watchdog about each process within ``_TRACK_S`` of its
+        launch (the controller, its schedulers, engines and their nannies)."""
+        while True:
+            try:
+                self.write_pidfile(ranks)
+            except Exception:  # a process exiting mid-walk: the next pass sees the rest
+                log.debug("pid file update failed", exc_info=True)
+            await asyncio.sleep(_TRACK_S)
+
+    def write_pidfile(self, ranks: Sequence[RankAssignment]) -> None:
+        if self.run_dir is not None and self.owns:
+            pids = [p.pid for p in self.process_tree(ranks)]
+            # and how to end the engines on other hosts, through their host (remote_ends.py)
+            watchdog.write_pidfile(self.run_dir, pids, remote_ends(self.ipp, self.ssh_dir))

@@ -1,0 +1,178 @@
+"""Engines registering: each is asked for its facts (host, pid, address, versions) as
+soon as it registers, so that importing torch there overlaps with the others still
+starting; the start waits for ``n`` of them, refusing at once when the controller or the
+engines exited, and hands the chosen engines' facts to rank assignment."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ipyparallel as ipp
+
+from workbench.cluster import launchers
+from workbench.cluster.engines import EngineSet
+from workbench.cluster.fork_launcher import ForkEngineSetLauncher
+from workbench.cluster.hosts import local_pid_space
+from workbench.cluster.ranks import EngineInfo
+from workbench.cluster.ssh_launcher import attach_nannies
+from workbench.cluster.startup import StartupProfile
+from workbench.engine import boot
+from workbench.errors import ClusterError
+
+__all__ = [
+    "OnRegister",
+    "Report",
+    "engine_info",
+    "engine_infos",
+    "engines_exited",
+    "wait_for_engines",
+    "watch_engines",
+]
+
+# (stage, done, total): the cluster's progress callback, "engines" then "rendezvous"
+Report = Callable[[str, int, int], None]
+# Called with each engine's id as it registers (the direct cell pool asks for its socket)
+OnRegister = Callable[[int], None]
+
+
+async def wait_for_engines(
+    engines: EngineSet,
+    startup: StartupProfile,
+    report: Report,
+    on_register: OnRegister | None = None,
+) -> None:
+    """Until ``n`` engines have registered; each is asked for its facts as it registers."""
+    client = engines.client_unchecked()
+    n = engines.config.n
+    deadline = time.monotonic() + engines.config.start_timeout
+    seen = -1
+    engines.info_futures = {}
+    engines.address_futures = {}
+    while True:
+        # One read of the ids per pass: an engine may register between two reads, and
+        # every id counted must be one whose facts were asked for.
+        ids = sorted(client.ids)
+        # Ask each engine for its facts as soon as it registers: importing torch there
+        # overlaps with the other engines still starting.
+        for eid in ids:
+            if eid not in engines.info_futures:
+                _ask_facts(engines, startup, eid)
+                if on_register is not None:  # e.g. its %%wb cell socket, so the first
+                    on_register(eid)  # cell sends at once
+        count = len(ids)
+        if count != seen:
+            report("engines", min(count, n), n)
+            seen = count
+        if count >= n:
+            startup.mark("all engines registered")
+            engines.engine_ids = ids[:n]
+            return
+        _refuse_a_failed_start(engines, count, deadline)
+        await asyncio.sleep(0.02)
+
+
+def _ask_facts(engines: EngineSet, startup: StartupProfile, eid: int) -> None:
+    client = engines.client_unchecked()
+    startup.engine_now(eid, "registered")
+    future = client[eid].apply_async(boot.timed_engine_info, engines.check_packages)
+    future.add_done_callback(lambda _f, eid=eid: startup.engine_now(eid, "answered"))
+    engines.info_futures[eid] = future
+    engines.address_futures[eid] = client[eid].apply_async(*engines.address_call())
+
+
+def _refuse_a_failed_start(engines: EngineSet, count: int, deadline: float) -> None:
+    """Raise when the start cannot finish: the controller or the engines exited, or time
+    ran out at ``deadline`` (``count`` engines registered so far)."""
+    n = engines.config.n
+    if engines.controller_lost():
+        raise ClusterError(
+            "the ipyparallel controller exited during start-up; run "
+            "`ipcontroller --debug` by hand to see why"
+        )
+    if engines.owns and engines_exited(engines):
+        output = launchers.launcher_output(engines.ipp)
+        raise ClusterError(
+            f"engines exited during start-up ({count} of {n} registered); "
+            + (
+                f"the launcher's output:\n{output}"
+                if output
+                else "run `ipengine --debug` by hand to see why"
+            )
+        )
+    if time.monotonic() > deadline:
+        raise ClusterError(
+            f"only {count} of {n} engines registered within "
+            f"start_timeout={engines.config.start_timeout}s; raise start_timeout or "
+            "check the launcher"
+        )
+
+
+def engines_exited(engines: EngineSet) -> bool:
+    if engines.ipp is None:
+        return False
+    for engine_set in engines.ipp.engines.values():
+        # a set started as one process (mpiexec, a batch job) ends as a whole
+        if getattr(engine_set, "state", "running") == "after":
+            return True
+        if isinstance(engine_set, ForkEngineSetLauncher) and engine_set.engine_exited():
+            return True
+        for launcher in getattr(engine_set, "launchers", {}).values():
+            # ipyparallel launchers move from "running" to "after" when the process exits
+            if getattr(launcher, "state", "running") == "after":
+                return True
+    return False
+
+
+async def engine_infos(
+    engines: EngineSet, startup: StartupProfile
+) -> tuple[list[int], list[dict[str, Any]]]:
+    """The engines chosen by ``wait_for_engines`` and the facts each reported."""
+    ids = list(engines.engine_ids)
+    futures = [engines.info_futures[eid] for eid in ids]
+    infos = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    startup.mark("torch imported on every engine")
+    try:
+        addresses = await asyncio.gather(
+            *(asyncio.wrap_future(engines.address_futures[eid]) for eid in ids)
+        )
+    except ipp.error.RemoteError as exc:  # e.g. network_interface missing on a host
+        raise ClusterError(f"{exc.ename}: {exc.evalue}") from None
+    infos = [{**info, **addr} for info, addr in zip(infos, addresses, strict=True)]
+    here = local_pid_space()
+    for eid, info in zip(ids, infos, strict=True):
+        # another host's wall clock is not ours: its process start is left out
+        startup.engine_facts(eid, info, same_clock=info.get("pid_space") == here)
+    engines.launch_hosts = {
+        eid: str(info.get("launch_host", "")) for eid, info in zip(ids, infos, strict=True)
+    }
+    if engines.ipp is not None:
+        attach_nannies(engines.ipp, dict(zip(ids, infos, strict=True)))
+    watch_engines(engines, list(zip(ids, infos, strict=True)))
+    return ids, list(infos)
+
+
+def watch_engines(engines: EngineSet, new: list[tuple[int, dict[str, Any]]]) -> None:
+    """Have the kernel report these engines' deaths (a local cluster's engines have no
+    nanny to do it; ``new`` are (engine id, the facts it reported))."""
+    watch = engines.watch
+    if watch is None:
+        return
+    here = local_pid_space()
+    for eid, info in new:
+        if info.get("pid_space") == here:
+            watch.watch(eid, int(info["pid"]))
+
+
+def engine_info(engine_id: int, info: dict[str, Any]) -> EngineInfo:
+    return EngineInfo(
+        engine_id=engine_id,
+        host=info["host"],
+        pid=info["pid"],
+        address=info["address"],
+        cuda_devices=info["cuda_devices"],
+        cpus=info["cpus"],
+        pid_space=info.get("pid_space", ""),
+    )
