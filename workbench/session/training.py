@@ -69,7 +69,7 @@ class TrainingSession:
         )
         self.checkpoint_every = checkpoint_every
         self.keep_last = keep_last
-        # Signs checkpoints' manifests; default: the per-user key file (checkpoint_trust).
+        # Signs checkpoints' manifests; default: the per-user key file (checkpoint.trust).
         self.checkpoint_key = checkpoint_key
         self.last_recovery: str | None = None  # what the last recovery rolled back
         self._interrupted = False
@@ -248,7 +248,7 @@ class TrainingSession:
         # one key; checked (owner, mode) at every save and load, never cached.
         if self.checkpoint_key is not None:
             return self.checkpoint_key
-        from workbench.parallel.checkpoint_trust import checkpoint_key
+        from workbench.parallel.checkpoint.trust import checkpoint_key
 
         return checkpoint_key()
 
