@@ -21,7 +21,7 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
-from workbench.cluster import gpus, launchers, rendezvous
+from workbench.cluster import gpus, rendezvous
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.dispatch import RankDispatch
@@ -30,6 +30,7 @@ from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
 from workbench.cluster.doctor_net import NetworkReport
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.hosts import local_pid_space
+from workbench.cluster.launch import launchers
 from workbench.cluster.loop import OneAtATime, async_first, sync_twin
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.scripts import ScriptRuns

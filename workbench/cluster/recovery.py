@@ -33,11 +33,11 @@ import psutil
 
 from workbench import validate
 from workbench.cluster.elastic import decide_loss, shrunk_ranks
+from workbench.cluster.launch.ssh import attach_nannies
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import relocalize
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
-from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.cluster.start_sequence import open_store, watch_engines
 from workbench.engine import process_group
 from workbench.errors import ClusterError

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from workbench.cluster import fast_stop, launchers, watchdog
+from workbench.cluster import fast_stop, watchdog
+from workbench.cluster.launch import launchers
 from workbench.cluster.processes import reap, started_for, terminate
 from workbench.engine import boot, process_group
 

@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import doctor_env, launchers, rendezvous, warm_start
+from workbench.cluster import doctor_env, rendezvous, warm_start
 from workbench.cluster.direct_channel import open_if_same_network
 from workbench.cluster.engine_watch import EngineWatch
-from workbench.cluster.fork_launcher import ForkEngineSetLauncher
 from workbench.cluster.hosts import local_pid_space, net_space
+from workbench.cluster.launch import launchers
+from workbench.cluster.launch.fork import ForkEngineSetLauncher
+from workbench.cluster.launch.ssh import attach_nannies
+from workbench.cluster.launch.warm import WarmControllerLauncher
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
-from workbench.cluster.ssh_launcher import attach_nannies
-from workbench.cluster.warm_launchers import WarmControllerLauncher
 from workbench.engine import boot, process_group
 from workbench.errors import ClusterError
 

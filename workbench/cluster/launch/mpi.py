@@ -14,7 +14,7 @@ import psutil
 from workbench.errors import ClusterError, ConfigError
 
 if TYPE_CHECKING:
-    from workbench.cluster.launchers import LauncherOptions
+    from workbench.cluster.launch.launchers import LauncherOptions
 
 __all__ = ["check_mpi_slots", "is_openmpi", "preflight_mpi"]
 
