@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.cluster import Cluster, hosts, launchers, rendezvous, signals
+from workbench.cluster import Cluster, rendezvous, signals
+from workbench.cluster.launch import launchers
 from workbench.cluster.ranks import EngineInfo, assign_ranks, relocalize
+from workbench.engine import hosts
 from workbench.errors import ClusterError, ConfigError
 
 REMOTE = "some-other-boot-id/4026531836"  # a pid space that is not this process's

@@ -14,10 +14,11 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
-from workbench.cluster.direct_channel import DirectCells, open_if_same_network
-from workbench.cluster.hosts import net_space
+from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.live_output import LiveWatch, OnOutput
 from workbench.cluster.ranks import RankAssignment
+from workbench.engine.direct_cells import open_if_same_network
+from workbench.engine.hosts import net_space
 from workbench.errors import ConfigError, RankError
 
 if TYPE_CHECKING:

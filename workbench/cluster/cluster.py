@@ -21,7 +21,7 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
-from workbench.cluster import gpus, rendezvous
+from workbench.cluster import gpus
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.dispatch import RankDispatch
@@ -29,7 +29,6 @@ from workbench.cluster.doctor import ClusterDoctor
 from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
 from workbench.cluster.doctor_net import NetworkReport
 from workbench.cluster.engine_watch import EngineWatch
-from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.launch import launchers
 from workbench.cluster.loop import OneAtATime, async_first, sync_twin
 from workbench.cluster.ranks import RankAssignment
@@ -39,6 +38,8 @@ from workbench.cluster.start_sequence import init_process_group, start_engines
 from workbench.cluster.startup import StartupProfile
 from workbench.cluster.tracking import ProcessTracking
 from workbench.config import ClusterConfig
+from workbench.engine import rendezvous_probe
+from workbench.engine.hosts import local_pid_space
 from workbench.errors import (
     ClusterError,
 )
@@ -384,7 +385,7 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
     def address_call(self) -> tuple[Any, ...]:
         """``apply_async`` arguments asking an engine for its reachable address etc."""
         iface = self.launcher_options.network_interface or None
-        return (rendezvous.engine_address, self._controller_address, iface)
+        return (rendezvous_probe.engine_address, self._controller_address, iface)
 
     def client_unchecked(self) -> ipp.Client:
         if self._client is None:

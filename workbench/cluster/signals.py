@@ -15,8 +15,8 @@ import os
 import signal
 from typing import Any
 
-from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.ranks import RankAssignment
+from workbench.engine.hosts import local_pid_space
 
 __all__ = ["signal_rank", "signal_rank_sync"]
 

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 import ipyparallel as ipp
 
 from workbench.cluster import doctor_env, rendezvous, warm_start
-from workbench.cluster.direct_channel import open_if_same_network
 from workbench.cluster.engine_watch import EngineWatch
-from workbench.cluster.hosts import local_pid_space, net_space
 from workbench.cluster.launch import launchers
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
 from workbench.cluster.launch.ssh import attach_nannies
 from workbench.cluster.launch.warm import WarmControllerLauncher
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.engine import boot, process_group
+from workbench.engine.direct_cells import open_if_same_network
+from workbench.engine.hosts import local_pid_space, net_space
 from workbench.errors import ClusterError
 
 if TYPE_CHECKING:  # the cluster is only a parameter here

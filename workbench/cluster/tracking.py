@@ -17,10 +17,10 @@ from typing import Any
 import psutil
 
 from workbench.cluster import watchdog
-from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.processes import is_local, running
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.remote_ends import remote_ends
+from workbench.engine.hosts import local_pid_space
 
 __all__ = ["ProcessTracking"]
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import psutil
 
-from workbench.cluster import hosts as hostinfo
 from workbench.cluster.launch import mpi
 from workbench.cluster.launch.slurm import SlurmJobsEngineSetLauncher
 from workbench.cluster.launch.ssh import SSHParallelEngineSetLauncher
+from workbench.engine import hosts as hostinfo
 from workbench.errors import ClusterError, ConfigError
 
 __all__ = [
