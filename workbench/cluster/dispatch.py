@@ -28,10 +28,11 @@ from workbench.cluster.hang import (
 )
 from workbench.cluster.health import status_rows
 from workbench.cluster.live_output import LiveWatch, OnOutput
+from workbench.cluster.loop import run_anywhere
 from workbench.cluster.processes import FROZEN, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import ABORTED, CellResult, format_remote, reply_metadata
-from workbench.cluster.signals import signal_rank_sync
+from workbench.cluster.signals import signal_rank
 from workbench.errors import (
     ClusterError,
     CollectiveTimeout,
@@ -391,7 +392,7 @@ class RankDispatch:
             return
         targets = self._targets(ranks, blocked_ok=True)
         for r in targets:  # on the engine's own host (signals.py)
-            signal_rank_sync(self.client, r, signal.SIGINT)
+            run_anywhere(signal_rank(self.client, r, signal.SIGINT))
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""
