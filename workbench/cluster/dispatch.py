@@ -390,8 +390,7 @@ class RankDispatch:
         """Send SIGINT to the engines of ``ranks`` (default: all) to stop running code."""
         if self._ipp is None:
             return
-        targets = self._targets(ranks, blocked_ok=True)
-        for r in targets:  # on the engine's own host (signals.py)
+        for r in self._targets(ranks, blocked_ok=True):  # on the engine's own host (signals.py)
             run_anywhere(signal_rank(self.client, r, signal.SIGINT))
 
     def status(self) -> list[dict[str, Any]]:
