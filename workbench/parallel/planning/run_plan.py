@@ -126,8 +126,6 @@ def run_plan(
 
 def strategy_layout(spec: RunSpec, world_size: int) -> Layout:
     """The layout a built-in run applies (the Megatron view: tp over every rank)."""
-    if spec.strategy == "megatron":
-        return Layout(dp=1, tp=world_size)
     return layout_for(spec.strategy, world_size, overlap=spec.overlap)
 
 
