@@ -22,7 +22,7 @@ from tests.parallel import _user_models as um
 from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout
 from workbench.parallel.planning.run_plan import run_plan, strategy_plan
 from workbench.parallel.planning.spec_from_model import planner_optimizer, user_model_spec
-from workbench.parallel.spec import STRATEGIES, RunSpec
+from workbench.parallel.run_spec import STRATEGIES, RunSpec
 from workbench.planner import validate
 
 pytestmark = pytest.mark.engines

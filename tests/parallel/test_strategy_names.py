@@ -13,7 +13,7 @@ import pytest
 from workbench.errors import ParallelError
 from workbench.parallel.parallelize import PRESET_LAYOUTS, STRATEGY_LAYOUTS, layout_for
 from workbench.parallel.planning.run_plan import strategy_layout
-from workbench.parallel.spec import STRATEGIES, RunSpec
+from workbench.parallel.run_spec import STRATEGIES, RunSpec
 
 WORLDS = range(1, 9)
 

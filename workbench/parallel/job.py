@@ -76,7 +76,7 @@ def build_job_step(job: dict[str, Any]) -> TrainStep:
     """This rank's ``TrainStep`` for ``job``, untraced (a batch job records no events)."""
     if job["kind"] == "preset":
         from workbench.parallel.build import build_train_step
-        from workbench.parallel.spec import RunSpec
+        from workbench.parallel.run_spec import RunSpec
 
         return build_train_step(RunSpec(**{**job["spec"], "trace": False}))
     from workbench.parallel.user_model import UserRun, build_user_train_step

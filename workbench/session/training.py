@@ -21,7 +21,7 @@ from workbench.errors import (
     EngineDied,
     RankError,
 )
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 from workbench.session.elastic_run import session_grow
 from workbench.session.rank_failures import (
     closed_group,

@@ -21,7 +21,7 @@ from workbench.errors import ConfigError
 from workbench.parallel.models import build_model, get_config, planner_model
 from workbench.parallel.parallelize import Layout, layout_for
 from workbench.parallel.placement import module_placement
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 from workbench.planner import (
     HardwareSpec,
     LinkSpec,
