@@ -23,7 +23,7 @@ export JUPYTER_CONFIG_DIR := $(STATE)/jupyter/config
 export JUPYTER_DATA_DIR := $(STATE)/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(STATE)/jupyter/runtime
 export JUPYTER_PLATFORM_DIRS := 1
-# The key that signs checkpoint manifests (see workbench/parallel/checkpoint_trust.py).
+# The key that signs checkpoint manifests (see workbench/parallel/checkpoint/trust.py).
 export WORKBENCH_STATE_DIR := $(STATE)/workbench
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 

@@ -82,7 +82,7 @@ def memcpy_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> dict[str, flo
 
 def run(quick: bool = False) -> BenchResult:
     from workbench.cluster import Cluster
-    from workbench.parallel.commbench import allreduce_sweep
+    from workbench.parallel.planning.commbench import allreduce_sweep
 
     top = 1 << 20 if quick else 64 << 20
     sizes = [4096 * 4**k for k in range(12) if 4096 * 4**k <= top]

@@ -43,7 +43,7 @@ def _facts_seconds(repeats: int) -> list[float]:
 def _prediction_and_measurement(cluster: Any) -> tuple[float, float]:
     """The planner's 4 MiB all-reduce time on ``measured_hardware()``'s intra-host link,
     and the slowest rank's median of the same all-reduce measured now."""
-    from workbench.parallel.commbench import allreduce_sweep
+    from workbench.parallel.planning.commbench import allreduce_sweep
     from workbench.planner.comm import all_reduce_time
 
     link = cluster.measured_hardware().intra

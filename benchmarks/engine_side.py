@@ -16,7 +16,7 @@ def traced_allreduce_sweep(sizes: list[int], iters: int, warmup: int) -> list[li
     ``[bytes, seconds, busbw]`` (barriers and warm-up calls included in the events)."""
     import torch.distributed as dist
 
-    from workbench.parallel.commbench import allreduce_sweep
+    from workbench.parallel.planning.commbench import allreduce_sweep
     from workbench.trace import CommTracer, Recorder
 
     recorder = Recorder(dist.get_rank())

@@ -119,7 +119,7 @@ def run(quick: bool = False) -> BenchResult:
     from workbench.cluster import Cluster
     from workbench.engine import train_run
     from workbench.parallel import RunSpec, build_model, get_config
-    from workbench.parallel.commbench import allreduce_sweep
+    from workbench.parallel.planning.commbench import allreduce_sweep
     from workbench.planner import fit_alpha_beta
     from workbench.session.training import TrainingSession
 

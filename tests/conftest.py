@@ -21,7 +21,7 @@ if "IPYTHONDIR" not in os.environ:
     os.environ["JUPYTER_DATA_DIR"] = str(_state / "jupyter" / "data")
     os.environ["JUPYTER_RUNTIME_DIR"] = str(_state / "jupyter" / "runtime")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The checkpoint key (checkpoint_trust) of the test run, not the user's own.
+# The checkpoint key (checkpoint.trust) of the test run, not the user's own.
 os.environ.setdefault("WORKBENCH_STATE_DIR", tempfile.mkdtemp(prefix="wb-test-key-"))
 
 

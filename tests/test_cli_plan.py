@@ -167,7 +167,7 @@ def test_missing_hardware_json_is_one_clear_line(tmp_path, capsys):
 
 
 def test_calibrate_validates_before_starting_any_rank(monkeypatch, capsys):
-    import workbench.parallel.commbench as commbench
+    import workbench.parallel.planning.commbench as commbench
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("ranks were started before the arguments were checked")

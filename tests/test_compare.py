@@ -114,7 +114,7 @@ def test_a_layout_the_planner_cannot_model_is_a_note_not_a_crash() -> None:
 
     from workbench.compare import _checked_validation
     from workbench.demo import StrategyResult
-    from workbench.parallel.model_spec import meta_model, user_model_spec
+    from workbench.parallel.planning.spec_from_model import meta_model, user_model_spec
     from workbench.session.user_training import user_spec
 
     options = {k: v for k, v in BASE.items() if k != "model"}

@@ -232,3 +232,25 @@ def test_no_import_cycle_between_modules() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The subpackages inside a layer, each one concern (its ``__init__`` docstring names it).
+SUBPACKAGES = {
+    "workbench.parallel.checkpoint": "parallel",
+    "workbench.parallel.planning": "parallel",
+    "workbench.cluster.launch": "cluster",
+}
+
+
+def test_every_package_says_what_it_holds() -> None:
+    packages = sorted(p.parent for p in PACKAGE.rglob("__init__.py"))
+    silent = [
+        _module_name(p / "__init__.py")
+        for p in packages
+        if not ast.get_docstring(ast.parse((p / "__init__.py").read_text()))
+    ]
+    assert silent == []
+    found = {_module_name(p / "__init__.py") for p in packages if PACKAGE not in (p, p.parent)}
+    assert found == set(SUBPACKAGES)
+    for name, layer in SUBPACKAGES.items():
+        assert LAYERS[_layer(name)][0] == layer  # type: ignore[index]

@@ -22,7 +22,7 @@ from workbench.cluster import Cluster
 from workbench.cluster.hang import hang_report, read_status
 from workbench.config import ClusterConfig
 from workbench.errors import ConfigError
-from workbench.parallel.spec import MAX_BATCH_SIZE, MAX_SEED, RunSpec
+from workbench.parallel.run_spec import MAX_BATCH_SIZE, MAX_SEED, RunSpec
 
 # Any float at all, NaN and both infinities included, plus the values users type by mistake.
 _FLOATS = st.one_of(

@@ -32,7 +32,7 @@ _LAZY: dict[str, str] = {
     "Dashboard": "workbench.ui.dashboard",
     "PlannerWidget": "workbench.ui.planner",
     "plan": "workbench.planner",
-    "plan_from": "workbench.parallel.plan_from",
+    "plan_from": "workbench.parallel.planning.plan_from",
     "traced": "workbench.engine.traced",
 }
 

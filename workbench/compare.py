@@ -163,8 +163,12 @@ def _planner(
         return None
     import torch
 
-    from workbench.parallel.measure import first_batch
-    from workbench.parallel.model_spec import meta_model, planner_optimizer, user_model_spec
+    from workbench.parallel.planning.measure import first_batch
+    from workbench.parallel.planning.spec_from_model import (
+        meta_model,
+        planner_optimizer,
+        user_model_spec,
+    )
 
     try:
         spec = user_model_spec(model)
@@ -183,8 +187,8 @@ def _planner(
 def _validation(
     result: StrategyResult, spec: UserSpec, planned: tuple[Any, int, str, Any], world: int
 ) -> dict[str, Any]:
-    from workbench.parallel.model_spec import planner_precision
-    from workbench.parallel.run_plan import run_plan
+    from workbench.parallel.planning.run_plan import run_plan
+    from workbench.parallel.planning.spec_from_model import planner_precision
     from workbench.planner import validate
 
     model, seq, optimizer, module = planned

@@ -18,8 +18,8 @@ from typing import Any
 
 from workbench.cluster import Cluster
 from workbench.engine.equivalence import compare_with_reference
-from workbench.parallel.run_plan import strategy_plan
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.planning.run_plan import strategy_plan
+from workbench.parallel.run_spec import RunSpec
 from workbench.planner import validate
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
 from workbench.report import ReportSection, write_report

@@ -51,7 +51,7 @@ def _key_dir(session: TrainingSession) -> str | None:
             "never from the job folder. Save the key as checkpoint.key (mode 0600) in a "
             "folder, set WORKBENCH_STATE_DIR to it and make the stepper without checkpoint_key="
         )
-    from workbench.parallel.checkpoint_trust import checkpoint_key, state_dir
+    from workbench.parallel.checkpoint.trust import checkpoint_key, state_dir
 
     checkpoint_key()
     return str(state_dir())
@@ -180,7 +180,7 @@ def export_job(
         _check_user_layout(job["layout"], shape.world_size)
     key_dir = None
     if job.get("checkpoint"):
-        from workbench.parallel.checkpoint_trust import checkpoint_key, state_dir
+        from workbench.parallel.checkpoint.trust import checkpoint_key, state_dir
 
         checkpoint_key()  # as a save would: the job refuses to start without it
         key_dir = str(state_dir())

@@ -20,7 +20,7 @@
 # %% [markdown]
 # ## 1. Measuring the all-reduce
 #
-# `workbench.parallel.commbench.allreduce_sweep` runs on every rank of the process group:
+# `workbench.parallel.planning.commbench.allreduce_sweep` runs on every rank of the process group:
 # for each message size it times an fp32 all-reduce (median of 5, after a barrier that
 # lines the ranks up). We run it on the engines and keep rank 0's numbers.
 #
@@ -32,7 +32,7 @@
 
 # %%
 import workbench
-from workbench.parallel.commbench import DEFAULT_SIZES, allreduce_sweep
+from workbench.parallel.planning.commbench import DEFAULT_SIZES, allreduce_sweep
 from workbench.trace import bus_factor
 
 cluster = workbench.Cluster.current()

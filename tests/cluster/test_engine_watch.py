@@ -16,10 +16,11 @@ from jupyter_client.session import Session
 from tests.processes import BOUND_S
 from workbench.cluster import Cluster, signals
 from workbench.cluster.engine_watch import EngineWatch
-from workbench.cluster.fork_launcher import ForkEngineSetLauncher
-from workbench.cluster.hosts import local_pid_space
+from workbench.cluster.launch.fork import ForkEngineSetLauncher
+from workbench.cluster.loop import run_anywhere
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.start_sequence import make_ipp_cluster
+from workbench.engine.hosts import local_pid_space
 
 pytestmark = pytest.mark.engines
 
@@ -113,12 +114,12 @@ def test_local_engines_start_without_a_nanny_and_ranks_here_are_signalled_by_pid
                 asked.append(args)
                 raise RuntimeError("no nanny")
 
-        assert signals.signal_rank_sync(NoNanny(), rank, signal.SIGTERM)
+        assert run_anywhere(signals.signal_rank(NoNanny(), rank, signal.SIGTERM))
         deadline = time.monotonic() + BOUND_S
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert proc.returncode == -signal.SIGTERM
-        assert not signals.signal_rank_sync(NoNanny(), rank, signal.SIGTERM)  # gone now
+        assert not run_anywhere(signals.signal_rank(NoNanny(), rank, signal.SIGTERM))  # gone now
         assert asked == []
     finally:
         proc.kill()

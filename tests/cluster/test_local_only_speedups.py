@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from workbench.cluster import Cluster, RankAssignment, fast_stop, shutdown
-from workbench.cluster.fork_launcher import ForkEngineSetLauncher
+from workbench.cluster.launch.fork import ForkEngineSetLauncher
 from workbench.cluster.start_sequence import controller_args, make_ipp_cluster
 from workbench.engine import boot, process_group, zygote
 

@@ -9,7 +9,7 @@ import gc
 import pytest
 
 from workbench.cluster import Cluster
-from workbench.cluster.loop import async_first, run_sync, sync_twin
+from workbench.cluster.loop import async_first, run_anywhere, run_sync, sync_twin
 
 
 class Counter:
@@ -57,3 +57,31 @@ def test_the_cluster_follows_the_rule() -> None:
         cluster.start()  # a script that forgot the twin: nothing starts, and it says so
         gc.collect()
     assert cluster.state == "stopped"
+
+
+async def _where() -> str:
+    """A coroutine that, like ``signals.signal_rank``, only waits; names its thread."""
+    import threading
+
+    await asyncio.sleep(0)
+    return threading.current_thread().name
+
+
+def test_run_anywhere_runs_a_coroutine_from_any_synchronous_caller() -> None:
+    # From plain code (a script, the kernel's thread): on the workbench loop.
+    assert run_anywhere(_where()) == "workbench-cluster-loop"
+
+    # From synchronous code running on the workbench loop itself (run_sync refuses there:
+    # the loop cannot wait on itself): on a short-lived thread of its own.
+    async def on_the_loop() -> str:
+        with pytest.raises(RuntimeError, match="run_sync called from the workbench loop"):
+            run_sync(_where())
+        return run_anywhere(_where())
+
+    assert run_sync(on_the_loop()).startswith("workbench-run-anywhere")
+
+    # From a thread whose own loop is running (a Jupyter kernel's): on the workbench loop.
+    async def in_another_loop() -> str:
+        return run_anywhere(_where())
+
+    assert asyncio.run(in_another_loop()) == "workbench-cluster-loop"

@@ -51,15 +51,15 @@ def test_more_engines_than_cores_without_hosts_is_refused_before_mpiexec_runs(
 
 
 def test_oversubscribe_or_a_placement_option_is_the_users_choice(tmp_path: Path) -> None:
-    from workbench.cluster import launchers, mpi_checks
+    from workbench.cluster.launch import launchers, mpi
 
     mpiexec, _ = _fake_openmpi(tmp_path)
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     for extra in (["--oversubscribe"], ["--map-by", ":OVERSUBSCRIBE"], ["--host", "a:8"]):
         options = launchers.parse_options("mpi", {"mpiexec": mpiexec, "mpi_args": extra})
-        mpi_checks.check_mpi_slots(cores + 1, [], options)  # no error: mpiexec decides
+        mpi.check_mpi_slots(cores + 1, [], options)  # no error: mpiexec decides
     options = launchers.parse_options("mpi", {"mpiexec": mpiexec})
-    mpi_checks.check_mpi_slots(cores, [], options)  # fits on this machine
-    mpi_checks.check_mpi_slots(cores + 1, ["node1", "node2"], options)  # hosts named
+    mpi.check_mpi_slots(cores, [], options)  # fits on this machine
+    mpi.check_mpi_slots(cores + 1, ["node1", "node2"], options)  # hosts named
     with pytest.raises(ConfigError, match="neither hosts nor a hostfile"):
-        mpi_checks.check_mpi_slots(cores + 1, [], options)
+        mpi.check_mpi_slots(cores + 1, [], options)

@@ -1,5 +1,5 @@
 """The processes the workbench kernel starts ahead (cluster/warm_start.py,
-warm_launchers.py, kernel_launcher.py), the engines' forker and the controller: taken by the
+launch/warm.py, kernel_launcher.py), the engines' forker and the controller: taken by the
 first local cluster when its environment matches, given up (and stopped) when it does not,
 and never left running — not when the kernel exits, not when it is killed."""
 
@@ -157,13 +157,13 @@ class _Launcher:
 def test_a_process_that_dies_before_its_request_is_sent_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workbench.cluster import warm_launchers
+    from workbench.cluster.launch import warm
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE)
     dead.wait(BOUND_S)  # its pipe has no reader now: the request cannot be written
     monkeypatch.setattr(warm_start, "take", lambda role, env: (dead, {}))
     launcher = _Launcher(str(tmp_path / "out.log"))
-    assert warm_launchers.start_warm(launcher, "engines", ["2"]) is False
+    assert warm.start_warm(launcher, "engines", ["2"]) is False
     assert launcher.state == "before"  # the launcher starts its own process instead
 
 

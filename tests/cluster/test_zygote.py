@@ -1,5 +1,5 @@
 """A local cluster's engines are forked from one process that imported torch once
-(engine/zygote.py, cluster/fork_launcher.py): each is its own process with its own random
+(engine/zygote.py, cluster/launch/fork.py): each is its own process with its own random
 stream, the forking process passes signals on and outlives them, and an engine that exits
 while the cluster starts fails the start at once instead of at ``start_timeout``."""
 
@@ -18,7 +18,7 @@ import pytest
 
 from tests.processes import BOUND_S, alive
 from workbench.cluster import Cluster
-from workbench.cluster.fork_launcher import ForkEngineSetLauncher
+from workbench.cluster.launch.fork import ForkEngineSetLauncher
 from workbench.engine import zygote
 
 pytestmark = pytest.mark.engines

@@ -12,7 +12,7 @@ import torch
 from tests.gpu._gpt import PLANNED, gpt_step
 from workbench.parallel.data import make_dataset
 from workbench.parallel.models import GPTConfig, build_model, loss_fn_for
-from workbench.parallel.plan_from import plan_from
+from workbench.parallel.planning.plan_from import plan_from
 from workbench.planner.plan import Plan
 
 MICRO_BATCH = 8

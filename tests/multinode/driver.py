@@ -97,7 +97,7 @@ def _mine() -> list[str]:
 
 
 def _ranks(cluster: Any) -> list[dict[str, Any]]:
-    from workbench.cluster.hosts import local_pid_space
+    from workbench.engine.hosts import local_pid_space
 
     return [
         {

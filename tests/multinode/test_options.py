@@ -12,8 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.cluster import Cluster, hosts, launchers, rendezvous, signals
+from workbench.cluster import Cluster, rendezvous, signals
+from workbench.cluster.launch import launchers
+from workbench.cluster.loop import run_anywhere
 from workbench.cluster.ranks import EngineInfo, assign_ranks, relocalize
+from workbench.engine import hosts
 from workbench.errors import ClusterError, ConfigError
 
 REMOTE = "some-other-boot-id/4026531836"  # a pid space that is not this process's
@@ -123,10 +126,10 @@ def test_a_remote_pid_is_never_used_locally(monkeypatch: pytest.MonkeyPatch) -> 
         def send_signal(self, *args: object, **kwargs: object) -> None:
             raise RuntimeError("engine gone")
 
-    assert not signals.signal_rank_sync(NoNanny(), cluster.ranks[0], signal.SIGINT)
+    assert not run_anywhere(signals.signal_rank(NoNanny(), cluster.ranks[0], signal.SIGINT))
     assert killed == []  # not even as a fallback
     local = replace(cluster.ranks[0], pid_space=hosts.local_pid_space())
-    assert signals.signal_rank_sync(NoNanny(), local, signal.SIGINT)
+    assert run_anywhere(signals.signal_rank(NoNanny(), local, signal.SIGINT))
     assert killed == [me]
 
 

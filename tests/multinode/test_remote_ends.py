@@ -14,10 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.cluster import launchers, watchdog
+from workbench.cluster import watchdog
+from workbench.cluster.launch import launchers
+from workbench.cluster.launch.slurm import SlurmJobsEngineSetLauncher, job_ids
+from workbench.cluster.launch.ssh import FastSSHEngineLauncher
 from workbench.cluster.remote_ends import end_cluster_line, remote_ends
-from workbench.cluster.slurm_launcher import SlurmJobsEngineSetLauncher, job_ids
-from workbench.cluster.ssh_launcher import FastSSHEngineLauncher
 
 pytestmark = pytest.mark.engines
 

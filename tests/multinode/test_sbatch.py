@@ -33,7 +33,7 @@ TOL = 1e-6
 
 _WRITE_RUN_JSON = """
 import json, sys
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 from workbench.session.job_files import job_for_run
 spec = RunSpec(**json.loads(sys.argv[1]))
 with open(sys.argv[2], "w") as f:

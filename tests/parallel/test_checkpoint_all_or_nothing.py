@@ -21,7 +21,7 @@ from tests.harness import run_ranks
 from workbench.errors import CheckpointError
 from workbench.parallel import RunSpec, build_train_step
 from workbench.parallel.checkpoint import load_checkpoint, save_checkpoint
-from workbench.parallel.checkpoint_trust import MANIFEST, write_manifest
+from workbench.parallel.checkpoint.trust import MANIFEST, write_manifest
 from workbench.parallel.step import TrainStep
 
 KEY = b"all-or-nothing-test-key-32-bytes"

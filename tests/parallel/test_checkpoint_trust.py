@@ -18,8 +18,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
 from workbench.errors import CheckpointError
 from workbench.parallel import RunSpec, build_train_step
 from workbench.parallel.checkpoint import load_checkpoint, save_checkpoint
-from workbench.parallel.checkpoint_reader import WeightsOnlyPlanner, load_metadata
-from workbench.parallel.checkpoint_trust import (
+from workbench.parallel.checkpoint.reader import WeightsOnlyPlanner, load_metadata
+from workbench.parallel.checkpoint.trust import (
     MANIFEST,
     checkpoint_key,
     file_digest,
@@ -159,8 +159,8 @@ def test_a_huge_meta_json_is_neither_listed_nor_read_whole(tmp_path: Path) -> No
     load refuses it, each reading at most ``SMALL_FILE_BYTES`` of it."""
     import resource
 
-    from workbench.parallel.checkpoint_layout import list_checkpoints
-    from workbench.parallel.checkpoint_trust import SMALL_FILE_BYTES
+    from workbench.parallel.checkpoint.layout import list_checkpoints
+    from workbench.parallel.checkpoint.trust import SMALL_FILE_BYTES
 
     ts, path = _saved(tmp_path / "ckpt")
     assert [m["step"] for m in list_checkpoints(tmp_path / "ckpt")] == [1]

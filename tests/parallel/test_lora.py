@@ -89,9 +89,9 @@ def _expected_bytes(layout: str) -> dict[str, int]:
 @pytest.mark.slow
 def test_lora_under_ddp_and_fsdp_matches_one_device_and_traces_frozen_weights() -> None:
     from workbench.parallel.hf import tiny_llama_lora
-    from workbench.parallel.model_spec import meta_model, user_model_spec
     from workbench.parallel.parallelize import Layout
-    from workbench.parallel.run_plan import run_plan
+    from workbench.parallel.planning.run_plan import run_plan
+    from workbench.parallel.planning.spec_from_model import meta_model, user_model_spec
     from workbench.planner import validate
 
     per_rank = run_ranks(_lora_runs, timeout=600)
@@ -152,7 +152,7 @@ def report_fraction(samples: list[dict[str, Any]]) -> float:
 
 def test_plan_from_reads_the_trainable_fraction_from_requires_grad() -> None:
     from workbench.parallel.hf import causal_lm_loss, tiny_llama_lora
-    from workbench.parallel.plan_from import plan_from
+    from workbench.parallel.planning.plan_from import plan_from
 
     model = tiny_llama_lora()
     n = sum(p.numel() for p in model.parameters())

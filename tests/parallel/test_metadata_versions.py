@@ -32,7 +32,7 @@ import torch.distributed.checkpoint.metadata as dcp_metadata
 from torch.distributed.checkpoint.metadata import Metadata
 
 from workbench.errors import CheckpointError
-from workbench.parallel.checkpoint_unpickler import _MetadataUnpickler, load_metadata
+from workbench.parallel.checkpoint.unpickler import _MetadataUnpickler, load_metadata
 
 HERE = Path(__file__).resolve().parent
 WRITER = HERE / "metadata_writer.py"

@@ -12,9 +12,9 @@ from torch import nn
 
 from tests.parallel import _user_models as um
 from workbench.errors import ConfigError
-from workbench.parallel.measure import first_batch, measure_activations
-from workbench.parallel.plan_from import plan_from
-from workbench.parallel.run_plan import LOCAL_CPU
+from workbench.parallel.planning.measure import first_batch, measure_activations
+from workbench.parallel.planning.plan_from import plan_from
+from workbench.parallel.planning.run_plan import LOCAL_CPU
 from workbench.planner import ParallelSpec, TrainingSpec, evaluate, model_preset
 
 # The measured size itself, planned on one local CPU rank in the measured precision.
@@ -98,7 +98,7 @@ def _tp_share(plan: object) -> float:
 
 
 def _formula_layer(r: object) -> float:
-    from workbench.parallel.model_spec import user_model_spec
+    from workbench.parallel.planning.spec_from_model import user_model_spec
     from workbench.planner.memory import activation_bytes
 
     x = r.measurement  # type: ignore[attr-defined]

@@ -19,10 +19,10 @@ from torch import nn
 
 from tests.harness import run_ranks
 from tests.parallel import _user_models as um
-from workbench.parallel.model_spec import planner_optimizer, user_model_spec
 from workbench.parallel.parallelize import PRESET_LAYOUTS, Layout
-from workbench.parallel.run_plan import run_plan, strategy_plan
-from workbench.parallel.spec import STRATEGIES, RunSpec
+from workbench.parallel.planning.run_plan import run_plan, strategy_plan
+from workbench.parallel.planning.spec_from_model import planner_optimizer, user_model_spec
+from workbench.parallel.run_spec import STRATEGIES, RunSpec
 from workbench.planner import validate
 
 pytestmark = pytest.mark.engines
@@ -188,7 +188,7 @@ def test_user_model_state_to_the_byte_with_padding_and_uneven_stages(user_runs) 
 def test_plan_from_at_the_layout_it_ran_is_the_tracers(user_runs) -> None:
     """``wb.plan_from`` for the user's model, planned at the layout each run used (2 GPUs,
     the run's batch split): per-rank model state to the byte, activations within 10%."""
-    from workbench.parallel.plan_from import plan_from
+    from workbench.parallel.planning.plan_from import plan_from
     from workbench.parallel.user_options import UserOptions
 
     run = UserOptions()  # the runs' micro-batches and pipeline schedule (gpipe)

@@ -13,15 +13,15 @@ from torch import nn
 from tests.harness import run_ranks
 from tests.parallel import _user_models as um
 from workbench.errors import ConfigError
-from workbench.parallel.model_spec import (
+from workbench.parallel.parallelize import Layout
+from workbench.parallel.planning.run_plan import run_plan
+from workbench.parallel.planning.spec_from_model import (
     meta_model,
     planner_optimizer,
     planner_precision,
     read_shape,
     user_model_spec,
 )
-from workbench.parallel.parallelize import Layout
-from workbench.parallel.run_plan import run_plan
 from workbench.planner import validate
 
 STEPS, BATCH = 3, 8

@@ -15,7 +15,7 @@ SIZES = [65536, 4194304, 16777216]
 
 
 def _sweep(rank: int, world_size: int) -> list[tuple[int, float]]:
-    from workbench.parallel.commbench import allreduce_sweep
+    from workbench.parallel.planning.commbench import allreduce_sweep
 
     return allreduce_sweep(SIZES, iters=5, warmup=1)
 

@@ -14,7 +14,7 @@ FORBIDDEN = ("torch", "numpy", "IPython", "ipywidgets", "ipyparallel", "plotly")
 
 def test_import_planner_loads_no_torch_or_notebook_modules():
     code = (
-        "import sys, workbench.planner, workbench.planner.validate;"
+        "import sys, workbench.planner, workbench.planner.measured;"
         f"print([m for m in {FORBIDDEN!r} if m in sys.modules])"
     )
     out = subprocess.run(

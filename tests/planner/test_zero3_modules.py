@@ -25,8 +25,8 @@ SMALL = ModelSpec(name="small", layers=12, hidden=1024, heads=16, vocab=51200, s
 
 def _uses(model: ModelSpec, recompute: str = "full") -> list[_Use]:
     """The traced micro-batch of a 1536-GPU ZeRO-3 plan of ``model``."""
-    from workbench.planner.comm_time import StepInputs
     from workbench.planner.compute_time import compute_efficiency, stage_compute
+    from workbench.planner.specs import StepInputs
 
     training = TrainingSpec(recompute=recompute, zero3_prefetch="module")
     parallel = ParallelSpec(dp=1536, zero=3)

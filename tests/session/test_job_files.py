@@ -14,9 +14,9 @@ from tests.parallel import _user_models as um
 from workbench.errors import ConfigError
 from workbench.parallel.build import build_train_step
 from workbench.parallel.checkpoint import load_checkpoint
-from workbench.parallel.checkpoint_layout import list_checkpoints
+from workbench.parallel.checkpoint.layout import list_checkpoints
 from workbench.parallel.job import build_job_step, main, read_job, run_job
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 from workbench.session.job_files import JobShape, job_for_run, write_export
 from workbench.session.user_training import user_spec
 

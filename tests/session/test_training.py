@@ -133,7 +133,7 @@ def _run_fingerprint() -> tuple[float, int, int]:
 def _fail_rank1_saves(on: bool) -> None:
     import torch.distributed as dist
 
-    from workbench.parallel import checkpoint
+    from workbench.parallel.checkpoint import save_load as checkpoint
 
     if dist.get_rank() != 1:
         return
@@ -229,7 +229,7 @@ def test_a_key_made_readable_by_others_is_refused_by_the_same_session(
     saved: TrainingSession,
 ) -> None:
     """The key file's owner and mode are checked at every use, not once per session."""
-    from workbench.parallel.checkpoint_trust import key_path
+    from workbench.parallel.checkpoint.trust import key_path
 
     key = key_path()
     assert saved.checkpoint_key is None  # the per-user key file, as a user runs it

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             "different sizes (the fit needs them to separate latency from bandwidth)"
         )
     # torch is imported only once the arguments are known to be good.
-    from workbench.parallel.commbench import DEFAULT_SIZES, run_local_sweep
+    from workbench.parallel.planning.commbench import DEFAULT_SIZES, run_local_sweep
 
     sizes = list(args.sizes or DEFAULT_SIZES)
     samples = run_local_sweep(args.world_size, sizes=sizes, iters=args.iters, warmup=args.warmup)

@@ -11,7 +11,7 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     from workbench.parallel.models import PRESETS
-    from workbench.parallel.spec import STRATEGIES
+    from workbench.parallel.run_spec import STRATEGIES
 
     p = subparsers.add_parser(
         "demo",
@@ -47,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
     from workbench.demo import format_table, run_demo, write_demo_report
     from workbench.errors import ConfigError
     from workbench.parallel.models import PRESETS
-    from workbench.parallel.spec import STRATEGIES
+    from workbench.parallel.run_spec import STRATEGIES
 
     if ":" in args.model:
         return _run_user(args)

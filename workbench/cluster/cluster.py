@@ -18,7 +18,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import ipyparallel as ipp
 
-from workbench.cluster import gpus, launchers, start_sequence
+from workbench.cluster import gpus, start_sequence
 from workbench.cluster.connection import find_connection_file
 from workbench.cluster.dispatch import RankDispatch
 from workbench.cluster.doctor import ClusterDoctor
@@ -26,6 +26,7 @@ from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
 from workbench.cluster.doctor_net import NetworkReport
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.grow import grow as grow_engines
+from workbench.cluster.launch import launchers
 from workbench.cluster.loop import OneAtATime, async_first, sync_twin
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.recovery import RecoveryReport, lost_ranks

@@ -18,30 +18,21 @@ import ipyparallel as ipp
 import zmq
 from jupyter_client.session import Session
 
-from workbench.cluster.hosts import net_space
 from workbench.cluster.live_inbox import LiveInbox, capped, signed_messages
 from workbench.engine.direct_cells import (
     REPLY_TYPE,
     REQUEST_TYPE,
     TARGET,
     json_session,
-    open_direct_cells,
+    open_if_same_network,
 )
+from workbench.engine.hosts import net_space
 
-__all__ = ["DirectCells", "DirectReply", "open_if_same_network"]
+__all__ = ["DirectCells", "DirectReply"]
 
 # A send that cannot be queued (no pipe to the engine) within this long falls back to
 # the controller path; connect() creates the pipe at once, so this is a safety net.
 _SEND_TIMEOUT_MS = 1000
-
-
-def open_if_same_network(kernel_net_space: str | None) -> int | None:
-    """Runs on an engine: open its cell socket when its 127.0.0.1 is the kernel's (same
-    machine, same network namespace) and return the port; else None. An engine in another
-    namespace or on another host never listens for cells."""
-    if kernel_net_space is None or kernel_net_space != net_space():
-        return None
-    return open_direct_cells()
 
 
 def _metadata(content: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from workbench.cluster.cell_routes import CellRoutes, live_watch, send_cell
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.health import status_rows
 from workbench.cluster.live_output import LiveWatch, OnOutput
+from workbench.cluster.loop import run_anywhere
 from workbench.cluster.processes import FROZEN, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import (
@@ -32,7 +33,7 @@ from workbench.cluster.results import (
     format_remote,
     reply_metadata,
 )
-from workbench.cluster.signals import signal_rank_sync
+from workbench.cluster.signals import signal_rank
 from workbench.cluster.stuck import INTERRUPT_GRACE_S, POLL_S, StuckRanks
 from workbench.errors import ClusterError, CollectiveTimeout, EngineDied, RankError
 
@@ -386,7 +387,7 @@ class RankDispatch:
             return
         targets = self._targets(ranks, blocked_ok=True)
         for r in targets:  # on the engine's own host (signals.py)
-            signal_rank_sync(self.engines.client_unchecked(), r, signal.SIGINT)
+            run_anywhere(signal_rank(self.engines.client_unchecked(), r, signal.SIGINT))
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""

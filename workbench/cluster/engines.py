@@ -27,15 +27,16 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
-from workbench.cluster import rendezvous, watchdog
+from workbench.cluster import watchdog
 from workbench.cluster.doctor_env import EnvironmentReport
 from workbench.cluster.engine_watch import EngineWatch
-from workbench.cluster.hosts import local_pid_space
-from workbench.cluster.launchers import LauncherOptions
+from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.cluster.processes import is_local, running
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.remote_ends import remote_ends
 from workbench.config import ClusterConfig
+from workbench.engine import rendezvous_probe
+from workbench.engine.hosts import local_pid_space
 from workbench.errors import ClusterError
 
 __all__ = ["EngineSet", "local_ranks"]
@@ -74,7 +75,7 @@ class EngineSet:
         self.ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
         # Out-of-band status files of the engines (see flight.py) and the watchdog's pid file.
         self.run_dir: str | None = None
-        # engine id -> its pending facts (engine_info; rendezvous.engine_address), asked
+        # engine id -> its pending facts (engine_info; rendezvous_probe.engine_address), asked
         # for as it registers (start_sequence.py)
         self.info_futures: dict[int, Any] = {}
         self.address_futures: dict[int, Any] = {}
@@ -148,7 +149,7 @@ class EngineSet:
     def address_call(self) -> tuple[Any, ...]:
         """``apply_async`` arguments asking an engine for its reachable address etc."""
         iface = self.launcher_options.network_interface or None
-        return (rendezvous.engine_address, self.controller_address, iface)
+        return (rendezvous_probe.engine_address, self.controller_address, iface)
 
     def status_dir_of(self, rank: RankAssignment) -> str | None:
         """Where ``rank`` writes its out-of-band status: the run directory when the rank

@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-__all__ = ["OneAtATime", "async_first", "run_sync", "submit", "sync_twin", "wait"]
+__all__ = ["OneAtATime", "async_first", "run_anywhere", "run_sync", "submit", "sync_twin", "wait"]
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -58,17 +58,31 @@ def run_sync(coro: Coroutine[Any, Any, T] | _Call[T], timeout: float | None = No
     return wait(submit(coro), timeout)
 
 
+def run_anywhere(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run ``coro`` to its end from synchronous code on any thread: on the workbench loop
+    (``run_sync``), unless this is that loop's own thread, which must not wait on itself;
+    there on a short-lived thread with a loop of its own. For a coroutine that only waits
+    on futures (``signals.signal_rank``), so one implementation serves both callers."""
+    if _loop is None or not _loop.is_running() or _running_loop() is not _loop:
+        return run_sync(coro, timeout)
+    with concurrent.futures.ThreadPoolExecutor(1, "workbench-run-anywhere") as pool:
+        return pool.submit(asyncio.run, coro).result(timeout)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def submit(coro: Coroutine[Any, Any, T] | _Call[T]) -> concurrent.futures.Future[T]:
     """Start ``coro`` on the workbench loop thread now; ``wait`` for it later (the caller
     can do other work meanwhile, e.g. build a progress display)."""
     if isinstance(coro, _Call):
         coro = coro.coroutine()
     loop = _get_loop()
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
+    if _running_loop() is loop:
         coro.close()
         raise RuntimeError("run_sync called from the workbench loop itself; await instead")
     return asyncio.run_coroutine_threadsafe(coro, loop)

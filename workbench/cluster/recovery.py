@@ -35,12 +35,12 @@ import psutil
 from workbench import validate
 from workbench.cluster.elastic import decide_loss, shrunk_ranks
 from workbench.cluster.engines import EngineSet
+from workbench.cluster.launch.ssh import attach_nannies
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment, relocalize
 from workbench.cluster.registration import watch_engines
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
-from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.engine import process_group
 from workbench.errors import ClusterError

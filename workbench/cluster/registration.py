@@ -12,14 +12,14 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import launchers
 from workbench.cluster.engines import EngineSet
-from workbench.cluster.fork_launcher import ForkEngineSetLauncher
-from workbench.cluster.hosts import local_pid_space
+from workbench.cluster.launch import launchers
+from workbench.cluster.launch.fork import ForkEngineSetLauncher
+from workbench.cluster.launch.ssh import attach_nannies
 from workbench.cluster.ranks import EngineInfo
-from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.cluster.startup import StartupProfile
 from workbench.engine import boot
+from workbench.engine.hosts import local_pid_space
 from workbench.errors import ClusterError
 
 __all__ = [

@@ -22,8 +22,8 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.cluster.slurm_launcher import job_ids
-from workbench.cluster.ssh_launcher import FastSSHEngineLauncher
+from workbench.cluster.launch.slurm import job_ids
+from workbench.cluster.launch.ssh import FastSSHEngineLauncher
 
 __all__ = ["RemoteEnds", "end_cluster_line", "remote_ends"]
 

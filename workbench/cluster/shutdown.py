@@ -16,8 +16,9 @@ from typing import Any
 
 import psutil
 
-from workbench.cluster import fast_stop, launchers, watchdog
+from workbench.cluster import fast_stop, watchdog
 from workbench.cluster.engines import EngineSet, local_ranks
+from workbench.cluster.launch import launchers
 from workbench.cluster.processes import reap, started_for, terminate
 from workbench.cluster.ranks import RankAssignment
 from workbench.engine import boot, process_group

@@ -4,7 +4,8 @@ An engine in this very PID namespace (``hosts.pid_space``) is signalled here, by
 once, and a local cluster's engines have no nanny (engine_watch.py). Any other engine is
 signalled through its ipyparallel nanny, a small process beside it on its own host that
 relays control messages (``Client.send_signal``); a remote pid is never signalled here,
-where it may name an unrelated process.
+where it may name an unrelated process. Synchronous callers (``dispatch.interrupt``) run
+``signal_rank`` through ``loop.run_anywhere``: one implementation, no hand-written twin.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import os
 import signal
 from typing import Any
 
-from workbench.cluster.hosts import local_pid_space
 from workbench.cluster.ranks import RankAssignment
+from workbench.engine.hosts import local_pid_space
 
-__all__ = ["signal_rank", "signal_rank_sync"]
+__all__ = ["signal_rank"]
 
 log = logging.getLogger("workbench.cluster")
 
@@ -61,21 +62,6 @@ async def signal_rank(
         future = _via_nanny(client, rank, sig)
         _check(await asyncio.wait_for(asyncio.wrap_future(future), timeout))
     except Exception as exc:  # engine (and nanny) gone, or no reply in time
-        log.debug("could not signal rank %s on %s: %s", rank.rank, rank.host, exc)
-        return False
-    return True
-
-
-def signal_rank_sync(
-    client: Any, rank: RankAssignment, sig: signal.Signals, timeout: float = _REPLY_S
-) -> bool:
-    """``signal_rank`` for synchronous callers (``Cluster.interrupt``)."""
-    here = _by_pid(rank, sig)
-    if here is not None:
-        return here
-    try:
-        _check(_via_nanny(client, rank, sig).result(timeout))
-    except Exception as exc:
         log.debug("could not signal rank %s on %s: %s", rank.rank, rank.host, exc)
         return False
     return True

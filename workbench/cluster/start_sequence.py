@@ -19,10 +19,12 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import doctor_env, launchers, rendezvous, warm_start
+from workbench.cluster import doctor_env, rendezvous, warm_start
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.engines import EngineSet
-from workbench.cluster.fork_launcher import ForkEngineSetLauncher
+from workbench.cluster.launch import launchers
+from workbench.cluster.launch.fork import ForkEngineSetLauncher
+from workbench.cluster.launch.warm import WarmControllerLauncher
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.registration import (
     OnRegister,
@@ -32,7 +34,6 @@ from workbench.cluster.registration import (
     wait_for_engines,
 )
 from workbench.cluster.startup import StartupProfile
-from workbench.cluster.warm_launchers import WarmControllerLauncher
 from workbench.engine import process_group
 from workbench.errors import ClusterError
 

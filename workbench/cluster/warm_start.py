@@ -5,7 +5,7 @@ that forks the engines (``workbench.engine.zygote``, ~1.4 s on a 2-core machine)
 ipyparallel's controller (``cluster/warm_controller.py``, ~0.6 s). The workbench kernel
 (``workbench.kernel_launcher``, the "Python 3 (workbench)" kernel spec) starts both with
 the kernel, so the imports run while the kernel starts and the user reads the notebook;
-the first local cluster's launchers (warm_launchers.py) take them over instead of
+the first local cluster's launchers (launch/warm.py) take them over instead of
 starting their own, and send each its command line (engine/warm_request.py).
 
 A process is taken only where it is what the launcher would have started: the same

@@ -38,6 +38,7 @@ import sys
 from typing import Any
 
 from workbench.engine.await_cells import execute_cell
+from workbench.engine.hosts import net_space
 from workbench.engine.live_push import LivePusher, LiveText
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "cell_port",
     "json_session",
     "open_direct_cells",
+    "open_if_same_network",
 ]
 
 log = logging.getLogger("workbench.engine")
@@ -71,6 +73,15 @@ def open_direct_cells() -> int | None:
     server = DirectCellServer(kernel)
     _SERVER.append(server)
     return server.port
+
+
+def open_if_same_network(kernel_net_space: str | None) -> int | None:
+    """Runs on an engine: open its cell socket when its 127.0.0.1 is the kernel's (same
+    machine, same network namespace) and return the port; else None. An engine in another
+    namespace or on another host never listens for cells."""
+    if kernel_net_space is None or kernel_net_space != net_space():
+        return None
+    return open_direct_cells()
 
 
 def cell_port() -> int | None:

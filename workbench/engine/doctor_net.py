@@ -100,7 +100,7 @@ def _probe_pair(
 def _sweep(group: Any, sizes: Sequence[int], iters: int) -> list[list[float]]:
     """(bytes, median seconds of one all-reduce) at each size, on this rank. A barrier
     before each timed call lines the ranks up, so a late rank's arrival is not counted as
-    the collective's time (as ``parallel/commbench.py``); the median keeps one call that a
+    the collective's time (as ``parallel/planning/commbench.py``); the median keeps one call that a
     busy core delayed from moving the fit."""
     import statistics
 

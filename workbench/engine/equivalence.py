@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.engine.state import engine_state
+from workbench.engine.run_slot import current_run
 
 __all__ = ["compare_user_with_reference", "compare_with_reference"]
 
@@ -30,7 +30,7 @@ def compare_user_with_reference() -> dict[str, Any] | None:
 def _compare(reference: Any) -> dict[str, Any] | None:
     from workbench.parallel import full_state_dict
 
-    train_step = engine_state()["run"]
+    train_step = current_run()
     full = full_state_dict(train_step)
     if full is None:
         return None

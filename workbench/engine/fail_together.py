@@ -22,6 +22,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from workbench.engine.run_slot import drop_run
+from workbench.engine.state import engine_state
 from workbench.errors import CheckpointError, PeerFailed, RankFailed
 
 __all__ = ["fail_together"]
@@ -60,14 +62,8 @@ def _drop_group(dist: Any, store: Any) -> None:
     replaces it."""
     import gc
 
-    from workbench.engine.state import engine_state
-    from workbench.engine.train_run import close_run
-
     engine_state()["failed_store"] = store
-    try:
-        close_run()
-    except Exception:  # a run broken by the failure itself: drop it anyway
-        engine_state().pop("run", None)
+    drop_run()  # a run broken by the failure itself is dropped anyway
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
     gc.collect()

@@ -214,16 +214,13 @@ def teardown_rank(sever: bool = False) -> int:
 
     import torch.distributed as dist
 
-    from workbench.engine.train_run import close_run
+    from workbench.engine.run_slot import RUN, drop_run
 
     # A fresh engine (the first setup_rank) has nothing to drop: skip the full collection,
     # which costs 0.1-0.3 s with torch loaded.
     held = dist.is_available() and dist.is_initialized()
-    held = held or engine_state().get("run") is not None
-    try:
-        close_run()
-    except Exception:  # a run broken by the failure being recovered from: drop it anyway
-        engine_state().pop("run", None)
+    held = held or engine_state().get(RUN) is not None
+    drop_run()  # a run broken by the failure being recovered from is dropped anyway
     if dist.is_available() and dist.is_initialized():
         # shutdown() ends what a group still runs (NCCL aborts its communicators) even
         # while a mesh, DDP or a user variable still holds the group object (destroy alone

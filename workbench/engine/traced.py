@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.engine.run_slot import RUN
 from workbench.engine.state import engine_state
 from workbench.trace.recorder import Recorder
 from workbench.trace.traced import Traced
@@ -44,7 +45,7 @@ def _pause() -> None:
 def _resume() -> None:
     from workbench.engine import flight
 
-    if engine_state().get("run") is None:  # a traced stepper run records its own
+    if engine_state().get(RUN) is None:  # a traced stepper run records its own
         flight.resume_cell_tracer()
 
 

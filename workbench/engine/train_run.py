@@ -11,8 +11,17 @@ from dataclasses import asdict
 from typing import Any, TypeVar
 
 from workbench.engine.fail_together import fail_together
+from workbench.engine.run_slot import (
+    RUN,
+    agreed,
+    autosave_if_due,
+    close_run,
+    current_run,
+    install,
+    summary,
+)
 from workbench.engine.state import engine_state
-from workbench.errors import CheckpointError, ClusterError
+from workbench.errors import CheckpointError
 
 __all__ = [
     "build_run",
@@ -26,33 +35,7 @@ __all__ = [
     "save_run",
 ]
 
-_RUN = "run"
 T = TypeVar("T")
-_AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None, "key": bytes}
-
-
-def _summary(cursor: int) -> dict[str, Any]:
-    train_step = _run()
-    records, new_cursor = train_step.recorder.records_since(cursor)
-    return {
-        "step": train_step.step,
-        "next_phase": train_step.phase,
-        "loss": train_step.last_loss,
-        "records": records,
-        "cursor": new_cursor,
-    }
-
-
-def _run() -> Any:
-    """This rank's training run; a clear error when there is none (a restart or a
-    recovery closed it: the session rebuilds it)."""
-    train_step = engine_state().get(_RUN)
-    if train_step is None:
-        raise ClusterError(
-            "no training run on this rank (the cluster was restarted or recovered since it "
-            "was built); the stepper rebuilds it on its next call, or call session.build()"
-        )
-    return train_step
 
 
 def build_run(
@@ -68,103 +51,62 @@ def build_run(
 
 
 def _build_run(spec_fields: dict[str, Any], autosave: dict[str, Any] | None) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    from workbench.engine import flight
     from workbench.parallel import RunSpec, build_train_step
-    from workbench.trace import Recorder
 
-    close_run()
-    state = engine_state()
     spec = RunSpec(**spec_fields)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    recorder = Recorder(rank, clock=state.get("clock"))
-    if spec.trace:
-        flight.pause_cell_tracer()  # the run's own CommTracer records from here on
-    train_step = build_train_step(spec, recorder=recorder)
-    flight.watch(recorder)
-    state[_AUTOSAVE] = dict(autosave) if autosave else None
-    if spec.trace and train_step.memory_tracer is not None:
-        # A baseline sample before the first phase: the model and optimizer at rest.
-        train_step.memory_tracer.sample(label="start")
-    state[_RUN] = train_step
-    return {"phases": train_step.phases, **_summary(0)}
+    return install(lambda recorder: build_train_step(spec, recorder=recorder), spec.trace, autosave)
 
 
 def together(fn: Callable[..., T], *args: Any) -> T:
     """``fail_together`` for a run on every rank; a plain call for a ``single`` run, which
     lives on one rank: no peer waits for it, so a failure must not close the group."""
-    if getattr(engine_state().get(_RUN), "strategy", None) == "single":
+    if getattr(engine_state().get(RUN), "strategy", None) == "single":
         return fn(*args)
     return fail_together(fn, *args)
 
 
-def _agreed(exc: Exception) -> bool:
-    """A checkpoint error every rank raised at the same point (the group is intact)."""
-    return isinstance(exc, CheckpointError) and exc.ranks is not None
-
-
-def _autosave(train_step: Any) -> tuple[str | None, str | None]:
-    """Checkpoint when a step just finished and autosave asks for this step; returns
-    (path, None), or (None, error) for a failed save (the run itself is fine)."""
-    cfg = engine_state().get(_AUTOSAVE)
-    if not cfg or not train_step.at_step_boundary or train_step.step % int(cfg["every"]):
-        return None, None
-    from workbench.parallel.checkpoint import save_checkpoint
-
-    try:
-        path = save_checkpoint(
-            train_step, cfg["root"], keep_last=cfg.get("keep_last"), key=cfg.get("key")
-        )
-    except CheckpointError as exc:
-        if not _agreed(exc):
-            raise
-        return None, f"automatic checkpoint: {exc}"
-    return str(path), None
-
-
 def run_phases(count: int, cursor: int) -> dict[str, Any]:
     """Run ``count`` phases (crossing step boundaries as needed)."""
-    _run()  # no run is the same on every rank: an error, not a failure to spread
+    current_run()  # no run is the same on every rank: an error, not a failure to spread
     return together(_run_phases, count, cursor)
 
 
 def _run_phases(count: int, cursor: int) -> dict[str, Any]:
-    train_step = _run()
+    train_step = current_run()
     ran, saved, error = [], [], None
     for _ in range(count):
         ran.append(train_step.run_phase())
         if ran[-1] == "optimizer":
-            path, error = _autosave(train_step)
+            path, error = autosave_if_due(train_step)
             saved += [path] if path else []
             if error:
                 break
-    return {"ran": ran, "saved": saved, "error": error, **_summary(cursor)}
+    return {"ran": ran, "saved": saved, "error": error, **summary(cursor)}
 
 
 def run_steps(count: int, cursor: int) -> dict[str, Any]:
     """Finish the step in progress, then run ``count - 1`` more whole steps."""
-    _run()  # no run is the same on every rank: an error, not a failure to spread
+    current_run()  # no run is the same on every rank: an error, not a failure to spread
     return together(_run_steps, count, cursor)
 
 
 def _run_steps(count: int, cursor: int) -> dict[str, Any]:
-    train_step = _run()
+    train_step = current_run()
     losses, saved, error = [], [], None
     for _ in range(count):
         losses.append(train_step.run_step())
-        path, error = _autosave(train_step)
+        path, error = autosave_if_due(train_step)
         saved += [path] if path else []
         if error:
             break
-    return {"losses": losses, "saved": saved, "error": error, **_summary(cursor)}
+    return {"losses": losses, "saved": saved, "error": error, **summary(cursor)}
 
 
 def save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
     """Checkpoint this rank's run under ``root`` (collective: every rank calls it);
     ``key`` signs the manifest (the client's checkpoint key). A failure every rank agreed
     on comes back as ``error`` (the run is intact)."""
-    _run()  # no run is the same on every rank: an error, not a failure to spread
+    current_run()  # no run is the same on every rank: an error, not a failure to spread
     return together(_save_run, root, keep_last, key, cursor)
 
 
@@ -172,19 +114,19 @@ def _save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) 
     from workbench.parallel.checkpoint import save_checkpoint
 
     try:
-        path = save_checkpoint(_run(), root, keep_last=keep_last, key=key)
+        path = save_checkpoint(current_run(), root, keep_last=keep_last, key=key)
     except CheckpointError as exc:
-        if not _agreed(exc):
+        if not agreed(exc):
             raise
-        return {"error": str(exc), "failed_ranks": exc.ranks, **_summary(cursor)}
-    return {"path": str(path), **_summary(cursor)}
+        return {"error": str(exc), "failed_ranks": exc.ranks, **summary(cursor)}
+    return {"path": str(path), **summary(cursor)}
 
 
 def load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
     """Load a checkpoint into this rank's run (collective: every rank calls it); only
     one whose manifest ``key`` signed. A failure every rank agreed on comes back as
     ``error`` (the run is unchanged)."""
-    _run()  # no run is the same on every rank: an error, not a failure to spread
+    current_run()  # no run is the same on every rank: an error, not a failure to spread
     return together(_load_run, root, step, key, cursor)
 
 
@@ -192,12 +134,12 @@ def _load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> di
     from workbench.parallel.checkpoint import load_checkpoint
 
     try:
-        meta = load_checkpoint(_run(), root, step, key=key)
+        meta = load_checkpoint(current_run(), root, step, key=key)
     except CheckpointError as exc:
-        if not _agreed(exc):
+        if not agreed(exc):
             raise
-        return {"error": str(exc), "failed_ranks": exc.ranks, **_summary(cursor)}
-    return {"meta": {k: v for k, v in meta.items() if k != "spec"}, **_summary(cursor)}
+        return {"error": str(exc), "failed_ranks": exc.ranks, **summary(cursor)}
+    return {"meta": {k: v for k, v in meta.items() if k != "spec"}, **summary(cursor)}
 
 
 def list_run_checkpoints(root: str) -> list[dict[str, Any]]:
@@ -207,22 +149,12 @@ def list_run_checkpoints(root: str) -> list[dict[str, Any]]:
 
 
 def pull_events(cursor: int) -> dict[str, Any]:
-    return _summary(cursor)
+    return summary(cursor)
 
 
 def sample_ids() -> dict[int, list[int]]:
     """Step -> the dataset indices this rank took in it (since the run was last built)."""
-    return dict(getattr(_run(), "sample_ids", {}))
-
-
-def close_run() -> None:
-    from workbench.engine import flight
-
-    train_step = engine_state().pop(_RUN, None)
-    if train_step is not None:
-        flight.unwatch(train_step.recorder)
-        train_step.close()
-    flight.resume_cell_tracer()
+    return dict(getattr(current_run(), "sample_ids", {}))
 
 
 def run_reference(spec_fields: dict[str, Any], steps: int) -> list[float]:

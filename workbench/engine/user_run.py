@@ -1,18 +1,20 @@
 """Engine-side functions that build and drive a run of the user's own model.
 
 ``build_user_run`` resolves the shipped factories (``shipping.resolve``), wraps each so a
-failure names the factory, rank and host, and installs the ``TrainStep`` where the
-stepper's other engine functions (``train_run.run_phases`` / ``run_steps`` /
-``pull_events``) find it: from there on a user run is driven exactly like a built-in one.
+failure names the factory, rank and host, and installs the ``TrainStep`` in the run slot
+(``run_slot.install``, as a built-in run is), where the stepper's other engine functions
+(``train_run.run_phases`` / ``run_steps`` / ``pull_events``) find it: from there on a user
+run is driven exactly like a built-in one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from workbench.engine.fail_together import fail_together
+from workbench.engine.run_slot import current_run, install
 from workbench.engine.shipping import Shipped, guard, resolve
-from workbench.engine.state import engine_state, user_namespace
-from workbench.engine.train_run import _AUTOSAVE, _RUN, _summary, close_run
+from workbench.engine.state import user_namespace
 
 __all__ = ["build_user_run", "run_user_reference", "user_shard_indices"]
 
@@ -48,8 +50,6 @@ def build_user_run(
 ) -> dict[str, Any]:
     """(Re)build this rank's run of the user's model; closes any previous run. A factory
     that raises on one rank ends the build on every rank at once (``fail_together``)."""
-    from workbench.engine.fail_together import fail_together
-
     # Resolving the factories touches no collective and fails alike on every rank (a name
     # not defined there): a plain error, the process group stays as it is.
     run = _user_run(payload)
@@ -59,29 +59,11 @@ def build_user_run(
 
 
 def _build_user_run(run: Any, autosave: dict[str, Any] | None) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    from workbench.engine import flight
     from workbench.parallel.user_model import build_user_train_step
-    from workbench.trace import Recorder
 
-    close_run()
-    state = engine_state()
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    recorder = Recorder(rank, clock=state.get("clock"))
-    if run.trace:
-        flight.pause_cell_tracer()
-    try:
-        train_step = build_user_train_step(run, recorder=recorder)
-    except BaseException:
-        flight.resume_cell_tracer()
-        raise
-    flight.watch(recorder)
-    state[_AUTOSAVE] = dict(autosave) if autosave else None
-    if run.trace and train_step.memory_tracer is not None:
-        train_step.memory_tracer.sample(label="start")
-    state[_RUN] = train_step
-    return {"phases": train_step.phases, **_summary(0)}
+    return install(
+        lambda recorder: build_user_train_step(run, recorder=recorder), run.trace, autosave
+    )
 
 
 def run_user_reference(payload: dict[str, Any], steps: int) -> list[float]:
@@ -96,4 +78,4 @@ def user_shard_indices(epoch: int = 0) -> dict[str, Any]:
     """Which samples this rank's sampler deals it in ``epoch`` (the sharding check)."""
     from workbench.parallel.user_model import shard_indices
 
-    return shard_indices(engine_state()[_RUN], epoch)
+    return shard_indices(current_run(), epoch)

@@ -5,7 +5,7 @@ per process: on a small machine, n engines importing it side by side take n time
 from the same cores. Here one process imports it, then forks the n engines, which share
 the imported modules (copy-on-write) and start registering at once. It runs as
 ``python -P .../workbench/engine/zygote.py N <ipengine args>``;
-``workbench.cluster.fork_launcher`` launches it.
+``workbench.cluster.launch.fork`` launches it.
 
 Forking is safe at that point: no Python thread runs, no zmq context or event loop exists
 yet, torch's own thread pools start with the first parallel op, and the one native thread

@@ -29,7 +29,7 @@ from workbench.parallel.models import (
 )
 from workbench.parallel.options import apply_checkpointing, check_precision
 from workbench.parallel.pp import PipelineModule, apply_pp
-from workbench.parallel.spec import OPTIMIZERS, STRATEGIES, RunSpec
+from workbench.parallel.run_spec import OPTIMIZERS, STRATEGIES, RunSpec
 from workbench.parallel.step import PHASES, TrainStep
 from workbench.parallel.tp import GPT_TP_PLAN, MLP_TP_PLAN, apply_tp
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from workbench.errors import ConfigError
 from workbench.parallel.build import build_train_step, full_state_dict, reference_losses_and_params
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 
 __all__ = ["main"]
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from workbench.parallel.checkpoint_reader import describe_failure
+from workbench.parallel.checkpoint.reader import describe_failure
 
 __all__ = ["Failures", "capture", "exchange"]
 

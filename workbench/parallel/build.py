@@ -33,8 +33,8 @@ from workbench.parallel.models import build_model, get_config, loss_fn_for
 from workbench.parallel.options import apply_checkpointing, check_precision, compute_dtype
 from workbench.parallel.parallelize import layout_for, parallelize
 from workbench.parallel.pp import PipelineModule
+from workbench.parallel.run_spec import RunSpec
 from workbench.parallel.seeding import rank_seed, seed_everything
-from workbench.parallel.spec import RunSpec
 from workbench.parallel.step import TrainStep
 from workbench.trace.recorder import Recorder
 

@@ -8,7 +8,7 @@ path (``package.module:attr``) — code travels by name, never pickled, so the j
 exactly what the user's environment has. The layout and options are the notebook's; the
 run draws from the same seed, so rank 0 prints the notebook's losses. With a checkpoint
 section the job saves every ``every`` steps into that directory, signed with the per-user
-key of ``checkpoint_trust`` (``$WORKBENCH_STATE_DIR/checkpoint.key``), as the stepper does.
+key of ``checkpoint.trust`` (``$WORKBENCH_STATE_DIR/checkpoint.key``), as the stepper does.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def build_job_step(job: dict[str, Any]) -> TrainStep:
     """This rank's ``TrainStep`` for ``job``, untraced (a batch job records no events)."""
     if job["kind"] == "preset":
         from workbench.parallel.build import build_train_step
-        from workbench.parallel.spec import RunSpec
+        from workbench.parallel.run_spec import RunSpec
 
         return build_train_step(RunSpec(**{**job["spec"], "trace": False}))
     from workbench.parallel.user_model import UserRun, build_user_train_step

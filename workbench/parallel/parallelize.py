@@ -3,9 +3,9 @@ applied to any model one dimension at a time, as torchtitan's ``parallelize_*`` 
 
 ``parallelize`` reads the sizes from ``ParallelDims`` (one ``DeviceMesh``) and runs
 ``if dims.pp > 1: apply_pp``, ``if dims.tp > 1: apply_tp``, ``if dims.dp > 1: apply_dp or
-apply_fsdp`` — no code branch per named combination. The preset strategy names are
-shorthands for layouts (``layout_for``): ``fsdp`` is ``Layout(zero=3)`` over all ranks,
-``dp_tp`` is ``Layout(tp=2, zero=3)``, and so on.
+apply_fsdp`` — no code branch per named combination. The strategy names are
+shorthands for layouts, one table (``STRATEGY_LAYOUTS``, read by ``layout_for``): ``fsdp``
+is ``Layout(zero=3)`` over all ranks, ``dp_tp`` is ``Layout(tp=2, zero=3)``, and so on.
 
 ZeRO stages use the planner's vocabulary: 0 = DDP (every rank holds everything), 1 = DDP +
 sharded optimizer state (``ZeroRedundancyOptimizer``), 2 = FSDP2 without resharding after
@@ -35,6 +35,7 @@ from workbench.vocab import RUN_ZERO_STAGES
 
 __all__ = [
     "PRESET_LAYOUTS",
+    "STRATEGY_LAYOUTS",
     "ZERO_STAGES",
     "Layout",
     "Parallelized",
@@ -119,9 +120,9 @@ class Layout:
 
 
 def layout_for(strategy: str, world_size: int, *, overlap: bool = True) -> Layout:
-    """The layout a preset strategy name stands for on ``world_size`` ranks."""
-    if strategy not in PRESET_LAYOUTS:
-        raise choices_error("strategy", strategy, sorted(PRESET_LAYOUTS))
+    """The layout a strategy name stands for on ``world_size`` ranks (``STRATEGY_LAYOUTS``)."""
+    if strategy not in STRATEGY_LAYOUTS:
+        raise choices_error("strategy", strategy, sorted(STRATEGY_LAYOUTS))
     w = world_size
     if strategy == "single":
         return Layout(dp=1)
@@ -135,19 +136,27 @@ def layout_for(strategy: str, world_size: int, *, overlap: bool = True) -> Layou
             f"strategy='dp_tp' uses tp=2 and needs an even world_size, got {w}; "
             "valid world sizes: 2, 4, 6, ..."
         )
-    return PRESET_LAYOUTS[strategy](w, overlap)
+    return STRATEGY_LAYOUTS[strategy](w, overlap)
 
 
-# strategy name -> (world_size, overlap) -> Layout.
-PRESET_LAYOUTS: dict[str, Callable[[int, bool], Layout]] = {
+# What each strategy name means, the one table: strategy -> (world_size, overlap) -> Layout.
+# RunSpec's names (spec.STRATEGIES) and dims, the layouts built and the plans all read it.
+STRATEGY_LAYOUTS: dict[str, Callable[[int, bool], Layout]] = {
     "single": lambda w, o: Layout(dp=1),
     "dp": lambda w, o: Layout(dp=w, zero=0, overlap=o),
     "zero1": lambda w, o: Layout(dp=w, zero=1),
     "zero2": lambda w, o: Layout(dp=w, zero=2),
     "fsdp": lambda w, o: Layout(dp=w, zero=3),
     "tp": lambda w, o: Layout(dp=1, tp=w),
+    # tp over every rank too, but applied by hand (megatron.py, build.py), not by DTensor
+    "megatron": lambda w, o: Layout(dp=1, tp=w),
     "pp": lambda w, o: Layout(dp=1, pp=w),
     "dp_tp": lambda w, o: Layout(dp=w // 2, tp=2, zero=3),
+}
+# The names ``parallelize`` applies to any model: all but megatron, whose hand-written layers
+# exist for the built-in models only (so these are the presets a user's own model may take).
+PRESET_LAYOUTS: dict[str, Callable[[int, bool], Layout]] = {
+    name: make for name, make in STRATEGY_LAYOUTS.items() if name != "megatron"
 }
 
 

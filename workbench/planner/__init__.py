@@ -22,6 +22,7 @@ from workbench.planner.flops import (
     model_flops_per_token,
     training_flops,
 )
+from workbench.planner.measured import Comparison, ValidationReport, validate
 from workbench.planner.memory import (
     MemoryBreakdown,
     StateBytes,
@@ -61,7 +62,6 @@ from workbench.planner.specs import (
 )
 from workbench.planner.sweep import ScalingPoint, layouts, scaling, sweep
 from workbench.planner.timing import StepTime, step_time
-from workbench.planner.validate import Comparison, ValidationReport, validate
 
 __all__ = [
     "GPUS",

@@ -19,28 +19,13 @@ hides behind is ``compute_time``'s busiest-stage compute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from workbench.planner.comm import all_gather_time, all_reduce_time, group_link, p2p_time
 from workbench.planner.compute_time import Compute
 from workbench.planner.params import largest_unit, stage_params
-from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, TrainingSpec
+from workbench.planner.specs import StepInputs
 from workbench.planner.zero3_modules import module_dp_time
 
-__all__ = ["StepInputs", "cp_time", "dp_time", "pp_time", "tp_time"]
-
-
-@dataclass(frozen=True, slots=True)
-class StepInputs:
-    """What every collective of a step is sized by: the run as planned, its sequence
-    length and its micro-batches per step (m)."""
-
-    model: ModelSpec
-    training: TrainingSpec
-    parallel: ParallelSpec
-    hardware: HardwareSpec
-    seq: int
-    m: int
+__all__ = ["cp_time", "dp_time", "pp_time", "tp_time"]
 
 
 def dp_time(step: StepInputs, work: Compute, overlap: float) -> tuple[float, float]:

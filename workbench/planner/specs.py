@@ -5,8 +5,9 @@ Validation happens in ``__post_init__`` and raises ``ConfigError`` naming the ba
 the valid range or choices (never ``assert``).
 
 This module holds how a step is run (``TrainingSpec``, ``ParallelSpec`` and their
-vocabulary); what is trained lives in ``model_spec``, what it runs on in ``hardware_spec``
-and the shared field checks in ``spec_checks``. Every spec and choice list is importable
+vocabulary; ``StepInputs``, the four specs and the shapes one step's time is sized by); what
+is trained lives in ``model_spec``, what it runs on in ``hardware_spec`` and the shared
+field checks in ``spec_checks``. Every spec and choice list is importable
 from here.
 """
 
@@ -35,6 +36,7 @@ __all__ = [
     "LinkSpec",
     "ModelSpec",
     "ParallelSpec",
+    "StepInputs",
     "TrainingSpec",
     "assumed_shape",
 ]
@@ -249,3 +251,16 @@ class ParallelSpec:
 
     def with_(self, **changes: Any) -> ParallelSpec:
         return replace_spec(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class StepInputs:
+    """What every collective of a step is sized by: the run as planned, its sequence
+    length and its micro-batches per step (m)."""
+
+    model: ModelSpec
+    training: TrainingSpec
+    parallel: ParallelSpec
+    hardware: HardwareSpec
+    seq: int
+    m: int

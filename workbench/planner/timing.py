@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from workbench.errors import ConfigError
 from workbench.planner.comm import spans_nodes
-from workbench.planner.comm_time import StepInputs, cp_time, dp_time, pp_time, tp_time
+from workbench.planner.comm_time import cp_time, dp_time, pp_time, tp_time
 from workbench.planner.compute_time import (
     compute_efficiency,
     compute_peak,
@@ -37,7 +37,7 @@ from workbench.planner.flops import (
     model_flops_per_token,
     training_flops,
 )
-from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, TrainingSpec
+from workbench.planner.specs import HardwareSpec, ModelSpec, ParallelSpec, StepInputs, TrainingSpec
 
 # compute_efficiency and the FLOP counts live in compute_time and flops; they stay
 # importable from here, where they were first.

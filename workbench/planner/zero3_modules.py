@@ -40,10 +40,9 @@ from typing import TYPE_CHECKING
 
 from workbench.planner.comm import all_gather_time
 from workbench.planner.params import count_params, stage_params
-from workbench.planner.specs import LinkSpec, ModelSpec
+from workbench.planner.specs import LinkSpec, ModelSpec, StepInputs
 
 if TYPE_CHECKING:  # comm_time calls this module for zero3_prefetch='module'
-    from workbench.planner.comm_time import StepInputs
     from workbench.planner.compute_time import Compute
 
 __all__ = [

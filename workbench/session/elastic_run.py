@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from workbench.config import MAX_ENGINES
 from workbench.errors import ConfigError
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 
 if TYPE_CHECKING:
     from workbench.session.training import TrainingSession

@@ -25,7 +25,7 @@ from typing import Any
 from workbench import validate
 from workbench.errors import ConfigError
 from workbench.parallel.job import JOB_FORMAT
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 
 __all__ = ["Export", "JobShape", "job_for_run", "json_option", "write_export"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from workbench.errors import ConfigError
 from workbench.parallel.models import get_config
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 from workbench.trace import Event
 
 __all__ = [

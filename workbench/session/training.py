@@ -21,7 +21,7 @@ from workbench.errors import (
     EngineDied,
     RankError,
 )
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 from workbench.session.elastic_run import session_grow
 from workbench.session.rank_failures import closed_group, error_fields, rank_failure
 from workbench.session.roll_back import recover_and_roll_back, roll_back, where_the_run_was
@@ -64,7 +64,7 @@ class TrainingSession:
         )
         self.checkpoint_every = checkpoint_every
         self.keep_last = keep_last
-        # Signs checkpoints' manifests; default: the per-user key file (checkpoint_trust).
+        # Signs checkpoints' manifests; default: the per-user key file (checkpoint.trust).
         self.checkpoint_key = checkpoint_key
         self.last_recovery: str | None = None  # what the last recovery rolled back
         self._interrupted = False
@@ -243,7 +243,7 @@ class TrainingSession:
         # one key; checked (owner, mode) at every save and load, never cached.
         if self.checkpoint_key is not None:
             return self.checkpoint_key
-        from workbench.parallel.checkpoint_trust import checkpoint_key
+        from workbench.parallel.checkpoint.trust import checkpoint_key
 
         return checkpoint_key()
 

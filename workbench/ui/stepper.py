@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from workbench import validate
 from workbench.cluster import Cluster
 from workbench.errors import ConfigError
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
 from workbench.session.run_state import RankStatus
 from workbench.session.training import TrainingSession, validate_layout

@@ -20,7 +20,7 @@ from workbench.errors import WorkbenchError
 from workbench.parallel.models import PRESETS
 from workbench.parallel.options import PRECISIONS
 from workbench.parallel.pp import SCHEDULES
-from workbench.parallel.spec import OPTIMIZERS, STRATEGIES
+from workbench.parallel.run_spec import OPTIMIZERS, STRATEGIES
 from workbench.plots import (
     comm_timeline_figure,
     loss_figure,

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import CheckpointError
-from workbench.parallel.checkpoint_meta import parse_meta
-from workbench.parallel.checkpoint_trust import read_capped
+from workbench.parallel.checkpoint.meta import parse_meta
+from workbench.parallel.checkpoint.trust import read_capped
 
 __all__ = [
     "PREFIX",

@@ -10,23 +10,23 @@ A checkpoint is a directory ``<root>/step-00000003`` holding
   states (numpy's absent from checkpoints written before runs seeded it);
 - ``meta.json``: step, data position, last loss, strategy, world size and the run's spec;
 - ``manifest.json``: the SHA-256 sum of every other file, signed (HMAC) with a key kept
-  outside the checkpoint (``checkpoint_trust``).
+  outside the checkpoint (``checkpoint.trust``).
 
 Saving is atomic: every rank writes into ``<root>/.tmp-step-00000003``; only after all
 ranks finished does rank 0 write ``meta.json`` and the manifest and rename the directory
-into place (``checkpoint_write``). A save that fails or dies halfway leaves the previous
+into place (``checkpoint.write``). A save that fails or dies halfway leaves the previous
 checkpoint untouched (and at most a ``.tmp-*`` directory that loads ignore and the next
 save removes).
 
 Loading is all-or-nothing: the manifest's signature and every sum are checked (the files
 split among the ranks), ``meta.json`` and the RNG files parsed and checked
-(``checkpoint_verify``), and DCP reads
+(``checkpoint.verify``), and DCP reads
 into copies of the state dicts; the run (weights, optimizer, RNG, step, data position)
-is replaced only once every rank got that far. DCP reads through ``checkpoint_reader``:
+is replaced only once every rank got that far. DCP reads through ``checkpoint.reader``:
 no arbitrary unpickling, even of verified files.
 
 All three functions are collective for distributed strategies: call them on every rank.
-A failure on one rank is exchanged at the next step (``checkpoint_steps``), so every rank
+A failure on one rank is exchanged at the next step (``checkpoint.steps``), so every rank
 raises the same ``CheckpointError`` naming the failing rank(s) and none waits in a
 collective.
 """
@@ -43,8 +43,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from workbench.errors import CheckpointError
-from workbench.parallel.checkpoint_layout import checkpoint_name, list_checkpoints, rng_name
-from workbench.parallel.checkpoint_meta import (
+from workbench.parallel.checkpoint.layout import checkpoint_name, list_checkpoints, rng_name
+from workbench.parallel.checkpoint.meta import (
     FORMAT,
     check_same_model,
     make_meta,
@@ -52,11 +52,11 @@ from workbench.parallel.checkpoint_meta import (
     rng_state,
     set_rng_state,
 )
-from workbench.parallel.checkpoint_reader import VerifiedReader, WeightsOnlyPlanner
-from workbench.parallel.checkpoint_steps import Steps, tagged, world_of
-from workbench.parallel.checkpoint_trust import checkpoint_key, write_manifest
-from workbench.parallel.checkpoint_verify import Verified, verify
-from workbench.parallel.checkpoint_write import commit, prepare, prune, temp_dir, write_json
+from workbench.parallel.checkpoint.reader import VerifiedReader, WeightsOnlyPlanner
+from workbench.parallel.checkpoint.steps import Steps, tagged, world_of
+from workbench.parallel.checkpoint.trust import checkpoint_key, write_manifest
+from workbench.parallel.checkpoint.verify import Verified, verify
+from workbench.parallel.checkpoint.write import commit, prepare, prune, temp_dir, write_json
 from workbench.parallel.step import TrainStep
 
 __all__ = [

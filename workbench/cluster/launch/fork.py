@@ -20,8 +20,8 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher
 from traitlets import default
 
+from workbench.cluster.launch.warm import start_warm
 from workbench.cluster.processes import running
-from workbench.cluster.warm_launchers import start_warm
 from workbench.engine import zygote
 
 __all__ = ["ForkEngineSetLauncher"]

@@ -11,7 +11,8 @@ Two questions the workbench must never answer by guessing:
   towards a peer (``route_source``) is reachable from that peer by construction; a named
   interface (``interface_address``) is the user's explicit choice.
 
-Standard library and psutil only: these run on engines as well as in the kernel.
+Standard library and psutil only: these run on engines as well as in the kernel, so they
+live in the engine package, which the kernel's cluster package sits above.
 """
 
 from __future__ import annotations

@@ -30,11 +30,15 @@ import torch
 from torch import nn
 
 from workbench.errors import ConfigError, WorkbenchError
-from workbench.parallel.measure import ActivationMeasurement, first_batch, measure_activations
-from workbench.parallel.model_spec import meta_model, read_shape, user_model_spec
 from workbench.parallel.parallelize import Layout
 from workbench.parallel.placement import module_placement
-from workbench.parallel.run_plan import LOCAL_CPU
+from workbench.parallel.planning.measure import (
+    ActivationMeasurement,
+    first_batch,
+    measure_activations,
+)
+from workbench.parallel.planning.run_plan import LOCAL_CPU
+from workbench.parallel.planning.spec_from_model import meta_model, read_shape, user_model_spec
 from workbench.planner import HardwareSpec, ParallelSpec, Plan, TrainingSpec, evaluate, plan
 from workbench.planner.memory import activation_bytes
 from workbench.planner.placement import Placement

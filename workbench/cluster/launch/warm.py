@@ -1,6 +1,6 @@
 """Launching by taking over a process the workbench kernel started ahead (warm_start.py).
 
-A local cluster's two launchers (the engines' forker, fork_launcher.py, and the controller)
+A local cluster's two launchers (the engines' forker, launch/fork.py, and the controller)
 first look for a process of their role waiting in this kernel; where one may be taken, they
 send it their command line and then treat it as the process they would have started.
 """

@@ -8,7 +8,7 @@ DCP opens is opened once, without following a symlink, hashed through that same 
 against the manifest's sum, and only then handed to DCP: swapping a shard for another by
 rename after the check changes nothing that is read. A write into the same file while it
 is read changes its ctime, which is compared once DCP is done with it. ``.metadata`` is
-unpickled by ``checkpoint_unpickler`` (DCP's metadata classes only); non-tensor values go
+unpickled by ``checkpoint.unpickler`` (DCP's metadata classes only); non-tensor values go
 through ``torch.load(weights_only=True)``; tensor shards DCP itself reads with
 ``weights_only=True``.
 """
@@ -34,8 +34,8 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
 from workbench.errors import CheckpointError
-from workbench.parallel.checkpoint_trust import MANIFEST, stream_digest
-from workbench.parallel.checkpoint_unpickler import load_metadata
+from workbench.parallel.checkpoint.trust import MANIFEST, stream_digest
+from workbench.parallel.checkpoint.unpickler import load_metadata
 
 __all__ = ["VerifiedReader", "WeightsOnlyPlanner", "describe_failure", "load_metadata"]
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench import validate
-from workbench.errors import ConfigError, ParallelError
+from workbench.errors import ConfigError
 from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.models import PRESETS
 from workbench.parallel.options import PRECISIONS
+from workbench.parallel.parallelize import STRATEGY_LAYOUTS, layout_for
 from workbench.parallel.pp import SCHEDULES
 from workbench.parallel.seeding import DEFAULT_SEED, MAX_SEED
 from workbench.vocab import RUN_OPTIMIZERS
@@ -19,17 +20,8 @@ __all__ = ["DEFAULT_LR", "MAX_BATCH_SIZE", "MAX_SEED", "OPTIMIZERS", "STRATEGIES
 # zero2 / fsdp: fully_shard without / with resharding after forward (ZeRO-2 / ZeRO-3).
 # tp: DTensor tensor parallel.  megatron: hand-written f/g tensor parallel (MLP blocks).
 # pp: pipeline.  dp_tp: 2-D mesh, TP over pairs of ranks, FSDP over the rest.
-STRATEGIES: tuple[str, ...] = (
-    "single",
-    "dp",
-    "zero1",
-    "zero2",
-    "fsdp",
-    "tp",
-    "megatron",
-    "pp",
-    "dp_tp",
-)
+# The names and what each means are one table, parallelize.STRATEGY_LAYOUTS.
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_LAYOUTS)
 OPTIMIZERS = RUN_OPTIMIZERS  # "sgd" has momentum 0.9; see workbench.vocab
 DEFAULT_LR: dict[str, float] = {"sgd": 1e-2, "adamw": 1e-3}
 
@@ -102,27 +94,10 @@ class RunSpec:
         return float(self.lr) if self.lr is not None else DEFAULT_LR[self.optimizer]
 
     def dims(self, world_size: int) -> ParallelDims:
-        """The parallel layout this strategy uses on ``world_size`` ranks."""
-        s, w = self.strategy, world_size
-        if s == "single":
-            return ParallelDims(world_size=1)
-        if w < 2:
-            raise ParallelError(
-                f"strategy={s!r} needs at least 2 ranks, got world_size={w}; "
-                "use strategy='single' on one process"
-            )
-        if s in ("dp", "zero1", "zero2", "fsdp"):
-            return ParallelDims(dp=w, world_size=w)
-        if s in ("tp", "megatron"):
-            return ParallelDims(tp=w, world_size=w)
-        if s == "pp":
-            return ParallelDims(pp=w, world_size=w)
-        if w % 2:
-            raise ParallelError(
-                f"strategy='dp_tp' uses tp=2 and needs an even world_size, got {w}; "
-                "valid world sizes: 2, 4, 6, ..."
-            )
-        return ParallelDims(dp=w // 2, tp=2, world_size=w)
+        """The parallel layout this strategy uses on ``world_size`` ranks (``layout_for``;
+        ``single`` is one device whatever the world size)."""
+        layout = layout_for(self.strategy, world_size, overlap=self.overlap)
+        return layout.dims(1 if self.strategy == "single" else world_size)
 
     def check_batch(self, dims: ParallelDims) -> None:
         """The global batch must split evenly over dp ranks, accumulation and micro-batches."""

@@ -2,7 +2,7 @@
 
 Every rank writes into ``<root>/.tmp-step-00000003``; only once all ranks finished does
 rank 0 rename it to ``<root>/step-00000003``. A save that dies halfway leaves at most a
-``.tmp-*`` directory, which loads ignore (``checkpoint_layout`` lists only committed
+``.tmp-*`` directory, which loads ignore (``checkpoint.layout`` lists only committed
 ones) and the next save removes. The files themselves are fsynced before the rename.
 """
 
@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from workbench.parallel.checkpoint_layout import list_checkpoints
+from workbench.parallel.checkpoint.layout import list_checkpoints
 
 __all__ = ["commit", "prepare", "prune", "temp_dir", "write_json"]
 

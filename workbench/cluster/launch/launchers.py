@@ -22,10 +22,10 @@ from typing import Any
 
 import psutil
 
-from workbench.cluster import hosts as hostinfo
-from workbench.cluster import mpi_checks
-from workbench.cluster.slurm_launcher import SlurmJobsEngineSetLauncher
-from workbench.cluster.ssh_launcher import SSHParallelEngineSetLauncher
+from workbench.cluster.launch import mpi
+from workbench.cluster.launch.slurm import SlurmJobsEngineSetLauncher
+from workbench.cluster.launch.ssh import SSHParallelEngineSetLauncher
+from workbench.engine import hosts as hostinfo
 from workbench.errors import ClusterError, ConfigError
 
 __all__ = [
@@ -210,7 +210,7 @@ def ipp_settings(
         cfg.MPILauncher.mpi_cmd = [options.mpiexec]
         cfg.MPIEngineSetLauncher.mpi_args = mpi_args(n, hosts, options, address, run_dir)
     else:
-        # one job per engine (slurm_launcher.py): a dead engine's job frees its CPUs, so a
+        # one job per engine (launch/slurm.py): a dead engine's job frees its CPUs, so a
         # replacement job can start on its node
         kwargs["engines"] = SlurmJobsEngineSetLauncher
         jobs = cfg.SlurmJobsEngineSetLauncher
@@ -249,7 +249,7 @@ def mpi_args(
         with open(path, "w") as f:
             f.writelines(f"{h} slots={k}\n" for h, k in engines_per_host(hosts, n).items())
         args += ["--hostfile", path]
-    if mpi_checks.is_openmpi(options.mpiexec):
+    if mpi.is_openmpi(options.mpiexec):
         network = _cidr(address) if address else None
         if network:  # keep openmpi's own traffic on the network that joins the hosts
             args += ["--mca", "oob_tcp_if_include", network, "--mca", "btl_tcp_if_include", network]
@@ -262,7 +262,7 @@ def mpi_args(
 
 def sbatch_args(options: LauncherOptions) -> list[str]:
     """Every engine job's sbatch options: partition, account, time limit, the user's own
-    (each job adds its node and ``--nodes=1 --ntasks=1``; see slurm_launcher.py)."""
+    (each job adds its node and ``--nodes=1 --ntasks=1``; see launch/slurm.py)."""
     args = [
         f"--{flag}={value}"
         for flag, value in (
@@ -323,8 +323,8 @@ async def preflight(
     """Before any engine starts: every ssh host answers and has the engines' interpreter.
     (This also opens the shared ssh connection to each host.)"""
     if launcher == "mpi":
-        mpi_checks.preflight_mpi(options)
-        mpi_checks.check_mpi_slots(n, hosts, options)
+        mpi.preflight_mpi(options)
+        mpi.check_mpi_slots(n, hosts, options)
     if launcher == "slurm" and shutil.which("sbatch") is None:
         raise ClusterError(
             "launcher='slurm' needs sbatch on PATH (the Slurm client: apt-get install slurm-client)"

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import CheckpointError
-from workbench.parallel.checkpoint_layout import PREFIX, choose_checkpoint, rng_name
-from workbench.parallel.checkpoint_meta import RngState, parse_meta, parse_rng
-from workbench.parallel.checkpoint_steps import rank_of, world_of
-from workbench.parallel.checkpoint_trust import (
+from workbench.parallel.checkpoint.layout import PREFIX, choose_checkpoint, rng_name
+from workbench.parallel.checkpoint.meta import RngState, parse_meta, parse_rng
+from workbench.parallel.checkpoint.steps import rank_of, world_of
+from workbench.parallel.checkpoint.trust import (
     checkpoint_key,
     read_manifest,
     read_verified,

@@ -21,7 +21,7 @@ from workbench.errors import ConfigError
 from workbench.parallel.models import build_model, get_config, planner_model
 from workbench.parallel.parallelize import Layout, layout_for
 from workbench.parallel.placement import module_placement
-from workbench.parallel.spec import RunSpec
+from workbench.parallel.run_spec import RunSpec
 from workbench.planner import (
     HardwareSpec,
     LinkSpec,
@@ -126,8 +126,6 @@ def run_plan(
 
 def strategy_layout(spec: RunSpec, world_size: int) -> Layout:
     """The layout a built-in run applies (the Megatron view: tp over every rank)."""
-    if spec.strategy == "megatron":
-        return Layout(dp=1, tp=world_size)
     return layout_for(spec.strategy, world_size, overlap=spec.overlap)
 
 

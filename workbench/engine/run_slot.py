@@ -1,0 +1,132 @@
+"""This rank's one training run: where it is installed, found, checkpointed and closed.
+
+A built-in run (``train_run``) and a run of the user's own model (``user_run``) differ only
+in how the ``TrainStep`` is built; both go through ``install`` here (one set-up: the
+recorder, the cell tracer paused while a traced run records its own, the autosave
+settings, the baseline memory sample) and are then driven by the same functions. The
+run lives in ``engine_state()["run"]``, which tests and recovery read too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from workbench.engine.state import engine_state
+from workbench.errors import CheckpointError, ClusterError
+
+__all__ = [
+    "AUTOSAVE",
+    "RUN",
+    "agreed",
+    "autosave_if_due",
+    "close_run",
+    "current_run",
+    "drop_run",
+    "install",
+    "summary",
+]
+
+RUN = "run"
+AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None, "key": bytes}
+
+
+def current_run() -> Any:
+    """This rank's training run; a clear error when there is none (a restart or a
+    recovery closed it: the session rebuilds it)."""
+    train_step = engine_state().get(RUN)
+    if train_step is None:
+        raise ClusterError(
+            "no training run on this rank (the cluster was restarted or recovered since it "
+            "was built); the stepper rebuilds it on its next call, or call session.build()"
+        )
+    return train_step
+
+
+def summary(cursor: int) -> dict[str, Any]:
+    """Where the run stands, with the events recorded since the client's ``cursor``."""
+    train_step = current_run()
+    records, new_cursor = train_step.recorder.records_since(cursor)
+    return {
+        "step": train_step.step,
+        "next_phase": train_step.phase,
+        "loss": train_step.last_loss,
+        "records": records,
+        "cursor": new_cursor,
+    }
+
+
+def install(
+    build: Callable[[Any], Any], trace: bool, autosave: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Close any previous run, build the new one with ``build(recorder)`` and install it.
+
+    ``autosave`` ({"root", "every", "keep_last", "key"}) checkpoints every ``every`` steps.
+    """
+    import torch.distributed as dist
+
+    from workbench.engine import flight
+    from workbench.trace import Recorder
+
+    close_run()
+    state = engine_state()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    recorder = Recorder(rank, clock=state.get("clock"))
+    if trace:
+        flight.pause_cell_tracer()  # the run's own CommTracer records from here on
+    try:
+        train_step = build(recorder)
+    except BaseException:
+        flight.resume_cell_tracer()  # no run records: cells are traced again
+        raise
+    flight.watch(recorder)
+    state[AUTOSAVE] = dict(autosave) if autosave else None
+    if trace and train_step.memory_tracer is not None:
+        # A baseline sample before the first phase: the model and optimizer at rest.
+        train_step.memory_tracer.sample(label="start")
+    state[RUN] = train_step
+    return {"phases": train_step.phases, **summary(0)}
+
+
+def agreed(exc: Exception) -> bool:
+    """A checkpoint error every rank raised at the same point (the group is intact)."""
+    return isinstance(exc, CheckpointError) and exc.ranks is not None
+
+
+def autosave_if_due(train_step: Any) -> tuple[str | None, str | None]:
+    """Checkpoint when a step just finished and autosave asks for this step; returns
+    (path, None), or (None, error) for a failed save every rank agreed on (the run itself
+    is fine)."""
+    cfg = engine_state().get(AUTOSAVE)
+    if not cfg or not train_step.at_step_boundary or train_step.step % int(cfg["every"]):
+        return None, None
+    from workbench.parallel.checkpoint import save_checkpoint
+
+    try:
+        path = save_checkpoint(
+            train_step, cfg["root"], keep_last=cfg.get("keep_last"), key=cfg.get("key")
+        )
+    except CheckpointError as exc:
+        if not agreed(exc):
+            raise
+        return None, f"automatic checkpoint: {exc}"
+    return str(path), None
+
+
+def close_run() -> None:
+    """Close this rank's run, if any, and trace cells again."""
+    from workbench.engine import flight
+
+    train_step = engine_state().pop(RUN, None)
+    if train_step is not None:
+        flight.unwatch(train_step.recorder)
+        train_step.close()
+    flight.resume_cell_tracer()
+
+
+def drop_run() -> None:
+    """``close_run``, and a run broken by a failure (its close raising) dropped anyway."""
+    try:
+        close_run()
+    except Exception:
+        engine_state().pop(RUN, None)
