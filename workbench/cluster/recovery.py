@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from workbench import validate
+from workbench.cluster.doctor_env import compare_new_engines
 from workbench.cluster.elastic import decide_loss, shrunk_ranks
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import relocalize
@@ -40,6 +41,7 @@ from workbench.cluster.signals import signal_rank
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.cluster.start_sequence import open_store, watch_engines
 from workbench.engine import process_group
+from workbench.engine.boot import timed_engine_info
 from workbench.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -251,9 +253,12 @@ async def new_engines(cluster: Cluster, count: int, start: Any) -> list[tuple[in
             )
         await asyncio.sleep(0.02)
     new_ids = sorted(set(client.ids) - before)[:count]
-    infos = await _gather(
-        [client[eid].apply_async(process_group.engine_info) for eid in new_ids],
+    infos = await _gather(  # with the environment the start compared (doctor_env.py)
+        [client[eid].apply_async(timed_engine_info, cluster.check_packages) for eid in new_ids],
         timeout=cluster.config.start_timeout,
+    )
+    cluster.environment = compare_new_engines(
+        cluster.environment, list(zip(new_ids, infos, strict=True)), cluster.check_packages
     )
     facts = await _gather(
         [client[eid].apply_async(*cluster.address_call()) for eid in new_ids],
