@@ -44,6 +44,8 @@ def test_a_throttled_link_is_named_measured_and_planned_for(bed: Bed) -> None:
     with throttled(bed, node, MBIT):
         report = ok(_drive(bed, "net", size=ALL_REDUCE_BYTES, iters=8))
     assert "tbf" not in qdiscs(node)  # the shaper is gone again
+    print(report["summary"], f"\nall-reduce of {ALL_REDUCE_BYTES} B over 4 ranks:", end=" ")
+    print(f"planned {report['predicted_s']:.3f} s, measured {report['measured_s']:.3f} s")
     hosts = report["hosts"]
     crossing = [p for p in report["pairs"] if hosts[p["a"]] != hosts[p["b"]]]
     inside = [p for p in report["pairs"] if hosts[p["a"]] == hosts[p["b"]]]
@@ -74,6 +76,7 @@ def test_a_slowed_engine_is_named_by_the_straggler_report(bed: Bed) -> None:
     assert not group.exists()  # the cgroup is removed afterwards
     assert report["errors"] == []
     straggler = report["straggler"]
+    print(straggler["summary"])
     assert straggler["slowest"] == victim, straggler["summary"]
     assert straggler["excess_s"] > 0
     # the others spent the victim's extra time waiting for it inside the all-reduce
@@ -91,6 +94,7 @@ def test_a_node_with_another_package_version_fails_the_start_naming_it(bed: Bed)
             options={"remote_python": PROBE_PYTHON},
         )
     error = report.get("error") or ""
+    print(error)
     assert error.startswith("ClusterError: the engines' environments differ"), error
     assert f"{PROBE_PACKAGE} differs: " in error
     assert "wbmn1 has 1.0" in error and "wbmn2 has 2.0" in error  # each node, its version
