@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tests.multinode.bed import Bed, Node
 
-__all__ = ["PROBE_PACKAGE", "PROBE_PYTHON", "cpu_quota", "node_packages", "throttled"]
+__all__ = ["CGROUP_CPU", "PROBE_PACKAGE", "PROBE_PYTHON", "cpu_quota", "node_packages", "throttled"]
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 PROBE_PACKAGE = "wbmn-probe"

@@ -15,6 +15,7 @@ import pytest
 from tests.multinode.bed import Bed
 from tests.multinode.checks import HOSTS, ok
 from tests.multinode.shaping import (
+    CGROUP_CPU,
     PROBE_PACKAGE,
     PROBE_PYTHON,
     cpu_quota,
@@ -69,6 +70,8 @@ def test_a_throttled_link_is_named_measured_and_planned_for(bed: Bed) -> None:
 
 
 def test_a_slowed_engine_is_named_by_the_straggler_report(bed: Bed) -> None:
+    if not (CGROUP_CPU / "cpu.cfs_quota_us").exists():
+        pytest.skip(f"the CPU quota needs cgroup v1's cpu controller at {CGROUP_CPU}")
     victim = 3
     with cpu_quota(bed, 0.1) as group:
         report = ok(_drive(bed, "slow", victim=victim, cgroup=str(group), steps=6))
