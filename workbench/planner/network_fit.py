@@ -131,8 +131,8 @@ def fit_ends(rows: Sequence[Sequence[float]], n: int) -> LinkFit:
     large ones'. A least-squares fit weighted for relative error (``fit_alpha_beta``) lets
     the many small sizes set the slope too: on a link that passes a short burst at full
     speed (a token-bucket shaper, a NIC's buffers) it overstated the bandwidth of the
-    bed's 300 Mbit/s link fourfold, and the planner then underestimated a gradient
-    all-reduce as much. ``rms_rel_error`` still says how far the middle sizes are off."""
+    bed's 300 Mbit/s link three- to fourfold, and the planner then underestimated a
+    gradient all-reduce as much. ``rms_rel_error`` still says how far the middle sizes are off."""
     pts = sorted((int(s), float(t)) for s, t in rows)
     base = fit_alpha_beta(pts, n=n, op="all_reduce")  # checks the samples, as elsewhere
     (s0, t0), (s1, t1) = pts[0], pts[-1]
