@@ -553,11 +553,14 @@ class Bed:
             raise BedError(f"{argv} failed ({done.returncode}): {done.stderr[-3000:]}")
         return done
 
-    def drive(self, cfg: dict[str, object], timeout: float = 600) -> dict[str, Any]:
-        """Run ``driver.py`` (the notebook side) as the user on the login node; its report."""
+    def drive(
+        self, cfg: dict[str, object], timeout: float = 600, script: Path = DRIVER
+    ) -> dict[str, Any]:
+        """Run ``script`` (the notebook side: ``driver.py`` unless another driver of this
+        directory is named) as the user on the login node; its report."""
         out = self.home / f"result-{time.monotonic_ns()}.json"
         done = self.run_user(
-            [str(self.python), str(DRIVER), json.dumps(cfg), str(out)],
+            [str(self.python), str(script), json.dumps(cfg), str(out)],
             timeout=timeout,
             check=False,
             cwd=str(DRIVER.parents[2]),

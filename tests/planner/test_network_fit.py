@@ -10,6 +10,8 @@ from workbench.planner.network_fit import (
     PairMeasure,
     all_reduce_busbw,
     choose_pairs,
+    fit_ends,
+    fit_groups,
     measured_hardware,
     percentile,
     slow_pairs,
@@ -94,3 +96,20 @@ def test_one_host_uses_its_intra_link_for_inter() -> None:
     hw = measured_hardware({"intra a": _fit(2, 1e-5, 1e9)}, ranks_per_node=2)  # type: ignore[arg-type]
     assert hw.inter.bandwidth == hw.intra.bandwidth
     assert "one host" in hw.inter.source
+
+
+def test_the_doctor_fits_latency_at_the_small_end_and_bandwidth_at_the_large_end() -> None:
+    sizes = [4096, 65536, 1 << 20, 8 << 20]
+    exact = fit_ends([(s, 2 * 1e-4 + s / 1e9) for s in sizes], n=2)
+    assert exact.latency == pytest.approx(1e-4) and exact.bandwidth == pytest.approx(1e9)
+    # a token-bucket link (the bed's tc tbf): the first 187.5 kB of a message pass at once,
+    # the rest at 37.5 MB/s; what limits a gradient all-reduce is the latter
+    rate, burst = 37.5e6, 187_500
+    bursty = [(s, 2 * 1e-4 + max(0, s - burst) / rate) for s in sizes]
+    big = 8 << 20
+    assert fit_ends(bursty, n=2).predict(big) == pytest.approx(bursty[-1][1])
+    assert fit_ends(bursty, n=2).bandwidth == pytest.approx(rate, rel=0.05)
+    assert fit_alpha_beta(bursty, n=2).bandwidth > 2 * rate  # what the doctor fitted before
+    assert fit_groups({"inter-host": bursty}, {"inter-host": 2})["inter-host"].bandwidth == (
+        fit_ends(bursty, n=2).bandwidth
+    )

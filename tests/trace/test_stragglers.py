@@ -102,3 +102,16 @@ def test_the_matcher_keeps_only_the_last_steps_state() -> None:
     assert sum(d is not None for d in done) == 20  # every step's all-reduce matched
     steps = {int(k.split("|")[1]) for k in matcher.state["seen"]}
     assert steps <= {18, 19} and matcher.state["open"] == {}  # the rest were forgotten
+
+
+def test_a_traced_blocks_own_span_is_not_taken_for_a_step() -> None:
+    """``wb.traced`` emits one span over its whole loop (at the step after the last); a
+    rank that entered the block earlier has a longer one, which must not make it the
+    straggler (on the 2-node bed it named rank 0 instead of the slowed rank)."""
+    events = _steps(late_rank=1, extra_ms=30)
+    for rank, entered in ((0, -500 * MS), (1, -10 * MS)):
+        events.append(PhaseSpan(rank=rank, step=3, phase="traced", start=entered, end=300 * MS))
+    report = straggler_summary(events)
+    assert report.slowest == 1 and report.phase == "forward"
+    assert abs(report.excess_s - 0.030) < 1e-9
+    assert report.step_s == straggler_summary(_steps(late_rank=1, extra_ms=30)).step_s

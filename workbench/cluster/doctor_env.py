@@ -19,7 +19,13 @@ from typing import Any
 from workbench.errors import ClusterError
 from workbench.validate import invalid
 
-__all__ = ["EnvironmentReport", "check_package_names", "environment_report", "flatten"]
+__all__ = [
+    "EnvironmentReport",
+    "check_package_names",
+    "compare_new_engines",
+    "environment_report",
+    "flatten",
+]
 
 # Fields whose difference breaks correctness (besides the user's own packages).
 BREAKING = ("python minor", "torch", "torch git", "cuda", "nccl", "workbench")
@@ -87,6 +93,9 @@ class EnvironmentReport:
     rows: dict[str, dict[str, str]]
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # what was compared: (host, engine id, facts) per engine; engines started later (a
+    # recovery's replacements, a grow) are compared against these
+    engines: list[tuple[str, int, Mapping[str, Any]]] = field(default_factory=list)
 
     @property
     def columns(self) -> list[str]:
@@ -145,7 +154,7 @@ def environment_report(
     labelled: Sequence[tuple[str, int, Mapping[str, Any]]], check_packages: Sequence[str] = ()
 ) -> EnvironmentReport:
     """Compare engines' facts: (host, engine id, ``environment_facts()``) for each."""
-    report = EnvironmentReport(rows=_rows(labelled))
+    report = EnvironmentReport(rows=_rows(labelled), engines=list(labelled))
     breaking = set(BREAKING) | set(check_packages)
     differ = report.differences()
     for name, values in differ.items():
@@ -173,3 +182,17 @@ def refuse_mismatch(report: EnvironmentReport) -> None:
             + "\n  ".join(report.errors)
             + "\ninstall the same versions on every host (see cluster.doctor('env'))"
         )
+
+
+def compare_new_engines(
+    before: EnvironmentReport | None,
+    new: Sequence[tuple[int, Mapping[str, Any]]],
+    check_packages: Sequence[str] = (),
+) -> EnvironmentReport:
+    """Engines started after the start (``(engine id, timed_engine_info())`` each) checked
+    as the start checks its engines, against the engines it compared (``before``): a
+    replacement with another torch or package version fails with the start's message."""
+    labelled = [(str(i["host"]), eid, i.get("environment", {})) for eid, i in new]
+    report = environment_report([*(before.engines if before else []), *labelled], check_packages)
+    refuse_mismatch(report)
+    return report

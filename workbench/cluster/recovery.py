@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 
 from workbench import validate
+from workbench.cluster.doctor_env import compare_new_engines
 from workbench.cluster.elastic import decide_loss, shrunk_ranks
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.launch.ssh import attach_nannies
@@ -43,6 +44,7 @@ from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.engine import process_group
+from workbench.engine.boot import timed_engine_info
 from workbench.errors import ClusterError
 
 __all__ = ["FREE_GRACE_S", "RecoveryReport", "lost_ranks", "new_engines", "recover", "regroup"]
@@ -258,9 +260,12 @@ async def new_engines(
             )
         await asyncio.sleep(0.02)
     new_ids = sorted(set(client.ids) - before)[:count]
-    infos = await _gather(
-        [client[eid].apply_async(process_group.engine_info) for eid in new_ids],
+    infos = await _gather(  # with the environment the start compared (doctor_env.py)
+        [client[eid].apply_async(timed_engine_info, engines.check_packages) for eid in new_ids],
         timeout=engines.config.start_timeout,
+    )
+    engines.environment = compare_new_engines(
+        engines.environment, list(zip(new_ids, infos, strict=True)), engines.check_packages
     )
     facts = await _gather(
         [client[eid].apply_async(*engines.address_call()) for eid in new_ids],

@@ -14,6 +14,7 @@ smaller group holds, so a subgroup's collective keeps all of its time as transfe
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -114,6 +115,26 @@ class StragglerReport:
         return f"<StragglerReport {self.summary()}>"
 
 
+def _step_phases(spans: list[PhaseSpan]) -> list[PhaseSpan]:
+    """The spans that are phases of one step. ``wb.traced``'s own span covers the whole
+    loop and is counted at the step after the last; taken as one more step it adds the
+    block's length, which differs by when each rank entered the block (the 2-node bed
+    named rank 0 for a rank slowed by a CPU quota that way). A span that holds a span of
+    another step is such a block span, and is left out."""
+    by_rank: dict[int, list[PhaseSpan]] = defaultdict(list)
+    for s in spans:
+        by_rank[s.rank].append(s)
+    keep = []
+    for own in by_rank.values():
+        own.sort(key=lambda s: s.start)
+        starts = [s.start for s in own]
+        for s in own:
+            inside = own[bisect.bisect_left(starts, s.start) : bisect.bisect_right(starts, s.end)]
+            if not any(o.step != s.step and o.end <= s.end for o in inside):
+                keep.append(s)
+    return keep
+
+
 def _per_rank_means(spans: list[PhaseSpan]) -> tuple[dict[int, float], dict[int, dict[str, float]]]:
     steps: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     phases: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -137,7 +158,7 @@ def straggler_summary(events: Iterable[Event]) -> StragglerReport:
     """Per-rank step and phase times from a stepper's or a traced loop's events, the waits
     inside collectives, and the slowest rank named."""
     items = list(events)
-    spans = [e for e in items if isinstance(e, PhaseSpan)]
+    spans = _step_phases([e for e in items if isinstance(e, PhaseSpan)])
     step_s, phase_s = _per_rank_means(spans)
     steps = {rank: len({s.step for s in spans if s.rank == rank}) for rank in step_s}
     wait_ns: dict[int, int] = defaultdict(int)
