@@ -338,63 +338,66 @@ class Bed:
     def _start_nodes(self) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
         for node in self.nodes:
-            d = self.root / node.name
-            d.mkdir()
-            (d / "hosts").write_text(self._hosts_text(node))
-            (d / "sshd_config").write_text(
-                f"ListenAddress {node.ip}\nPort 22\nHostKey {self.root}/ssh_host_ed25519_key\n"
-                f"PidFile {d}/sshd.pid\nAuthorizedKeysFile .ssh/authorized_keys\n"
-                "PubkeyAuthentication yes\nPasswordAuthentication no\n"
-                "KbdInteractiveAuthentication no\nPermitRootLogin no\n"
-                f"AllowUsers {self.user}\nUsePAM no\nUseDNS no\nPrintMotd no\nStrictModes no\n"
-                "MaxStartups 200:30:400\nMaxSessions 200\nSubsystem sftp internal-sftp\n"
-            )
-            cfg = {
-                "name": node.name,
-                "pid_base": PID_BASE + node.index * PID_STEP,
-                "hosts": str(d / "hosts"),
-                "expose": EXPOSE,
-                "stage": str(d / "stage"),
-                "daemons": [
-                    ["/usr/sbin/sshd", "-D", "-f", f"{d}/sshd_config", "-E", f"{d}/sshd.log"]
-                ]
-                + (
-                    [["slurmd", "-D", "-N", node.name, "-f", str(self.slurm_conf)]]
-                    if self.slurm
-                    else []
-                ),
-            }
-            # nsenter --net, not `ip netns exec`: the latter remounts /sys (slurmd needs
-            # the real /sys/fs/cgroup). --kill-child: the node's init dies with unshare.
-            with open(d / "init.log", "wb") as log:
-                proc = subprocess.Popen(
-                    [
-                        "nsenter",
-                        f"--net=/run/netns/{node.name}",
-                        "unshare",
-                        "--pid",
-                        "--mount-proc",
-                        "--fork",
-                        "--kill-child",
-                        "--uts",
-                        "--propagation",
-                        "private",
-                        sys.executable,
-                        "-I",
-                        str(NODE_INIT),
-                        json.dumps(cfg),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            node.unshare_pid = proc.pid
-            self._save()
+            self._start_node(node)
 
-    def _wait_for_ssh(self, timeout: float = 60.0) -> None:
+    def _start_node(self, node: Node) -> None:
+        """The node's PID 1 (``node_init.py``) with its sshd (and slurmd) in fresh PID, mount
+        and UTS namespaces joined to its network namespace."""
+        d = self.root / node.name
+        d.mkdir(exist_ok=True)  # a node brought back up (bring_up) keeps its directory
+        (d / "hosts").write_text(self._hosts_text(node))
+        (d / "sshd_config").write_text(
+            f"ListenAddress {node.ip}\nPort 22\nHostKey {self.root}/ssh_host_ed25519_key\n"
+            f"PidFile {d}/sshd.pid\nAuthorizedKeysFile .ssh/authorized_keys\n"
+            "PubkeyAuthentication yes\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nPermitRootLogin no\n"
+            f"AllowUsers {self.user}\nUsePAM no\nUseDNS no\nPrintMotd no\nStrictModes no\n"
+            "MaxStartups 200:30:400\nMaxSessions 200\nSubsystem sftp internal-sftp\n"
+        )
+        cfg = {
+            "name": node.name,
+            "pid_base": PID_BASE + node.index * PID_STEP,
+            "hosts": str(d / "hosts"),
+            "expose": EXPOSE,
+            "stage": str(d / "stage"),
+            "daemons": [["/usr/sbin/sshd", "-D", "-f", f"{d}/sshd_config", "-E", f"{d}/sshd.log"]]
+            + (
+                [["slurmd", "-D", "-N", node.name, "-f", str(self.slurm_conf)]]
+                if self.slurm
+                else []
+            ),
+        }
+        # nsenter --net, not `ip netns exec`: the latter remounts /sys (slurmd needs
+        # the real /sys/fs/cgroup). --kill-child: the node's init dies with unshare.
+        with open(d / "init.log", "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{node.name}",
+                    "unshare",
+                    "--pid",
+                    "--mount-proc",
+                    "--fork",
+                    "--kill-child",
+                    "--uts",
+                    "--propagation",
+                    "private",
+                    sys.executable,
+                    "-I",
+                    str(NODE_INIT),
+                    json.dumps(cfg),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        node.unshare_pid = proc.pid
+        self._save()
+
+    def _wait_for_ssh(self, timeout: float = 60.0, nodes: list[Node] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        for node in self.nodes:
+        for node in self.nodes if nodes is None else nodes:
             while True:
                 done = self.run_user(
                     ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", node.name, "hostname"],
@@ -423,6 +426,41 @@ class Bed:
                 f.truncate(0)
                 f.write(self._hosts_text(node))
         self._save()
+
+    # ------------------------------------------------------------------ failures
+    def node(self, name: str) -> Node:
+        found = [n for n in self.nodes if n.name == name]
+        if not found:
+            raise BedError(f"no node {name!r}: the bed has {[n.name for n in self.nodes]}")
+        return found[0]
+
+    def cut_link(self, name: str) -> float:
+        """Take the node's link down (its veth on the bridge): from here on nothing it
+        sends arrives and nothing reaches it (no reset, no FIN): its peers' connections
+        hang, as with a pulled cable. Returns the ``time.monotonic()`` of the cut."""
+        _run("ip", "link", "set", f"veth-{self.node(name).name}", "down")
+        return time.monotonic()
+
+    def take_down(self, name: str) -> float:
+        """The node goes down whole, as a powered-off host: its link is cut first (so no
+        FIN or reset leaves it: peers see silence, not a closed connection), then every
+        process in its namespaces is killed, sshd and slurmd included (SIGKILL to its
+        PID-namespace init ends them all). Returns the ``time.monotonic()`` of the cut."""
+        node = self.node(name)
+        cut = self.cut_link(name)
+        _stop_node(node)
+        node.unshare_pid = 0
+        self._save()
+        return cut
+
+    def bring_up(self, name: str, timeout: float = 60.0) -> None:
+        """The node back (a host rebooted, or its cable plugged in again): its link up and,
+        when it was taken down, its init with sshd (and slurmd) started afresh."""
+        node = self.node(name)
+        _run("ip", "link", "set", f"veth-{node.name}", "up")
+        if not node.unshare_pid or not psutil.pid_exists(node.unshare_pid):
+            self._start_node(node)
+        self._wait_for_ssh(timeout, [node])
 
     # ------------------------------------------------------------------ slurm
     @property

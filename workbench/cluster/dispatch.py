@@ -328,7 +328,7 @@ class RankDispatch:
         return results
 
     def _lost_error(self, lost: list[int]) -> EngineDied:
-        return lost_engines_error(self.ranks, lost, self.run_dir)
+        return lost_engines_error(self.ranks, lost, self.run_dir, self._client)
 
     def execute(
         self,

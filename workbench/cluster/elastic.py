@@ -54,14 +54,14 @@ def decide_loss(
         by_host.setdefault(r.host, []).append(r.rank)
     for host, on_host in by_host.items():
         if dead_set.issuperset(on_host) and not probe(host):
-            raise HostLost(host, sorted(on_host))
+            raise HostLost.of(host, sorted(on_host))
 
 
 def shrunk_ranks(ranks: list[RankAssignment], drop: list[int]) -> list[RankAssignment]:
     """The ranks left after dropping ``drop``, renumbered 0..n-1 in their old order."""
     kept = [r for r in sorted(ranks, key=lambda r: r.rank) if r.rank not in set(drop)]
     if not kept:
-        raise HostLost("every host", sorted(drop))
+        raise HostLost.of("every host", sorted(drop))
     world = len(kept)
     return relocalize([replace(r, rank=i, world_size=world) for i, r in enumerate(kept)])
 

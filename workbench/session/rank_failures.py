@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from workbench.errors import CollectiveTimeout, EngineDied, RankError
+from workbench.errors import CollectiveTimeout, EngineDied, HostLost, RankError
 from workbench.session.run_state import RankStatus
 
 if TYPE_CHECKING:
@@ -55,6 +55,8 @@ def _remote_failure(future: Any) -> str:
 
 
 def error_fields(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, HostLost):  # re-raised with more words: still naming its host
+        return {"ranks": exc.ranks, "host": exc.host}
     if isinstance(exc, EngineDied):
         return {"ranks": exc.ranks}
     if isinstance(exc, CollectiveTimeout):
