@@ -294,13 +294,14 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
             return await recover(self, shrink=shrink, drop=drop)
 
     @async_first
-    async def grow(self, n: int = 1) -> Any:
-        """Add ``n`` engines as new last ranks and re-create the process group at the bigger
-        world size (after a shrink: back to the size it had). Returns a ``RecoveryReport``."""
+    async def grow(self, n: int = 1, *, hosts: Sequence[str] | str | None = None) -> Any:
+        """Add ``n`` engines as new last ranks (round-robin on ``hosts`` when given: ssh,
+        slurm) and re-create the process group at the bigger world size (after a shrink:
+        back to the size it had). Returns a ``RecoveryReport``."""
         from workbench.cluster.grow import grow
 
         async with self._lifecycle.hold("cluster.grow()"):
-            return await grow(self, n)
+            return await grow(self, n, hosts)
 
     # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
     start_sync = sync_twin(start)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from workbench import validate
 from workbench.cluster.elastic import grown_ranks
+from workbench.cluster.host_placement import check_hosts, placed, start_on
 from workbench.cluster.recovery import RecoveryReport, new_engines, regroup
 from workbench.config import MAX_ENGINES
 from workbench.errors import ClusterError
@@ -21,10 +22,13 @@ if TYPE_CHECKING:
 __all__ = ["grow"]
 
 
-async def grow(cluster: Cluster, count: int) -> RecoveryReport:
-    """Start ``count`` engines where the launcher puts them and add them as the last ranks
-    (a new process group at the bigger world size). The inverse of a shrink."""
+async def grow(cluster: Cluster, count: int, hosts: object = None) -> RecoveryReport:
+    """Start ``count`` engines where the launcher puts them (or round-robin on ``hosts``)
+    and add them as the last ranks (a new process group at the bigger world size). The
+    inverse of a shrink."""
     validate.integer("n", count, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
+    if hosts is not None:
+        hosts = check_hosts("hosts", hosts, cluster.config.launcher)
     cluster.check_controller()
     if cluster.state != "running" or not cluster.ranks:
         raise ClusterError(
@@ -38,7 +42,11 @@ async def grow(cluster: Cluster, count: int) -> RecoveryReport:
         )
     started = time.perf_counter()
     report = RecoveryReport()
-    new = await new_engines(cluster, count, ipp_cluster.start_engines(count))
+    if hosts is None:
+        start = ipp_cluster.start_engines(count)
+    else:
+        start = start_on(ipp_cluster, placed(hosts, count))
+    new = await new_engines(cluster, count, start)
     template = cluster.ranks[-1]
     added = []
     for eid, info in new:

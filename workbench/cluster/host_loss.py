@@ -13,6 +13,7 @@ survivors are then freed by recovery as after any death (``recovery._free_stuck`
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -20,9 +21,12 @@ from typing import Any
 from workbench.cluster.elastic import probe_host
 from workbench.cluster.processes import is_local
 from workbench.cluster.ranks import RankAssignment
+from workbench.engine import control_sever
 from workbench.errors import HostLost
 
-__all__ = ["HOST_SILENCE_S", "host_lost"]
+__all__ = ["HOST_SILENCE_S", "host_lost", "sever_stuck"]
+
+log = logging.getLogger("workbench.cluster")
 
 # An unreachable host's other engines miss the same heartbeats as the first one found dead;
 # the controller drops them within a period or two of it (500 ms each across hosts).
@@ -57,3 +61,18 @@ def host_lost(
 def _registered(client: Any, ranks: list[RankAssignment]) -> bool:
     ids = set(client.ids)
     return any(r.engine_id in ids for r in ranks)
+
+
+def sever_stuck(client: Any, engine_ids: list[int]) -> None:
+    """Ask each engine's control thread to cut its group's connections now
+    (``engine/control_sever.py``): a rank blocked in a collective with a silent host fails
+    out of it at once instead of at the group's timeout. The replies are not waited for:
+    the caller waits for the blocked requests themselves to come back."""
+    if not engine_ids:
+        return
+    try:
+        client._send_control_request(
+            targets=engine_ids, msg_type=control_sever.REQUEST, content={}, block=False
+        )
+    except Exception as exc:  # an engine that left meanwhile: the caller's wait decides
+        log.debug("asking %s to cut their group connections failed: %r", engine_ids, exc)

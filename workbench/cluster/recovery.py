@@ -33,6 +33,7 @@ import psutil
 
 from workbench import validate
 from workbench.cluster.elastic import decide_loss, shrunk_ranks
+from workbench.cluster.host_loss import sever_stuck
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import relocalize
 from workbench.cluster.rendezvous import check_reachable
@@ -165,6 +166,7 @@ async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport)
         return []
     healthy = [r.rank for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
     await _interrupt(cluster, sorted(stuck))  # frees ranks busy in Python code
+    sever_stuck(client, [cluster.ranks[r].engine_id for r in stuck])  # a silent peer's
     leaving = {r: _leave_group(cluster, r) for r in healthy}
     deadline = time.monotonic() + FREE_GRACE_S
     while True:

@@ -184,6 +184,7 @@ def restart(magics: WorkbenchMagics, args: Any) -> None:
 
 def _grow_args(p: MagicParser) -> None:
     p.add_argument("n", type=int, nargs="?", default=1, help="how many ranks to add (1)")
+    p.add_argument("--hosts", default=None, help="start them on these hosts (a,b; ssh, slurm)")
 
 
 @command(
@@ -195,9 +196,9 @@ def grow(magics: WorkbenchMagics, args: Any) -> None:
     cluster = magics.require_cluster()
     session = _session_on(cluster)
     if session is not None and session.built:
-        print(f"workbench: {session.grow(args.n)}")
+        print(f"workbench: {session.grow(args.n, hosts=args.hosts)}")
     else:
-        print(f"workbench: {cluster.grow_sync(args.n)}")
+        print(f"workbench: {cluster.grow_sync(args.n, hosts=args.hosts)}")
     print(f"workbench: {cluster.world_size} ranks ready")
 
 
