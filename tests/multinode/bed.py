@@ -315,25 +315,18 @@ class Bed:
         _run("ip", "addr", "add", f"{self.login_ip}/24", "dev", BRIDGE)
         _run("ip", "link", "set", BRIDGE, "up")
         for node in self.nodes:
-            _run("ip", "netns", "add", node.name)
-            _run(
-                "ip",
-                "link",
-                "add",
-                f"veth-{node.name}",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                node.name,
-            )
-            _run("ip", "link", "set", f"veth-{node.name}", "master", BRIDGE, "up")
-            _run("ip", "-n", node.name, "addr", "add", f"{node.ip}/24", "dev", "eth0")
-            _run("ip", "-n", node.name, "link", "set", "eth0", "up")
-            _run("ip", "-n", node.name, "link", "set", "lo", "up")
+            self._link_node(node)
         self.login_hosts_file.write_text(self._hosts_text(None))
+
+    def _link_node(self, node: Node) -> None:
+        """The node's network namespace, joined to the bridge by a veth pair."""
+        _run("ip", "netns", "add", node.name)
+        veth = f"veth-{node.name}"
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", node.name)
+        _run("ip", "link", "set", veth, "master", BRIDGE, "up")
+        _run("ip", "-n", node.name, "addr", "add", f"{node.ip}/24", "dev", "eth0")
+        _run("ip", "-n", node.name, "link", "set", "eth0", "up")
+        _run("ip", "-n", node.name, "link", "set", "lo", "up")
 
     def _start_nodes(self) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
@@ -461,6 +454,38 @@ class Bed:
         if not node.unshare_pid or not psutil.pid_exists(node.unshare_pid):
             self._start_node(node)
         self._wait_for_ssh(timeout, [node])
+
+    def add_node(self) -> Node:
+        """One more node, ``wbmn<n+1>`` (e.g. a spare host for the run on the others): its
+        network, sshd and host key entry; every ``/etc/hosts`` of the bed names it. Not a
+        Slurm node (the controller's configuration names the nodes it started with)."""
+        i = len(self.nodes) + 1
+        node = Node(i, f"wbmn{i}", f"{SUBNET}.{10 + i}")
+        self._link_node(node)
+        self.nodes.append(node)
+        self.nnodes = len(self.nodes)
+        self._save()  # from here on, `down` removes it with the rest
+        known = self.home / ".ssh" / "known_hosts"
+        key = known.read_text().splitlines()[0].split()[1:]
+        with open(known, "a") as f:
+            f.write(f"{node.name},{node.ip} {key[0]} {key[1]}\n")
+        self._start_node(node)
+        self.set_hosts_style(self.hosts_style)  # the others' /etc/hosts name it too
+        self._wait_for_ssh(60, [node])
+        return node
+
+    def remove_node(self, name: str) -> None:
+        """Undo ``add_node``: the node stopped, its namespace and link gone, unnamed."""
+        node = self.node(name)
+        if node.unshare_pid:
+            _stop_node(node)
+        _run("ip", "netns", "del", node.name, check=False)
+        _run("ip", "link", "del", f"veth-{node.name}", check=False)
+        self.nodes.remove(node)
+        self.nnodes = len(self.nodes)
+        shutil.rmtree(self.root / node.name, ignore_errors=True)
+        self.set_hosts_style(self.hosts_style)
+        self._save()
 
     # ------------------------------------------------------------------ slurm
     @property

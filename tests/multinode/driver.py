@@ -213,6 +213,7 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
         launcher_options=cfg.get("options"),
         start_timeout=cfg.get("start_timeout", 120),
         init_timeout=60,
+        spare_hosts=cfg.get("spare_hosts", ()),
     )
     started = time.perf_counter()
     try:
@@ -228,6 +229,11 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
             _training(cluster, out, home)
         if cfg["scenario"] == "failed_load":
             _failed_load(cluster, out, home)
+        if cfg["scenario"] in ("host_loss", "spare"):  # a sibling: the script's directory
+            import host_loss_scenario as lose
+
+            run = lose.lose_host_and_go_on if cfg["scenario"] == "host_loss" else None
+            (run or lose.lose_host_onto_spare)(cluster, out, home)
         if cfg["scenario"] == "orphan":  # the test SIGKILLs this process (the "kernel")
             out["pid"] = os.getpid()
             tmp = Path(f"{out_path}.tmp")

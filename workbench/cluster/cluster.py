@@ -89,6 +89,7 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
         progress: ProgressCallback | None = None,
         launcher_options: Mapping[str, Any] | None = None,
         check_packages: Sequence[str] | str = (),
+        spare_hosts: Sequence[str] | str = (),
     ) -> None:
         self.config = ClusterConfig(
             n=n,
@@ -100,6 +101,7 @@ class Cluster(ProcessTracking, RankDispatch, ScriptRuns, ClusterDoctor):
             init_timeout=init_timeout,
             start_timeout=start_timeout,
             threads_per_engine=threads_per_engine,
+            spare_hosts=spare_hosts,  # ssh: where a lost host's ranks are started again
         )
         # ssh: remote_python, ssh_args; mpi: hostfile, mpi_args, mpiexec; slurm: partition,
         # time, account, sbatch_args; all three: network_interface (see launchers.py)

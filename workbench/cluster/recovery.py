@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from workbench import validate
-from workbench.cluster.elastic import decide_loss, shrunk_ranks
+from workbench.cluster.elastic import shrunk_ranks
 from workbench.cluster.host_loss import sever_stuck
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import relocalize
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
+from workbench.cluster.spares import move_to_spares
 from workbench.cluster.ssh_launcher import attach_nannies
 from workbench.cluster.start_sequence import open_store, watch_engines
 from workbench.engine import process_group
@@ -316,7 +317,7 @@ async def recover(
         {*report.unresponsive, *(r.rank for r in cluster.ranks if _gone(cluster, r.rank, ids))}
     )
     if not shrink:
-        decide_loss(cluster.ranks, dead)  # a lost host has nowhere to put a replacement
+        move_to_spares(cluster, dead)  # a lost host's ranks: to a spare, or HostLost
     killed = await _free_stuck(cluster, dead, report)
     report.killed = killed
     if shrink:

@@ -40,6 +40,9 @@ def _start_args(p: MagicParser) -> None:
     p.add_argument(
         "--hosts", default="", help="comma-separated hosts for --launcher ssh / mpi / slurm"
     )
+    p.add_argument(
+        "--spare-hosts", default="", help="comma-separated hosts for a lost host's ranks (ssh)"
+    )
     p.add_argument("--profile", default=None, help="connect to a running ipyparallel profile")
     p.add_argument("--cluster-id", default=None, help="connect to a running cluster id")
     p.add_argument(
@@ -129,6 +132,7 @@ def make_cluster(args: Any) -> Cluster:
             threads_per_engine=args.threads,
             launcher_options=launcher_options_from(args),
             check_packages=args.check_packages,
+            spare_hosts=parse_hosts("--spare-hosts", args.spare_hosts),
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
