@@ -246,7 +246,10 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
         out["traceback"] = traceback.format_exc()
     finally:
         stopping = time.perf_counter()
-        cluster.stop_sync()
+        try:  # the report is written whatever the stop does (a lost host's, say)
+            cluster.stop_sync()
+        except Exception as exc:
+            out["stop_error"] = f"{type(exc).__name__}: {exc}"
         out["stop_s"] = time.perf_counter() - stopping
         # Nothing of the cluster may be left anywhere 20 s after stop. Under mpiexec the
         # engines' nannies (own sessions, so orted does not end them) outlive their engine by

@@ -55,7 +55,12 @@ class FastSSHEngineLauncher(SSHEngineLauncher):
         self, command: str, timeout: float = _SSH_TIMEOUT_S
     ) -> subprocess.CompletedProcess[str]:
         argv = [*self.ssh_cmd, *self.ssh_args, self.location, command]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        try:
+            return subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired:  # a silent host: a failed ssh, not a raise in a stop
+            return subprocess.CompletedProcess(argv, 255, "", f"no answer within {timeout}s")
 
     def start(self, hostname: str | None = None, user: str | None = None, port: Any = None) -> None:  # type: ignore[override]
         if hostname is not None:
