@@ -32,6 +32,8 @@ PEER_GRACE_S = 3.0
 # A rank that lost its connection to a peer may have lost it to a dead engine: how long the
 # controller gets to report that death (ms on one host; the nanny's word travels further).
 DEATH_NOTICE_S = 10.0
+# How often the wait looks for a dead engine among the ranks (the controller's bookkeeping).
+DEATH_CHECK_S = 0.25
 _LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
 
 
@@ -86,11 +88,18 @@ def wait_unless_a_rank_failed(
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     failed_at: float | None = None
+    next_death_check = 0.0
     while True:
         pending = [f for f in futures if not f.ready()]
         now = time.monotonic()
         if not pending or (deadline is not None and now >= deadline):
             return  # collect() gathers the results or reports the timeout
+        if now >= next_death_check:  # a silent host's survivors never fail out by themselves
+            next_death_check = now + DEATH_CHECK_S
+            if any(
+                cluster._dead_engine(f, t.engine_id) for t, f in zip(targets, futures, strict=True)
+            ):
+                return  # collect() reports EngineDied (or HostLost) and marks them stuck
         if failed_at is None and any(_raised(f) for f in futures if f.ready()):
             failed_at = now
         if failed_at is not None and now - failed_at >= PEER_GRACE_S:
