@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import socket
 import threading
+from types import SimpleNamespace
 
 import pytest
 
 from workbench.cluster.hang import lost_engines_error
-from workbench.cluster.host_loss import host_lost
+from workbench.cluster.host_loss import host_lost, still_blocked
 from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.errors import EngineDied, HostLost
 from workbench.session.rank_failures import error_fields
@@ -101,3 +102,16 @@ def test_host_lost_keeps_its_host_when_reraised_with_more_words() -> None:
     assert isinstance(again, HostLost) and again.host == "node-b" and again.ranks == [2, 3]
     with pytest.raises(HostLost, match="step 4"):
         raise again
+
+
+def test_still_blocked_names_the_stuck_ranks_whose_request_is_pending() -> None:
+    class _Future:
+        def __init__(self, done: bool) -> None:
+            self.done = done
+
+        def ready(self) -> bool:
+            return self.done
+
+    cluster = SimpleNamespace(_stuck={0: _Future(False), 1: _Future(True), 3: _Future(False)})
+    assert still_blocked(cluster) == [0, 3]
+    assert still_blocked(SimpleNamespace()) == []

@@ -24,7 +24,7 @@ from workbench.cluster.ranks import RankAssignment
 from workbench.engine import control_sever
 from workbench.errors import HostLost
 
-__all__ = ["HOST_SILENCE_S", "host_lost", "sever_stuck"]
+__all__ = ["HOST_SILENCE_S", "host_lost", "sever_stuck", "still_blocked"]
 
 log = logging.getLogger("workbench.cluster")
 
@@ -76,3 +76,10 @@ def sever_stuck(client: Any, engine_ids: list[int]) -> None:
         )
     except Exception as exc:  # an engine that left meanwhile: the caller's wait decides
         log.debug("asking %s to cut their group connections failed: %r", engine_ids, exc)
+
+
+def still_blocked(cluster: Any) -> list[int]:
+    """Ranks whose request is still pending since a death or a hang left them stuck (a
+    rank waiting on a silent host stays so until it is freed): work sent to them would
+    only queue behind that request."""
+    return sorted(r for r, f in getattr(cluster, "_stuck", {}).items() if not f.ready())

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from workbench.cluster.host_loss import still_blocked
+
 if TYPE_CHECKING:
     from workbench.session.training import TrainingSession
 
@@ -39,7 +41,9 @@ def where_the_run_was(session: TrainingSession) -> str:
     statuses = session.status
     where = ", ".join(f"rank {s.rank} at step {s.step} (next {s.next_phase})" for s in statuses)
     saved = ""
-    if session.checkpoint_dir is not None:
+    if 0 in still_blocked(session.cluster):  # asking it would wait for the group's timeout
+        saved = "; checkpoints not listed (rank 0 is still blocked in a collective)"
+    elif session.checkpoint_dir is not None:
         try:
             found = session.checkpoints()
         except Exception:
