@@ -115,3 +115,18 @@ def test_still_blocked_names_the_stuck_ranks_whose_request_is_pending() -> None:
     cluster = SimpleNamespace(_stuck={0: _Future(False), 1: _Future(True), 3: _Future(False)})
     assert still_blocked(cluster) == [0, 3]
     assert still_blocked(SimpleNamespace()) == []
+
+
+def test_an_ssh_engine_on_a_host_that_went_silent_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's watch of a remote engine (an ssh that waits for its pid): an ssh that
+    fails (exit 255) to a host that does not answer means the engine went with its host;
+    to a host that answers it stays an error (the engine may still run there)."""
+    from workbench.cluster import ssh_launcher
+
+    el = ssh_launcher.FastSSHEngineLauncher(hostname="node-b")
+    el.ssh_cmd, el.ssh_args, el.pid = ["sh", "-c", "exit 255", "ssh"], [], 4242
+    monkeypatch.setattr(ssh_launcher, "probe_host", lambda host: host != "node-b")
+    assert el.wait_one(1.0) == 0
+    monkeypatch.setattr(ssh_launcher, "probe_host", lambda host: True)
+    with pytest.raises(RuntimeError, match="ssh node-b"):
+        el.wait_one(1.0)
