@@ -2,9 +2,10 @@
 
 4 ranks on wbmn1 + wbmn2 (2 each), data parallel. First the uninterrupted 9-step run on
 those ranks (its losses and each step's sample ids). Then an elastic run: 3 steps with a
-checkpoint, a step during which the test (root, outside) takes wbmn2 down whole, the
-``HostLost`` that step raises (when, naming what), the shrink to 2 ranks and 3 more steps,
-then, once the test brought wbmn2 back, ``grow(2, hosts=["wbmn2"])`` and the last 3 steps.
+checkpoint, a step during which the test (root, outside) takes the last rank's host down
+whole, the ``HostLost`` that step raises (when, naming what), the shrink to 2 ranks and 3
+more steps, then, once the test brought the host back, ``grow(2, hosts=[it])`` and the
+last 3 steps.
 
 The pytest side and this process meet through files in the bed user's home: this side
 writes ``<name>.ready`` and waits for the test's ``<name>.done``.
@@ -60,9 +61,9 @@ def _samples(cluster: Any, steps: range) -> dict[int, list[int]]:
     return {s: sorted(ids) for s, ids in out.items()}
 
 
-def _meet(home: Path, name: str, timeout: float = 300) -> str:
-    """Tell the test we reached ``name``; wait for its answer (what it wrote)."""
-    (home / f"{name}.ready").write_text(str(time.monotonic()))
+def _meet(home: Path, name: str, timeout: float = 300, say: str = "") -> str:
+    """Tell the test we reached ``name`` (with ``say``); wait for its answer (what it wrote)."""
+    (home / f"{name}.ready").write_text(say)
     done = home / f"{name}.done"
     deadline = time.monotonic() + timeout
     while not done.exists():
@@ -98,8 +99,11 @@ def lose_host_and_go_on(cluster: Any, out: dict[str, Any], home: Path) -> None:
     session.run(3)
     ids = _samples(cluster, range(3))
     out["hosts_before"] = _hosts(cluster)
+    # ranks go to hosts in the order their engines registered: the last rank's host is the
+    # one that does not hold rank 0 (the spare scenario loses rank 0's)
+    out["victim"] = victim = cluster.ranks[-1].host
     cluster.run(_slow_forward, SLOW_FORWARD_S)
-    _meet(home, "take_down", timeout=30)  # the test cuts wbmn2 a moment after this
+    _meet(home, "take_down", timeout=30, say=victim)  # the test cuts it a moment after this
     lost: dict[str, Any] = {"error": None}
     try:
         session.step()
@@ -119,7 +123,7 @@ def lose_host_and_go_on(cluster: Any, out: dict[str, Any], home: Path) -> None:
     ids.update(_samples(cluster, range(3, 6)))
 
     _meet(home, "bring_up")
-    out["grow_report"] = session.grow(2, hosts=["wbmn2"])
+    out["grow_report"] = session.grow(2, hosts=[victim])
     out["hosts_grown"] = _hosts(cluster)
     out["spec_grown"] = [session.spec.batch_size, session.spec.grad_accum]
     session.run(3)
@@ -155,8 +159,9 @@ def lose_host_onto_spare(cluster: Any, out: dict[str, Any], home: Path) -> None:
     session.run(3)
     ids = _samples(cluster, range(3))
     out["hosts_before"] = _hosts(cluster)
+    out["victim"] = victim = cluster.ranks[0].host  # the rendezvous host
     cluster.run(_slow_forward, SLOW_FORWARD_S)
-    _meet(home, "take_down", timeout=30)
+    _meet(home, "take_down", timeout=30, say=victim)
     lost: dict[str, Any] = {"error": None}
     try:
         session.step()

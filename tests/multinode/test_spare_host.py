@@ -1,7 +1,7 @@
 """A spare host takes a lost host's ranks, on the bed grown to 3 nodes: ``wb.Cluster(n=4,
 launcher="ssh", hosts=["wbmn1", "wbmn2"], spare_hosts=["wbmn3"])``, a data-parallel run
-with checkpoints, and wbmn1 (rank 0's host: the rendezvous) taken down whole mid-step.
-The step raises ``HostLost`` naming wbmn1 and ranks 0-1; ``session.recover()`` starts those
+with checkpoints, and rank 0's host (the rendezvous) taken down whole mid-step. The
+step raises ``HostLost`` naming it and ranks 0-1; ``session.recover()`` starts those
 ranks on wbmn3 with LOCAL_RANK / GROUP_RANK / MASTER_ADDR recomputed (the rendezvous moves
 to wbmn3, rank 0's new host), rolls back to the last checkpoint and the loss curve and
 samples equal the uninterrupted run's (computed first in the same driver run)."""
@@ -37,21 +37,23 @@ def run(bed: Bed) -> Iterator[dict[str, Any]]:
     )
     try:
         _wait_for(proc, home / "take_down.ready", out, 900)
+        victim = (home / "take_down.ready").read_text()  # rank 0's host
         (home / "take_down.done").write_text("")
         time.sleep(CUT_AFTER_S)
-        cut = bed.take_down("wbmn1")
+        cut = bed.take_down(victim)
         proc.wait(900)
         assert out.exists(), f"the driver wrote no report:\n{out.with_suffix('.log').read_text()}"
         report: dict[str, Any] = json.loads(out.read_text())
         report.update(cut_at=cut, ips={n.name: n.ip for n in bed.nodes})
-        bed.bring_up("wbmn1")  # after the driver's stop: that stop met a lost host
+        bed.bring_up(victim)  # after the driver's stop: that stop met a lost host
         yield report
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-        if bed.node("wbmn1").unshare_pid == 0:
-            bed.bring_up("wbmn1")
+        for node in bed.nodes:
+            if node.unshare_pid == 0:
+                bed.bring_up(node.name)
         bed.remove_node(spare.name)  # the other tests' bed has two nodes
         for name in ("take_down.ready", "take_down.done"):
             (home / name).unlink(missing_ok=True)
@@ -59,12 +61,16 @@ def run(bed: Bed) -> Iterator[dict[str, Any]]:
             path.unlink(missing_ok=True)
 
 
+def _other(run: dict[str, Any]) -> str:
+    return next(h for h in HOSTS if h != run["victim"])
+
+
 def test_rank_0s_host_lost_is_host_lost_naming_it(run: dict[str, Any]) -> None:
-    lost = ok(run)["lost"]
-    assert run["hosts_before"] == ["wbmn1", "wbmn1", "wbmn2", "wbmn2"]
-    assert lost.get("host") == "wbmn1" and lost["ranks"] == [0, 1], lost["error"]
+    lost, victim = ok(run)["lost"], run["victim"]
+    assert run["hosts_before"] == [victim] * 2 + [_other(run)] * 2
+    assert lost.get("host") == victim and lost["ranks"] == [0, 1], lost["error"]
     detect_s = lost["raised_at"] - run["cut_at"]
-    print(f"HostLost {detect_s:.1f} s after wbmn1 went down")
+    print(f"HostLost {detect_s:.1f} s after {victim} went down")
     assert 0 < detect_s < DETECT_S, detect_s
 
 
@@ -72,7 +78,7 @@ def test_its_ranks_start_on_the_spare_with_a_new_rendezvous(run: dict[str, Any])
     ok(run)
     assert "rank 0: engine" in run["recover_report"] and "rank 1: engine" in run["recover_report"]
     assert "to the checkpoint of step 3" in run["recover_report"], run["recover_report"]
-    assert run["hosts_after"] == ["wbmn3", "wbmn3", "wbmn2", "wbmn2"]
+    assert run["hosts_after"] == ["wbmn3", "wbmn3"] + [_other(run)] * 2
     master = run["ips"]["wbmn3"]  # rank 0's new host holds the rendezvous
     for rank, env in enumerate(run["env_after"]):
         assert env["hostname"] == run["hosts_after"][rank]
