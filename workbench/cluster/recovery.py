@@ -167,7 +167,7 @@ async def _free_stuck(cluster: Cluster, dead: list[int], report: RecoveryReport)
         return []
     healthy = [r.rank for r in cluster.ranks if r.rank not in dead and r.rank not in stuck]
     await _interrupt(cluster, sorted(stuck))  # frees ranks busy in Python code
-    sever_stuck(client, [cluster.ranks[r].engine_id for r in stuck])  # a silent peer's
+    sever_stuck(client, [cluster.ranks[r].engine_id for r in stuck])  # blocked on a silent host
     leaving = {r: _leave_group(cluster, r) for r in healthy}
     deadline = time.monotonic() + FREE_GRACE_S
     while True:
