@@ -479,8 +479,8 @@ class Bed:
         node = self.node(name)
         if node.unshare_pid:
             _stop_node(node)
+        _run("ip", "link", "del", f"veth-{node.name}", check=False)  # first: see down()
         _run("ip", "netns", "del", node.name, check=False)
-        _run("ip", "link", "del", f"veth-{node.name}", check=False)
         self.nodes.remove(node)
         self.nnodes = len(self.nodes)
         shutil.rmtree(self.root / node.name, ignore_errors=True)
@@ -677,6 +677,10 @@ class Bed:
         for node in self.nodes:
             if node.unshare_pid:
                 _stop_node(node)
+            # the veth first: a namespace lives on while sockets of its killed processes
+            # still hold it (a node taken down with its link cut leaves orphaned TCP
+            # sockets retrying for minutes), and its veth pair with it
+            _run("ip", "link", "del", f"veth-{node.name}", check=False)
             _run("ip", "netns", "del", node.name, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
         for pid in reversed(self.daemons):  # slurmctld, then munged
