@@ -454,6 +454,26 @@ class Bed:
         if not node.unshare_pid or not psutil.pid_exists(node.unshare_pid):
             self._start_node(node)
         self._wait_for_ssh(timeout, [node])
+        if self.slurm and node.index <= len(self._slurm_nodes()):
+            self._wait_for_slurm_node(node, timeout)
+
+    def _slurm_nodes(self) -> list[str]:
+        text = self.slurm_conf.read_text()
+        return [w.split("=", 1)[1] for w in text.split() if w.startswith("NodeName=")]
+
+    def _wait_for_slurm_node(self, node: Node, timeout: float) -> None:
+        """Until slurmctld has the node back in service (a node down longer than
+        SlurmdTimeout is DOWN until its new slurmd registers)."""
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        deadline = time.monotonic() + timeout
+        while True:
+            argv = ("sinfo", "-h", "-n", node.name, "-o", "%t")
+            state = _run(*argv, check=False, env=env).stdout.strip()
+            if state in ("idle", "mix", "alloc"):
+                return
+            if time.monotonic() > deadline:
+                raise BedError(f"slurm node {node.name} not back within {timeout}s: {state!r}")
+            time.sleep(0.5)
 
     def add_node(self) -> Node:
         """One more node, ``wbmn<n+1>`` (e.g. a spare host for the run on the others): its

@@ -78,8 +78,15 @@ def sever_stuck(client: Any, engine_ids: list[int]) -> None:
         log.debug("asking %s to cut their group connections failed: %r", engine_ids, exc)
 
 
-def still_blocked(cluster: Any) -> list[int]:
-    """Ranks whose request is still pending since a death or a hang left them stuck (a
-    rank waiting on a silent host stays so until it is freed): work sent to them would
-    only queue behind that request."""
-    return sorted(r for r, f in getattr(cluster, "_stuck", {}).items() if not f.ready())
+def still_blocked(cluster: Any, grace_s: float = 0.0) -> list[int]:
+    """Ranks whose request is still pending since a death or a hang left them stuck, after
+    waiting up to ``grace_s`` for them to come back (a survivor of a dead peer fails out of
+    its collective a moment later; one waiting on a silent host never does): work sent to
+    them would only queue behind that request."""
+    stuck = dict(getattr(cluster, "_stuck", {}))
+    deadline = time.monotonic() + grace_s
+    while True:
+        pending = sorted(r for r, f in stuck.items() if not f.ready())
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(0.05)

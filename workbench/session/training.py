@@ -354,7 +354,7 @@ class TrainingSession:
                 for r in ranks
             ]
         except EngineDied as exc:
-            raise type(exc)(f"{exc}\n{where_the_run_was(self)}", ranks=exc.ranks) from None
+            raise type(exc)(f"{exc}\n{where_the_run_was(self, exc)}", **error_fields(exc)) from None
         targets = [self.cluster.ranks[r] for r in ranks]
         try:
             wait_unless_a_rank_failed(self.cluster, targets, futures, self.timeout)
@@ -363,7 +363,7 @@ class TrainingSession:
             self._interrupted = True
             raise
         except (EngineDied, CollectiveTimeout) as exc:
-            raise type(exc)(f"{exc}\n{where_the_run_was(self)}", **error_fields(exc)) from None
+            raise type(exc)(f"{exc}\n{where_the_run_was(self, exc)}", **error_fields(exc)) from None
         except RankError as exc:
             self._regroup = closed_group(exc)  # the failing rank closed it (fail_together)
             raise rank_failure(exc, self._state.status, self.cluster) from None
