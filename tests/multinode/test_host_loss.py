@@ -91,6 +91,7 @@ def test_the_run_shrinks_to_the_host_left_and_grows_back_with_the_same_curve(
     run: dict[str, Any],
 ) -> None:
     ok(run)
+    print(f"shrink to 2 ranks and roll back: {run['shrink_s']:.1f} s")
     assert "shrunk from 4 to 2 ranks" in run["shrink_report"], run["shrink_report"]
     assert "global batch 8 kept" in run["shrink_report"]
     assert "checkpoint of step 3" in run["shrink_report"]

@@ -76,6 +76,7 @@ def test_rank_0s_host_lost_is_host_lost_naming_it(run: dict[str, Any]) -> None:
 
 def test_its_ranks_start_on_the_spare_with_a_new_rendezvous(run: dict[str, Any]) -> None:
     ok(run)
+    print(f"ranks 0-1 onto the spare and roll back: {run['recover_s']:.1f} s")
     assert "rank 0: engine" in run["recover_report"] and "rank 1: engine" in run["recover_report"]
     assert "to the checkpoint of step 3" in run["recover_report"], run["recover_report"]
     assert run["hosts_after"] == ["wbmn3", "wbmn3"] + [_other(run)] * 2
