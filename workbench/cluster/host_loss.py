@@ -3,12 +3,16 @@
 A host that goes down whole (powered off, its cable pulled) sends nothing more: no TCP
 reset, no nanny's "engine exited". The controller notices its engines only when they miss
 their heartbeats (``start_sequence.REMOTE_HEARTBEAT``: ~5 s across hosts), and a survivor
-blocked in a collective with them waits on. When a call finds dead ranks, each non-local
-host that holds one is probed (``elastic.probe_host``: its sshd port, ~3 s at most for a
-silent host): a host that answers has a dead process (the per-engine path, ``EngineDied``);
-one that does not is lost once every engine it held is gone from the controller, which
-happens within the same heartbeat window (waited for, ``HOST_SILENCE_S`` at most). The
-survivors are then freed by recovery as after any death (``recovery._free_stuck``).
+blocked in a collective with them waits on, so the call waiting for the ranks returns once
+the controller dropped an engine (``session/rank_failures.py``, ``dispatch._wait_all``).
+Then each non-local host that holds a dead rank is probed (``elastic.probe_host``: its
+sshd port, ``PROBE_TIMEOUT_S`` at most for a silent host): a host that answers has a dead
+process (the per-engine path, ``EngineDied``); one that does not is lost once every engine
+it held is gone from the controller, which happens within the same heartbeat window
+(waited for, ``HOST_SILENCE_S`` at most). The bed measured 8-11 s from the host going down
+to ``HostLost`` (tests/multinode/test_host_loss.py, test_spare_host.py). Recovery then
+frees the survivors through their engines' control thread (``sever_stuck``), not at the
+process group's timeout.
 """
 
 from __future__ import annotations
