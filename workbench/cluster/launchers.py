@@ -53,11 +53,10 @@ LAUNCHER_OPTIONS: dict[str, tuple[str, ...]] = {
 _LISTS = {"ssh_args", "mpi_args", "sbatch_args"}
 # Never let ssh ask for a password inside a kernel (it would wait forever, unseen). A host
 # that goes silent (powered off: no reset) would hang every ssh multiplexed over its shared
-# connection: keep-alives end that connection ~15 s after the host stops answering (lenient:
-# a loaded host is slow, not gone; telling a lost host does not wait for this: host_loss.py).
+# connection: keep-alives end that connection ~6 s after the host stops answering.
 _SSH_DEFAULTS = (
     *("-o", "BatchMode=yes", "-o", "ConnectTimeout=10"),
-    *("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"),
+    *("-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"),
 )
 _PREFLIGHT_S = 30.0
 # One ssh connection per host, shared by every ssh the cluster runs (0.01 s instead of
