@@ -42,6 +42,7 @@ class ClusterConfig:
     init_timeout: float = 60.0
     start_timeout: float = 60.0
     threads_per_engine: int | None = None
+    spare_hosts: Sequence[str] = ()  # ssh: where a lost host's ranks go (cluster/spares.py)
 
     def __post_init__(self) -> None:
         validate.integer("n", self.n, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
@@ -58,6 +59,9 @@ class ClusterConfig:
                 "launcher='local' does not place engines on named hosts",
                 "use launcher='ssh', 'mpi' or 'slurm' with hosts, or leave hosts empty",
             )
+        spares = parse_hosts("spare_hosts", self.spare_hosts)
+        object.__setattr__(self, "spare_hosts", spares)
+        _check_spares(spares, self.launcher, hosts)
         # A profile / cluster_id is looked up by Cluster itself (cluster.connection): finding
         # ipyparallel's connection file is the cluster layer's business, not a setting's.
         for name in ("init_timeout", "start_timeout"):
@@ -89,3 +93,24 @@ def parse_hosts(name: str, value: object) -> tuple[str, ...]:
             "use names like 'node-a' or 'user@node-a', without spaces",
         )
     return hosts
+
+
+def _check_spares(spares: tuple[str, ...], launcher: str, hosts: tuple[str, ...]) -> None:
+    """Spare hosts: ssh only (a new engine is started there by ssh), none of them also a
+    host the run starts on, none named twice."""
+    if not spares:
+        return
+    if launcher != "ssh":
+        raise validate.invalid(
+            "spare_hosts",
+            spares,
+            f"launcher={launcher!r} cannot start a lost host's ranks on a named spare",
+            "use spare_hosts with launcher='ssh', or leave it out",
+        )
+    both = [h for h in spares if h in hosts]
+    twice = sorted({h for h in spares if spares.count(h) > 1})
+    if both or twice:
+        why = f"{both[0]!r} is also in hosts" if both else f"{twice[0]!r} is named twice"
+        raise validate.invalid(
+            "spare_hosts", spares, why, "name hosts the run does not start on, each once"
+        )

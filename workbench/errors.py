@@ -69,16 +69,22 @@ class EngineDied(ClusterError):
 
 class HostLost(EngineDied):
     """Every engine of a host is gone and the host does not answer: nothing can be started
-    there. Go on without it (``session.recover(shrink=True)``) or on another host."""
+    there. Go on without it (``session.recover(shrink=True)``) or on another host.
+    ``HostLost.of(host, ranks)`` writes the message; ``host`` names the lost host."""
 
-    def __init__(self, host: str, ranks: list[int]) -> None:
-        super().__init__(
+    def __init__(self, message: str, *, ranks: list[int] | None = None, host: str = "") -> None:
+        super().__init__(message, ranks=ranks)
+        self.host = host
+
+    @classmethod
+    def of(cls, host: str, ranks: list[int]) -> HostLost:
+        return cls(
             f"host {host!r} is lost (ranks {ranks}: every engine gone and the host does not "
             "answer); continue on the other hosts with session.recover(shrink=True) "
             "(`%wb restart --shrink`), or start the cluster again on hosts that answer",
             ranks=ranks,
+            host=host,
         )
-        self.host = host
 
 
 class EngineUnresponsive(EngineDied):

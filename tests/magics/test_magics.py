@@ -117,6 +117,13 @@ def test_bad_cell_arguments(attached: Any, line: str, cell: str, message: str) -
         ("start --timeout inf", "--timeout inf is not valid: not a finite number"),
         ("start --hosts node-a", "--launcher local does not place engines on named hosts"),
         ("start --launcher ssh", "--launcher ssh needs --hosts"),
+        ("start --spare-hosts node-c", "launcher='local' cannot start a lost host's ranks"),
+        (
+            "start --launcher ssh --hosts a,b --spare-hosts b",
+            r"spare_hosts=\('b',\) is not valid: 'b' is also in hosts",
+        ),
+        # with no cluster, or with the local one an earlier test of this shell left running
+        ("grow 1 --hosts node-b", "no cluster|start one first|does not place engines on named"),
         ("start -n 5000", "-n 5000 is not valid: out of range; .* <= 1024"),
         (
             "start --profile x",

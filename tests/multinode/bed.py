@@ -315,86 +315,82 @@ class Bed:
         _run("ip", "addr", "add", f"{self.login_ip}/24", "dev", BRIDGE)
         _run("ip", "link", "set", BRIDGE, "up")
         for node in self.nodes:
-            _run("ip", "netns", "add", node.name)
-            _run(
-                "ip",
-                "link",
-                "add",
-                f"veth-{node.name}",
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                node.name,
-            )
-            _run("ip", "link", "set", f"veth-{node.name}", "master", BRIDGE, "up")
-            _run("ip", "-n", node.name, "addr", "add", f"{node.ip}/24", "dev", "eth0")
-            _run("ip", "-n", node.name, "link", "set", "eth0", "up")
-            _run("ip", "-n", node.name, "link", "set", "lo", "up")
+            self._link_node(node)
         self.login_hosts_file.write_text(self._hosts_text(None))
+
+    def _link_node(self, node: Node) -> None:
+        """The node's network namespace, joined to the bridge by a veth pair."""
+        _run("ip", "netns", "add", node.name)
+        veth = f"veth-{node.name}"
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", node.name)
+        _run("ip", "link", "set", veth, "master", BRIDGE, "up")
+        _run("ip", "-n", node.name, "addr", "add", f"{node.ip}/24", "dev", "eth0")
+        _run("ip", "-n", node.name, "link", "set", "eth0", "up")
+        _run("ip", "-n", node.name, "link", "set", "lo", "up")
 
     def _start_nodes(self) -> None:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
         for node in self.nodes:
-            d = self.root / node.name
-            d.mkdir()
-            (d / "hosts").write_text(self._hosts_text(node))
-            (d / "sshd_config").write_text(
-                f"ListenAddress {node.ip}\nPort 22\nHostKey {self.root}/ssh_host_ed25519_key\n"
-                f"PidFile {d}/sshd.pid\nAuthorizedKeysFile .ssh/authorized_keys\n"
-                "PubkeyAuthentication yes\nPasswordAuthentication no\n"
-                "KbdInteractiveAuthentication no\nPermitRootLogin no\n"
-                f"AllowUsers {self.user}\nUsePAM no\nUseDNS no\nPrintMotd no\nStrictModes no\n"
-                "MaxStartups 200:30:400\nMaxSessions 200\nSubsystem sftp internal-sftp\n"
-            )
-            cfg = {
-                "name": node.name,
-                "pid_base": PID_BASE + node.index * PID_STEP,
-                "hosts": str(d / "hosts"),
-                "expose": EXPOSE,
-                "stage": str(d / "stage"),
-                "daemons": [
-                    ["/usr/sbin/sshd", "-D", "-f", f"{d}/sshd_config", "-E", f"{d}/sshd.log"]
-                ]
-                + (
-                    [["slurmd", "-D", "-N", node.name, "-f", str(self.slurm_conf)]]
-                    if self.slurm
-                    else []
-                ),
-            }
-            # nsenter --net, not `ip netns exec`: the latter remounts /sys (slurmd needs
-            # the real /sys/fs/cgroup). --kill-child: the node's init dies with unshare.
-            with open(d / "init.log", "wb") as log:
-                proc = subprocess.Popen(
-                    [
-                        "nsenter",
-                        f"--net=/run/netns/{node.name}",
-                        "unshare",
-                        "--pid",
-                        "--mount-proc",
-                        "--fork",
-                        "--kill-child",
-                        "--uts",
-                        "--propagation",
-                        "private",
-                        sys.executable,
-                        "-I",
-                        str(NODE_INIT),
-                        json.dumps(cfg),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            node.unshare_pid = proc.pid
-            self._save()
+            self._start_node(node)
 
-    def _wait_for_ssh(self, timeout: float = 60.0) -> None:
+    def _start_node(self, node: Node) -> None:
+        """The node's PID 1 (``node_init.py``) with its sshd (and slurmd) in fresh PID, mount
+        and UTS namespaces joined to its network namespace."""
+        d = self.root / node.name
+        d.mkdir(exist_ok=True)  # a node brought back up (bring_up) keeps its directory
+        (d / "hosts").write_text(self._hosts_text(node))
+        (d / "sshd_config").write_text(
+            f"ListenAddress {node.ip}\nPort 22\nHostKey {self.root}/ssh_host_ed25519_key\n"
+            f"PidFile {d}/sshd.pid\nAuthorizedKeysFile .ssh/authorized_keys\n"
+            "PubkeyAuthentication yes\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nPermitRootLogin no\n"
+            f"AllowUsers {self.user}\nUsePAM no\nUseDNS no\nPrintMotd no\nStrictModes no\n"
+            "MaxStartups 200:30:400\nMaxSessions 200\nSubsystem sftp internal-sftp\n"
+        )
+        cfg = {
+            "name": node.name,
+            "pid_base": PID_BASE + node.index * PID_STEP,
+            "hosts": str(d / "hosts"),
+            "expose": EXPOSE,
+            "stage": str(d / "stage"),
+            "daemons": [["/usr/sbin/sshd", "-D", "-f", f"{d}/sshd_config", "-E", f"{d}/sshd.log"]]
+            + (
+                [["slurmd", "-D", "-N", node.name, "-f", str(self.slurm_conf)]]
+                if self.slurm
+                else []
+            ),
+        }
+        # nsenter --net, not `ip netns exec`: the latter remounts /sys (slurmd needs
+        # the real /sys/fs/cgroup). --kill-child: the node's init dies with unshare.
+        with open(d / "init.log", "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{node.name}",
+                    "unshare",
+                    "--pid",
+                    "--mount-proc",
+                    "--fork",
+                    "--kill-child",
+                    "--uts",
+                    "--propagation",
+                    "private",
+                    sys.executable,
+                    "-I",
+                    str(NODE_INIT),
+                    json.dumps(cfg),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        node.unshare_pid = proc.pid
+        self._save()
+
+    def _wait_for_ssh(self, timeout: float = 60.0, nodes: list[Node] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        for node in self.nodes:
+        for node in self.nodes if nodes is None else nodes:
             while True:
                 done = self.run_user(
                     ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", node.name, "hostname"],
@@ -422,6 +418,93 @@ class Bed:
             with open(self.root / node.name / "hosts", "r+") as f:
                 f.truncate(0)
                 f.write(self._hosts_text(node))
+        self._save()
+
+    # ------------------------------------------------------------------ failures
+    def node(self, name: str) -> Node:
+        found = [n for n in self.nodes if n.name == name]
+        if not found:
+            raise BedError(f"no node {name!r}: the bed has {[n.name for n in self.nodes]}")
+        return found[0]
+
+    def cut_link(self, name: str) -> float:
+        """Take the node's link down (its veth on the bridge): from here on nothing it
+        sends arrives and nothing reaches it (no reset, no FIN): its peers' connections
+        hang, as with a pulled cable. Returns the ``time.monotonic()`` of the cut."""
+        _run("ip", "link", "set", f"veth-{self.node(name).name}", "down")
+        return time.monotonic()
+
+    def take_down(self, name: str) -> float:
+        """The node goes down whole, as a powered-off host: its link is cut first (so no
+        FIN or reset leaves it: peers see silence, not a closed connection), then every
+        process in its namespaces is killed, sshd and slurmd included (SIGKILL to its
+        PID-namespace init ends them all). Returns the ``time.monotonic()`` of the cut."""
+        node = self.node(name)
+        cut = self.cut_link(name)
+        _stop_node(node)
+        node.unshare_pid = 0
+        self._save()
+        return cut
+
+    def bring_up(self, name: str, timeout: float = 60.0) -> None:
+        """The node back (a host rebooted, or its cable plugged in again): its link up and,
+        when it was taken down, its init with sshd (and slurmd) started afresh."""
+        node = self.node(name)
+        _run("ip", "link", "set", f"veth-{node.name}", "up")
+        if not node.unshare_pid or not psutil.pid_exists(node.unshare_pid):
+            self._start_node(node)
+        self._wait_for_ssh(timeout, [node])
+        if self.slurm and node.index <= len(self._slurm_nodes()):
+            self._wait_for_slurm_node(node, timeout)
+
+    def _slurm_nodes(self) -> list[str]:
+        text = self.slurm_conf.read_text()
+        return [w.split("=", 1)[1] for w in text.split() if w.startswith("NodeName=")]
+
+    def _wait_for_slurm_node(self, node: Node, timeout: float) -> None:
+        """Until slurmctld has the node back in service (a node down longer than
+        SlurmdTimeout is DOWN until its new slurmd registers)."""
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        deadline = time.monotonic() + timeout
+        while True:
+            argv = ("sinfo", "-h", "-n", node.name, "-o", "%t")
+            state = _run(*argv, check=False, env=env).stdout.strip()
+            if state in ("idle", "mix", "alloc"):
+                return
+            if time.monotonic() > deadline:
+                raise BedError(f"slurm node {node.name} not back within {timeout}s: {state!r}")
+            time.sleep(0.5)
+
+    def add_node(self) -> Node:
+        """One more node, ``wbmn<n+1>`` (e.g. a spare host for the run on the others): its
+        network, sshd and host key entry; every ``/etc/hosts`` of the bed names it. Not a
+        Slurm node (the controller's configuration names the nodes it started with)."""
+        i = len(self.nodes) + 1
+        node = Node(i, f"wbmn{i}", f"{SUBNET}.{10 + i}")
+        self._link_node(node)
+        self.nodes.append(node)
+        self.nnodes = len(self.nodes)
+        self._save()  # from here on, `down` removes it with the rest
+        known = self.home / ".ssh" / "known_hosts"
+        key = known.read_text().splitlines()[0].split()[1:]
+        with open(known, "a") as f:
+            f.write(f"{node.name},{node.ip} {key[0]} {key[1]}\n")
+        self._start_node(node)
+        self.set_hosts_style(self.hosts_style)  # the others' /etc/hosts name it too
+        self._wait_for_ssh(60, [node])
+        return node
+
+    def remove_node(self, name: str) -> None:
+        """Undo ``add_node``: the node stopped, its namespace and link gone, unnamed."""
+        node = self.node(name)
+        if node.unshare_pid:
+            _stop_node(node)
+        _run("ip", "link", "del", f"veth-{node.name}", check=False)  # first: see down()
+        _run("ip", "netns", "del", node.name, check=False)
+        self.nodes.remove(node)
+        self.nnodes = len(self.nodes)
+        shutil.rmtree(self.root / node.name, ignore_errors=True)
+        self.set_hosts_style(self.hosts_style)
         self._save()
 
     # ------------------------------------------------------------------ slurm
@@ -617,6 +700,10 @@ class Bed:
         for node in self.nodes:
             if node.unshare_pid:
                 _stop_node(node)
+            # the veth first: a namespace lives on while sockets of its killed processes
+            # still hold it (a node taken down with its link cut leaves orphaned TCP
+            # sockets retrying for minutes), and its veth pair with it
+            _run("ip", "link", "del", f"veth-{node.name}", check=False)
             _run("ip", "netns", "del", node.name, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
         for pid in reversed(self.daemons):  # slurmctld, then munged

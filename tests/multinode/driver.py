@@ -213,6 +213,7 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
         launcher_options=cfg.get("options"),
         start_timeout=cfg.get("start_timeout", 120),
         init_timeout=60,
+        spare_hosts=cfg.get("spare_hosts", ()),
     )
     started = time.perf_counter()
     try:
@@ -228,6 +229,11 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
             _training(cluster, out, home)
         if cfg["scenario"] == "failed_load":
             _failed_load(cluster, out, home)
+        if cfg["scenario"] in ("host_loss", "spare"):  # a sibling: the script's directory
+            import host_loss_scenario as lose
+
+            run = lose.lose_host_and_go_on if cfg["scenario"] == "host_loss" else None
+            (run or lose.lose_host_onto_spare)(cluster, out, home)
         if cfg["scenario"] == "orphan":  # the test SIGKILLs this process (the "kernel")
             out["pid"] = os.getpid()
             tmp = Path(f"{out_path}.tmp")
@@ -240,7 +246,10 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
         out["traceback"] = traceback.format_exc()
     finally:
         stopping = time.perf_counter()
-        cluster.stop_sync()
+        try:  # the report is written whatever the stop does (a lost host's, say)
+            cluster.stop_sync()
+        except Exception as exc:
+            out["stop_error"] = f"{type(exc).__name__}: {exc}"
         out["stop_s"] = time.perf_counter() - stopping
         # Nothing of the cluster may be left anywhere 20 s after stop. Under mpiexec the
         # engines' nannies (own sessions, so orted does not end them) outlive their engine by

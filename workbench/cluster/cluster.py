@@ -96,6 +96,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
         progress: ProgressCallback | None = None,
         launcher_options: Mapping[str, Any] | None = None,
         check_packages: Sequence[str] | str = (),
+        spare_hosts: Sequence[str] | str = (),
     ) -> None:
         self.config = ClusterConfig(
             n=n,
@@ -107,9 +108,9 @@ class Cluster(ScriptRuns, ClusterDoctor):
             init_timeout=init_timeout,
             start_timeout=start_timeout,
             threads_per_engine=threads_per_engine,
+            spare_hosts=spare_hosts,  # ssh: where a lost host's ranks are started again
         )
-        # ssh: remote_python, ssh_args; mpi: hostfile, mpi_args, mpiexec; slurm: partition,
-        # time, account, sbatch_args; all three: network_interface (see launchers.py)
+        # each launcher's own options, checked now (ssh: remote_python; see launch/launchers.py)
         self.launcher_options = launchers.parse_options(launcher, launcher_options)
         # versions that must match on every host, besides torch/CUDA/NCCL/workbench/Python
         self.check_packages = check_package_names("check_packages", check_packages)
@@ -304,11 +305,12 @@ class Cluster(ScriptRuns, ClusterDoctor):
             return report
 
     @async_first
-    async def grow(self, n: int = 1) -> RecoveryReport:
-        """Add ``n`` engines as new last ranks and re-create the process group at the bigger
-        world size (after a shrink: back to the size it had). Returns a ``RecoveryReport``."""
+    async def grow(self, n: int = 1, *, hosts: Sequence[str] | str | None = None) -> RecoveryReport:
+        """Add ``n`` engines as new last ranks (round-robin on ``hosts`` when given: ssh,
+        slurm) and re-create the process group at the bigger world size (after a shrink:
+        back to the size it had). Returns a ``RecoveryReport``."""
         async with self._lifecycle.hold("cluster.grow()"):
-            report = await grow_engines(self.engines, self._ranks, n)
+            report = await grow_engines(self.engines, self._ranks, n, hosts)
             self._regrouped()
             return report
 

@@ -148,7 +148,11 @@ class RankDispatch:
         process-group timeout. The failed rank has written its error to the store and
         dropped its group (``fail_together`` on the engines); a peer that this frees
         finishes within ``fail_wait.PEER_GRACE_S`` and names it."""
-        if not fail_wait.wait_for_a_failure(futures, timeout):
+
+        def any_dead() -> bool:
+            return any(self._dead(t, f) for t, f in zip(targets, futures, strict=True))
+
+        if not fail_wait.wait_for_a_failure(futures, timeout, any_dead):
             return
         failures, waiting = fail_wait.failures_and_waiting(targets, futures)
         if not failures:  # an engine died meanwhile: collect() reports it
@@ -336,7 +340,7 @@ class RankDispatch:
         return results
 
     def _lost_error(self, lost: list[int]) -> EngineDied:
-        return hang.lost_engines_error(self.ranks, lost, self.engines.run_dir)
+        return hang.lost_engines_error(self.ranks, lost, self.engines.run_dir, self.engines.client)
 
     def execute(
         self,

@@ -9,7 +9,7 @@ peers fail at once, and what comes back becomes one ``RankError``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from workbench.cluster.ranks import RankAssignment
@@ -17,6 +17,7 @@ from workbench.cluster.results import format_remote
 from workbench.errors import RankError
 
 __all__ = [
+    "DEATH_CHECK_S",
     "DEATH_NOTICE_S",
     "PEER_GRACE_S",
     "death_notice_s",
@@ -31,6 +32,8 @@ PEER_GRACE_S = 3.0
 # A rank that lost its connection to a peer may have lost it to a dead engine: how long the
 # controller gets to report that death (ms on one host; the nanny's word travels further).
 DEATH_NOTICE_S = 10.0
+# How often the wait looks for a dead engine among the ranks (the controller's bookkeeping).
+DEATH_CHECK_S = 0.25
 _LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
 
 
@@ -51,17 +54,26 @@ def _remote_failure(future: Any) -> str:
     return "?"
 
 
-def wait_for_a_failure(futures: Sequence[Any], timeout: float | None) -> bool:
-    """Wait until every request finished or ``timeout`` ran out (False: ``collect`` takes
-    over), or until ``PEER_GRACE_S`` after the first failure with some still running
-    (True)."""
+def wait_for_a_failure(
+    futures: Sequence[Any], timeout: float | None, any_dead: Callable[[], bool] = bool
+) -> bool:
+    """Wait until every request finished, ``timeout`` ran out or ``any_dead()`` says an
+    engine is gone (False: ``collect`` takes over and reports it), or until ``PEER_GRACE_S``
+    after the first failure with some still running (True). The death check matters for a
+    silent host: its survivors never fail out by themselves (no reset reaches them), so
+    waiting for them to fail first meant waiting for the process group's timeout."""
     deadline = None if timeout is None else time.monotonic() + timeout
     failed_at: float | None = None
+    next_death_check = 0.0
     while True:
         pending = [f for f in futures if not f.ready()]
         now = time.monotonic()
         if not pending or (deadline is not None and now >= deadline):
             return False
+        if now >= next_death_check:
+            next_death_check = now + DEATH_CHECK_S
+            if any_dead():
+                return False
         if failed_at is None and any(_raised(f) for f in futures if f.ready()):
             failed_at = now
         if failed_at is not None and now - failed_at >= PEER_GRACE_S:

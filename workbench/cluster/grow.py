@@ -11,6 +11,7 @@ from dataclasses import replace
 from workbench import validate
 from workbench.cluster.elastic import grown_ranks
 from workbench.cluster.engines import EngineSet
+from workbench.cluster.host_placement import check_hosts, placed, start_on
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.recovery import RecoveryReport, new_engines, regroup
 from workbench.config import MAX_ENGINES
@@ -19,10 +20,15 @@ from workbench.errors import ClusterError
 __all__ = ["grow"]
 
 
-async def grow(engines: EngineSet, ranks: list[RankAssignment], count: int) -> RecoveryReport:
-    """Start ``count`` engines where the launcher puts them and add them as the last ranks
-    (a new process group at the bigger world size). The inverse of a shrink."""
+async def grow(
+    engines: EngineSet, ranks: list[RankAssignment], count: int, hosts: object = None
+) -> RecoveryReport:
+    """Start ``count`` engines where the launcher puts them (or round-robin on ``hosts``)
+    and add them as the last ranks (a new process group at the bigger world size). The
+    inverse of a shrink."""
     validate.integer("n", count, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
+    if hosts is not None:
+        hosts = check_hosts("hosts", hosts, engines.config.launcher)
     engines.check_controller()
     if engines.state != "running" or not ranks:
         raise ClusterError(
@@ -36,7 +42,11 @@ async def grow(engines: EngineSet, ranks: list[RankAssignment], count: int) -> R
         )
     started = time.perf_counter()
     report = RecoveryReport()
-    new = await new_engines(engines, ranks, count, ipp_cluster.start_engines(count))
+    if hosts is None:
+        start = ipp_cluster.start_engines(count)
+    else:
+        start = start_on(ipp_cluster, placed(hosts, count))
+    new = await new_engines(engines, ranks, count, start)
     template = ranks[-1]
     added = []
     for eid, info in new:

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from workbench.cluster.host_loss import host_lost
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.engine.flight import status_path
@@ -141,10 +142,14 @@ def after_interrupt(freed: list[int], blocked: list[int]) -> str:
 
 
 def lost_engines_error(
-    ranks: list[RankAssignment], lost: list[int], run_dir: str | None
+    ranks: list[RankAssignment], lost: list[int], run_dir: str | None, client: Any = None
 ) -> EngineDied:
     """``EngineDied`` for ranks whose engine is gone; ``EngineUnresponsive`` when every
-    one of them still has a process (looked at on this host only) that does not answer."""
+    one of them still has a process (looked at on this host only) that does not answer;
+    ``HostLost`` when their host is gone whole (``host_loss.py``; needs ``client``)."""
+    gone_host = host_lost(ranks, lost, client)
+    if gone_host is not None:
+        return gone_host
     dead: list[str] = []
     unresponsive: list[str] = []
     for rank in lost:

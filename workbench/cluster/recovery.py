@@ -34,14 +34,16 @@ import psutil
 
 from workbench import validate
 from workbench.cluster.doctor_env import compare_new_engines
-from workbench.cluster.elastic import decide_loss, shrunk_ranks
+from workbench.cluster.elastic import shrunk_ranks
 from workbench.cluster.engines import EngineSet
+from workbench.cluster.host_loss import sever_stuck
 from workbench.cluster.launch.ssh import attach_nannies
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment, relocalize
 from workbench.cluster.registration import watch_engines
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
+from workbench.cluster.spares import move_to_spares
 from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.engine import process_group
 from workbench.engine.boot import timed_engine_info
@@ -170,6 +172,8 @@ async def _free_stuck(
         return []
     healthy = [r.rank for r in ranks if r.rank not in dead and r.rank not in stuck]
     await _interrupt(engines, ranks, sorted(stuck))  # frees ranks busy in Python code
+    # a rank blocked on a silent host: its control thread cuts the group's connections
+    sever_stuck(engines.client_unchecked(), [ranks[r].engine_id for r in stuck])
     leaving = {r: _leave_group(engines, ranks, r) for r in healthy}
     deadline = time.monotonic() + FREE_GRACE_S
     while True:
@@ -335,7 +339,7 @@ async def recover(
         {*report.unresponsive, *(r.rank for r in ranks if _gone(engines, ranks, r.rank, ids))}
     )
     if not shrink:
-        decide_loss(ranks, dead)  # a lost host has nowhere to put a replacement
+        move_to_spares(engines, ranks, dead)  # a lost host's ranks: to a spare, or HostLost
     killed = await _free_stuck(engines, ranks, dead, report, blocked)
     report.killed = killed
     if shrink:

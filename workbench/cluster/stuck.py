@@ -45,6 +45,18 @@ class StuckRanks:
                 self.held[r.rank] = f
         return bool(self.held)
 
+    def still_pending(self, grace_s: float = 0.0) -> list[int]:
+        """Held ranks whose request is still pending, after waiting up to ``grace_s`` for
+        them to come back (a survivor of a dead peer fails out of its collective a moment
+        later; one waiting on a silent host never does): work sent to them would only queue
+        behind that request."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            pending = sorted(r for r, f in self.held.items() if not f.ready())
+            if not pending or time.monotonic() >= deadline:
+                return pending
+            time.sleep(0.05)
+
     def forget(self) -> None:
         """A new process group (or a stop): no rank is blocked any more."""
         self.held = {}

@@ -13,7 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from workbench.engine import cell_fds, group_guard, group_sockets
+from workbench.engine import cell_fds, control_sever, group_guard, group_sockets
 from workbench.engine.state import engine_state, user_namespace
 
 __all__ = [
@@ -181,6 +181,7 @@ def setup_rank(
         device_id=device if device.type == "cuda" else None,
     )
     group_guard.install()  # the user's init_process_group adopts this group from now on
+    control_sever.install()  # a lost host's survivors can be freed while blocked
     cell_fds.install()  # C-level output of a cell joins its stdout/stderr (both paths)
     state = engine_state()
     state.clear()

@@ -40,6 +40,9 @@ def _start_args(p: MagicParser) -> None:
     p.add_argument(
         "--hosts", default="", help="comma-separated hosts for --launcher ssh / mpi / slurm"
     )
+    p.add_argument(
+        "--spare-hosts", default="", help="comma-separated hosts for a lost host's ranks (ssh)"
+    )
     p.add_argument("--profile", default=None, help="connect to a running ipyparallel profile")
     p.add_argument("--cluster-id", default=None, help="connect to a running cluster id")
     p.add_argument(
@@ -129,6 +132,7 @@ def make_cluster(args: Any) -> Cluster:
             threads_per_engine=args.threads,
             launcher_options=launcher_options_from(args),
             check_packages=args.check_packages,
+            spare_hosts=parse_hosts("--spare-hosts", args.spare_hosts),
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -184,6 +188,7 @@ def restart(magics: WorkbenchMagics, args: Any) -> None:
 
 def _grow_args(p: MagicParser) -> None:
     p.add_argument("n", type=int, nargs="?", default=1, help="how many ranks to add (1)")
+    p.add_argument("--hosts", default=None, help="start them on these hosts (a,b; ssh, slurm)")
 
 
 @command(
@@ -193,11 +198,18 @@ def _grow_args(p: MagicParser) -> None:
 )
 def grow(magics: WorkbenchMagics, args: Any) -> None:
     cluster = magics.require_cluster()
+    if args.hosts is not None:  # a bad --hosts is a usage error, said before anything starts
+        from workbench.cluster.host_placement import check_hosts
+
+        try:
+            check_hosts("--hosts", args.hosts, cluster.config.launcher)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
     session = _session_on(cluster)
     if session is not None and session.built:
-        print(f"workbench: {session.grow(args.n)}")
+        print(f"workbench: {session.grow(args.n, hosts=args.hosts)}")
     else:
-        print(f"workbench: {cluster.grow_sync(args.n)}")
+        print(f"workbench: {cluster.grow_sync(args.n, hosts=args.hosts)}")
     print(f"workbench: {cluster.world_size} ranks ready")
 
 

@@ -135,20 +135,24 @@ def shrink_and_roll_back(session: TrainingSession) -> str:
     return resize_and_roll_back(session, new_spec, why)
 
 
-def session_grow(session: TrainingSession, n: int = 1) -> str:
-    """Add ``n`` ranks at a checkpoint boundary (saved now unless the last one is at this
-    step) and continue at the bigger world size with the same global batch: the inverse
-    of a shrink. Returns (and keeps in ``last_recovery``) what was done."""
-    session.last_recovery = grow_and_roll_back(session, n)
+def session_grow(session: TrainingSession, n: int = 1, *, hosts: object = None) -> str:
+    """Add ``n`` ranks (on ``hosts`` when given) at a checkpoint boundary (saved now unless
+    the last one is at this step) and continue at the bigger world size with the same
+    global batch: the inverse of a shrink. Returns (and keeps in ``last_recovery``) what
+    was done."""
+    session.last_recovery = grow_and_roll_back(session, n, hosts)
     return session.last_recovery
 
 
-def grow_and_roll_back(session: TrainingSession, n: int) -> str:
+def grow_and_roll_back(session: TrainingSession, n: int, hosts: object = None) -> str:
     """At a step boundary: checkpoint, add ``n`` ranks, rebuild the run at the bigger
     world size and load that checkpoint into it (the inverse of a shrink)."""
     from workbench import validate
+    from workbench.cluster.host_placement import check_hosts
 
     validate.integer("n", n, minimum=1, maximum=MAX_ENGINES, what="a number of ranks to add")
+    if hosts is not None:  # before the checkpoint below: a bad value changes nothing
+        hosts = check_hosts("hosts", hosts, session.cluster.config.launcher)
     _check_resizable(session, "grow()")
     cluster = session.cluster
     if session.checkpoint_dir is None:
@@ -165,7 +169,7 @@ def grow_and_roll_back(session: TrainingSession, n: int) -> str:
     saved = [m["step"] for m in session.checkpoints()]
     if session.built and (not saved or saved[-1] != session.step_index):
         session.save()  # the checkpoint boundary the new ranks start from
-    report = cluster.grow_sync(n)
+    report = cluster.grow_sync(n, hosts=hosts)
     base = session._elastic_base
     if base is not None and base[1] == cluster.world_size:
         new_spec, note = base[0], "back to the spec the run started with"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workbench.errors import CollectiveTimeout, EngineDied, RankError
+from workbench.errors import CollectiveTimeout, EngineDied, HostLost, RankError
 from workbench.session.run_state import RankStatus
 
 if TYPE_CHECKING:
@@ -20,6 +20,8 @@ __all__ = ["closed_group", "error_fields", "rank_failure"]
 
 
 def error_fields(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, HostLost):  # re-raised with more words: still naming its host
+        return {"ranks": exc.ranks, "host": exc.host}
     if isinstance(exc, EngineDied):
         return {"ranks": exc.ranks}
     if isinstance(exc, CollectiveTimeout):

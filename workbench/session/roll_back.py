@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from workbench.errors import HostLost
+
 if TYPE_CHECKING:
     from workbench.session.training import TrainingSession
 
@@ -34,12 +36,17 @@ def roll_back(session: TrainingSession) -> str:
     return f"rolled back from step {before} to {to}; {redone} will be redone"
 
 
-def where_the_run_was(session: TrainingSession) -> str:
-    """Where every rank was and the last checkpoint: the context of a dead engine or a hang."""
+def where_the_run_was(session: TrainingSession, error: BaseException | None = None) -> str:
+    """Where every rank was and the last checkpoint: the context of a dead engine or a hang
+    (``error``). The checkpoints are listed by rank 0 unless it stays blocked in a
+    collective (on a lost host's ranks it waits until the group's timeout)."""
     statuses = session.status
     where = ", ".join(f"rank {s.rank} at step {s.step} (next {s.next_phase})" for s in statuses)
     saved = ""
-    if session.checkpoint_dir is not None:
+    grace = 0.0 if isinstance(error, HostLost) else 2.0
+    if 0 in session.cluster.dispatch.stuck.still_pending(grace):
+        saved = "; checkpoints not listed (rank 0 is still blocked in a collective)"
+    elif session.checkpoint_dir is not None:
         try:
             found = session.checkpoints()
         except Exception:

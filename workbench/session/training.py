@@ -347,7 +347,7 @@ class TrainingSession:
             self._interrupted = True
             raise
         except (EngineDied, CollectiveTimeout) as exc:
-            raise type(exc)(f"{exc}\n{where_the_run_was(self)}", **error_fields(exc)) from None
+            raise type(exc)(f"{exc}\n{where_the_run_was(self, exc)}", **error_fields(exc)) from None
         except RankError as exc:
             self._regroup = closed_group(exc)  # the failing rank closed it (fail_together)
             raise rank_failure(exc, self._state.status, self.cluster) from None

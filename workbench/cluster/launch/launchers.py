@@ -51,8 +51,13 @@ LAUNCHER_OPTIONS: dict[str, tuple[str, ...]] = {
     "slurm": ("partition", "time", "account", "sbatch_args", *_COMMON),
 }
 _LISTS = {"ssh_args", "mpi_args", "sbatch_args"}
-# Never let ssh ask for a password inside a kernel (it would wait forever, unseen).
-_SSH_DEFAULTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+# Never let ssh ask for a password inside a kernel (it would wait forever, unseen). A host
+# that goes silent (powered off: no reset) would hang every ssh multiplexed over its shared
+# connection: keep-alives end that connection ~6 s after the host stops answering.
+_SSH_DEFAULTS = (
+    *("-o", "BatchMode=yes", "-o", "ConnectTimeout=10"),
+    *("-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3"),
+)
 _PREFLIGHT_S = 30.0
 # One ssh connection per host, shared by every ssh the cluster runs (0.01 s instead of
 # ~0.4 s per round trip). The master exits 10 s after its last session, so even a kernel

@@ -18,6 +18,7 @@ from typing import Any
 
 from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
 
+from workbench.cluster.elastic import probe_host
 from workbench.errors import ClusterError
 
 __all__ = ["FastSSHEngineLauncher", "SSHParallelEngineSetLauncher", "attach_nannies"]
@@ -55,7 +56,12 @@ class FastSSHEngineLauncher(SSHEngineLauncher):
         self, command: str, timeout: float = _SSH_TIMEOUT_S
     ) -> subprocess.CompletedProcess[str]:
         argv = [*self.ssh_cmd, *self.ssh_args, self.location, command]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        try:
+            return subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except subprocess.TimeoutExpired:  # a silent host: a failed ssh, not a raise in a stop
+            return subprocess.CompletedProcess(argv, 255, "", f"no answer within {timeout}s")
 
     def start(self, hostname: str | None = None, user: str | None = None, port: Any = None) -> None:  # type: ignore[override]
         if hostname is not None:
@@ -98,6 +104,9 @@ class FastSSHEngineLauncher(SSHEngineLauncher):
             return 0  # not our child there: the exit code is not knowable
         if "running" in done.stdout:
             raise TimeoutError("still running")
+        if done.returncode == 255 and not probe_host(self.hostname):
+            return 0  # the host is gone whole (host_loss.py), its engine with it: nothing
+            # is left to wait for, and a stop need not ssh to a host that does not answer
         raise RuntimeError(f"ssh {self.location}: {done.stderr.strip()}")
 
     def signal(self, sig: int) -> None:

@@ -1,0 +1,77 @@
+"""Spare hosts (``Cluster(..., spare_hosts=[...])``): checked before anything starts, and a
+lost host's ranks pointed at a free spare that answers (``cluster/spares.py``), with no
+engines: a stand-in cluster and a stand-in probe."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+
+from workbench.cluster import Cluster, spares
+from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
+from workbench.cluster.spares import move_to_spares
+from workbench.errors import ConfigError, HostLost
+
+
+def _ranks(layout: list[tuple[str, int]]) -> list[RankAssignment]:
+    engines = []
+    for host, n in layout:
+        for _ in range(n):
+            eid = len(engines)
+            engines.append(EngineInfo(engine_id=eid, host=host, pid=1000 + eid, cpus=8))
+    return assign_ranks(engines)
+
+
+@dataclass
+class _Cluster:
+    ranks: list[RankAssignment]
+    spare_hosts: tuple[str, ...]
+    launch_hosts: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.config = SimpleNamespace(spare_hosts=self.spare_hosts)
+        self.launch_hosts = {r.engine_id: r.host for r in self.ranks}
+
+
+def test_spare_hosts_are_checked_before_anything_starts() -> None:
+    cluster = Cluster(n=4, launcher="ssh", hosts=["a", "b"], spare_hosts="c, d")
+    assert cluster.config.spare_hosts == ("c", "d")
+    with pytest.raises(ConfigError, match=r"spare_hosts=\('a',\).*'a' is also in hosts"):
+        Cluster(n=4, launcher="ssh", hosts=["a", "b"], spare_hosts=["a"])
+    with pytest.raises(ConfigError, match=r"'c' is named twice"):
+        Cluster(n=4, launcher="ssh", hosts=["a", "b"], spare_hosts=["c", "c"])
+    with pytest.raises(ConfigError, match=r"launcher='local' cannot start .* launcher='ssh'"):
+        Cluster(n=2, spare_hosts=["c"])
+    with pytest.raises(ConfigError, match=r"spare_hosts=.*'c d' is not a host name"):
+        Cluster(n=4, launcher="ssh", hosts=["a", "b"], spare_hosts=["c d"])
+
+
+def test_a_lost_hosts_ranks_go_to_the_first_free_spare_that_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(spares, "probe_host", lambda host: host not in ("a", "c"))
+    cluster = _Cluster(_ranks([("a", 2), ("b", 2)]), ("c", "d"))
+    assert move_to_spares(cluster, cluster.ranks, [0, 1]) == {"a": "d"}  # c does not answer
+    assert cluster.launch_hosts == {0: "d", 1: "d", 2: "b", 3: "b"}
+
+
+def test_a_dead_process_on_a_host_that_answers_stays_on_its_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(spares, "probe_host", lambda host: True)
+    cluster = _Cluster(_ranks([("a", 2), ("b", 2)]), ("c",))
+    assert move_to_spares(cluster, cluster.ranks, [0, 1]) == {}
+    assert cluster.launch_hosts == {0: "a", 1: "a", 2: "b", 3: "b"}
+
+
+def test_no_spare_left_is_host_lost_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spares, "probe_host", lambda host: host == "b")
+    cluster = _Cluster(_ranks([("a", 2), ("b", 2)]), ("c",))
+    with pytest.raises(HostLost, match=r"no spare host is left.*\['c'\]") as info:
+        move_to_spares(cluster, cluster.ranks, [0, 1])
+    assert info.value.host == "a" and info.value.ranks == [0, 1]
+    without = _Cluster(_ranks([("a", 2), ("b", 2)]), ())
+    with pytest.raises(HostLost, match="shrink=True"):
+        move_to_spares(without, without.ranks, [0, 1])
