@@ -110,17 +110,33 @@ def _autosave(train_step: Any) -> tuple[str | None, str | None]:
     cfg = engine_state().get(_AUTOSAVE)
     if not cfg or not train_step.at_step_boundary or train_step.step % int(cfg["every"]):
         return None, None
-    from workbench.parallel.checkpoint import save_checkpoint
-
     try:
-        path = save_checkpoint(
-            train_step, cfg["root"], keep_last=cfg.get("keep_last"), key=cfg.get("key")
-        )
+        path = timed_save(train_step, cfg["root"], cfg.get("keep_last"), cfg.get("key"))
     except CheckpointError as exc:
         if not _agreed(exc):
             raise
         return None, f"automatic checkpoint: {exc}"
     return str(path), None
+
+
+def timed_save(train_step: Any, root: str, keep_last: int | None, key: bytes | None) -> Any:
+    """``save_checkpoint``, its seconds on this rank recorded as a ``checkpoint_s`` metric
+    at the step saved: what the planner's fault cost needs (``session/fault_times.py``)."""
+    import time
+
+    from workbench.parallel.checkpoint import save_checkpoint
+    from workbench.trace.events import Metric
+
+    start = time.perf_counter()
+    path = save_checkpoint(train_step, root, keep_last=keep_last, key=key)
+    seconds = time.perf_counter() - start
+    recorder = train_step.recorder
+    # at the last step the checkpoint holds (as its loss is), so a roll-back to it keeps it
+    step = max(train_step.step - 1, 0)
+    recorder.emit(
+        Metric(rank=recorder.rank, step=step, name="checkpoint_s", value=seconds, t=recorder.now())
+    )
+    return path
 
 
 def run_phases(count: int, cursor: int) -> dict[str, Any]:
@@ -169,10 +185,8 @@ def save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -
 
 
 def _save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
-    from workbench.parallel.checkpoint import save_checkpoint
-
     try:
-        path = save_checkpoint(_run(), root, keep_last=keep_last, key=key)
+        path = timed_save(_run(), root, keep_last, key)
     except CheckpointError as exc:
         if not _agreed(exc):
             raise
