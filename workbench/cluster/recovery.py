@@ -315,12 +315,17 @@ async def recover(
     )
     if not shrink:
         decide_loss(cluster.ranks, dead)  # a lost host has nowhere to put a replacement
-    killed = await _free_stuck(cluster, dead, report)
-    report.killed = killed
     if shrink:
+        killed = await _free_stuck(cluster, dead, report)
         await _drop(cluster, sorted({*dead, *killed}), sorted(set(drop) - set(dead)), report)
     else:
-        await _replace(cluster, sorted({*dead, *killed}), report)
+        # The dead ranks' replacements start while stuck ranks are freed: a new engine's
+        # start (its forker imports torch) is most of a recovery, freeing is reply trips.
+        killed, _ = await asyncio.gather(
+            _free_stuck(cluster, dead, report), _replace(cluster, dead, report)
+        )
+        await _replace(cluster, killed, report)  # ranks that stayed stuck (rare)
+    report.killed = killed
     await regroup(cluster)
     report.seconds = time.perf_counter() - started
     cluster.timings["recover_s"] = report.seconds
