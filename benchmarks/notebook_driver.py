@@ -174,6 +174,26 @@ class NotebookRun:
         self.times.last_round_trip_text = _outputs_text(cell)
         return seconds
 
+    async def timed(self, source: str) -> tuple[float, str, bool]:
+        """Run a cell that may fail: (seconds request to reply, its outputs, whether it
+        ended in an error)."""
+        self.client.allow_errors = True
+        try:
+            start = time.perf_counter()
+            cell = await self._cell(source)
+            seconds = time.perf_counter() - start
+        finally:
+            self.client.allow_errors = False
+        text = _outputs_text(cell)
+        return seconds, text, any(o.get("output_type") == "error" for o in cell.outputs)
+
+    async def restart(self) -> None:
+        """The notebook's Restart: the kernel (and what it started) replaced by a new one."""
+        self._snapshot()
+        await self.km.restart_kernel(now=False)
+        await self.client.kc.wait_for_ready(timeout=180)
+        self._kernel_pid = getattr(self.km.provisioner, "pid", None)
+
     async def stop(self, source: str) -> float:
         """Time a cell that stops the tool's processes; note what is still alive after it."""
         self._snapshot()

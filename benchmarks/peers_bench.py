@@ -7,7 +7,9 @@ Measured for each tool in one interleaved run (rotating order, a new kernel ever
   its processes, their torch import and the rendezvous — what a user waits for;
 - **per-cell round trip**: a 1-element all-reduce cell that prints its result, request to
   reply (median of several cells in each started kernel);
-- **stop**: the tool's own stop cell, and which of its processes are still alive after it.
+- **stop**: the tool's own stop cell, and which of its processes are still alive after it;
+- **faults** (2 ranks, ``peers_faults.py``): a rank exiting mid-cell, recovery to a working
+  all-reduce, a hung collective with a 5 s timeout, recovery after it.
 
 The tools and what a user types (see each ``*_cells`` function):
 
@@ -46,11 +48,12 @@ from pathlib import Path
 
 from benchmarks.common import BenchResult, Row, Target, interleaved, median, run_main
 from benchmarks.notebook_driver import KernelSpec, NotebookRun, RunTimes, spec_dir
+from benchmarks.peers_faults import FAULT_KEYS, fault_rows, fault_sampler
 
 __all__ = ["NAME", "TITLE", "TOOLS", "Tool", "render_table", "run"]
 
 NAME = "peers"
-TITLE = "Fresh kernel to first all-reduce, per-cell round trip and stop, beside the peers"
+TITLE = "Fresh kernel to first all-reduce, per-cell round trip, stop and faults, beside the peers"
 BODY = 't = torch.ones(1) * (rank + 1)\ndist.all_reduce(t)\nprint(f"allreduce={t.item()}")'
 MARKER = "allreduce="
 ROUND_TRIP = 't = torch.ones(1)\ndist.all_reduce(t)\nprint(f"rt={t.item()}")'
@@ -242,8 +245,11 @@ def render_table(details: dict, tools: list[str]) -> str:
         ("cold", "cold start to first all-reduce, {n} ranks", 1.0, "s"),
         ("cell", "1-element all-reduce cell, round trip, {n} ranks", 1e3, "ms"),
         ("stop", "stop cell, {n} ranks", 1.0, "s"),
+        *((key, label, 1.0, "s") for key, label in FAULT_KEYS.items()),
     ):
         for n in details.get("sizes", []):
+            if key in FAULT_KEYS and f"{key}:{n}" not in details:
+                continue  # the fault rows are measured at one size
             row = [label.format(n=n)]
             for tool in tools:
                 values = details.get(f"{key}:{n}", {}).get(tool, [])
@@ -345,6 +351,19 @@ def run(quick: bool = False) -> BenchResult:
         )
         details[f"cold:{n}"] = samples
         _rows(result, details, n, repeats)
+    # The fault rows (peers_faults.py), one size; the workbench kernel's fault paths are
+    # the plain kernel's code, so it is not run twice.
+    faulty = [t for t in tools.values() if t.name != "workbench kernel"]
+    interleaved(
+        {
+            t.name: retrying(
+                t.name, fault_sampler(t, sizes[0], kernels, details, BODY, MARKER), failures
+            )
+            for t in faulty
+        },
+        repeats=repeats,
+    )
+    fault_rows(result, details, sizes[0])
     try:
         details["load_after"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:

@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, str] = {
     "scaling": "benchmarks.scaling_bench",
     "fault_timing": "benchmarks.fault_timing_bench",
     "fault_paths": "benchmarks.fault_paths_bench",
+    "recovery_profile": "benchmarks.recovery_profile",
     "doctor": "benchmarks.doctor_bench",
     "cold_start": "benchmarks.cold_start_bench",
     # the 2-node namespace bed (root); skipped with the reason where it cannot be built

@@ -273,3 +273,42 @@ def test_a_peers_failed_start_is_recorded_and_taken_again_but_never_the_workbenc
     with pytest.raises(RuntimeError, match="Expected 28879"):  # no second try
         retrying("workbench", flaky, failures)()
     assert "workbench" not in failures
+
+
+def test_peers_fault_rows_take_the_fastest_peer_and_the_issue_targets() -> None:
+    from benchmarks.common import BenchResult
+    from benchmarks.peers_bench import render_table
+    from benchmarks.peers_faults import fault_rows, fault_setup
+
+    details = {
+        "sizes": [2, 4],
+        "dead:2": {"workbench": [0.05, 0.03, 0.04], "jupyter-distributed": [0.08], "nb": [30.0]},
+        "recover:2": {"workbench": [3.0], "jupyter-distributed": [4.0], "nb": [2.0]},
+        "hang:2": {"workbench": [5.6], "jupyter-distributed": [5.2]},
+        "recover_hang:2": {"workbench": [1.0], "nb": [4.0]},
+    }
+    result = BenchResult("peers", "P")
+    fault_rows(result, details, 2)
+    dead, recover, hang, recover_hang = result.rows
+    assert (dead.workbench, dead.raw_label, dead.raw, dead.met) == (
+        0.04,
+        "jupyter-distributed",
+        0.08,
+        True,
+    )
+    assert (recover.raw_label, recover.ratio, recover.met) == ("nb", 1.5, False)
+    assert (hang.target, hang.met) == ("<= 5.5 s (timeout + 0.5)", False)
+    assert (recover_hang.raw_label, recover_hang.ratio, recover_hang.met) == ("nb", 0.25, True)
+    table = render_table(details, ["workbench", "nb"])
+    assert "| a rank exits mid-cell: seconds until the cell returns, 2 ranks | 0.04 s" in table
+    assert "4 ranks" not in table.split("stop cell, 4 ranks")[-1]  # faults at one size only
+
+    class Tool:
+        name = "raw ipyparallel"
+
+        @staticmethod
+        def setup(n: int) -> list[str]:
+            return [f'dist.init_process_group("gloo", init_method="x", world_size={n})']
+
+    (cell,) = fault_setup(Tool, 2)
+    assert "timedelta(seconds=5)" in cell and "init_method" in cell

@@ -221,6 +221,50 @@ print("max |Δloss| <= 1e-6:", max(abs(a - b) for a, b in zip(resumed, reference
 # or a hung collective by itself and keeps going until it reaches the step it was asked
 # for — the elastic recovery the seed article asks for, in miniature.
 #
+# ### What faults cost, and how often to checkpoint
+#
+# How often is "often"? The planner answers with this run's own measurements: the time of
+# a step, of the save (each save records its seconds on every rank), of the detection (the
+# `elapsed` we timed above) and of the recovery (`%wb restart`, up to the checkpoint
+# loaded). They vary from run to run, so this cell's output is not compared:
+
+# %% tags=["nbval-ignore-output"]
+times = workbench.fault_times(stepper, detect_s=elapsed)
+print(f"step {times.step_s:.3f} s, save {times.save_s:.3f} s, "
+      f"detect {times.detect_s:.3f} s, recover {times.recover_s:.2f} s")
+
+# %% [markdown]
+# Per hour of training, faults cost the saves, the work redone since the last checkpoint
+# (half an interval on average) and the detection and recovery of each failure. Save
+# rarely and each failure throws away more; save often and the saves themselves add up.
+# With these times on 1,000 nodes that each fail once in five years on average (a failure
+# every 44 hours somewhere), the curve over checkpoint intervals:
+
+# %% tags=["nbval-ignore-output"]
+from workbench.planner import best_checkpoint_every, young_daly_interval_s
+from workbench.plots.fault_cost import fault_cost_figure
+
+mtbf_h, nodes = 5 * 365 * 24, 1000
+intervals = sorted({max(1, round(10 ** (k / 8))) for k in range(41)})  # 1 .. 100,000 steps
+curve = [times.cost(every, mtbf_h, nodes) for every in intervals]
+young = young_daly_interval_s(times.save_s, mtbf_h, nodes)
+fault_cost_figure(curve, young_daly_s=young)
+
+# %% [markdown]
+# The total's lowest point sits at Young and Daly's classic interval, `sqrt(2 · save ·
+# MTBF)`: detection and recovery are paid once per failure whatever the interval, so they
+# lift the curve without moving its minimum.
+
+# %%
+best = best_checkpoint_every(step_s=times.step_s, save_s=times.save_s, mtbf_node_h=mtbf_h,
+                             nodes=nodes)
+lowest = min(curve, key=lambda c: c.total_s)
+print("best interval within one step of Young/Daly:", abs(best * times.step_s - young) <= times.step_s)
+print("lowest point of the curve next to it:", abs(lowest.checkpoint_every / best - 1) < 0.34)
+print("every step costs more:", curve[0].total_s > times.cost(best, mtbf_h, nodes).total_s)
+print("every 100,000 steps costs more:", curve[-1].total_s > times.cost(best, mtbf_h, nodes).total_s)
+
+# %% [markdown]
 # ## 4. A collective that one rank never joins
 #
 # A dead engine is the easy case: its process is gone, and the controller notices. Harder

@@ -340,12 +340,18 @@ async def recover(
     )
     if not shrink:
         move_to_spares(engines, ranks, dead)  # a lost host's ranks: to a spare, or HostLost
-    killed = await _free_stuck(engines, ranks, dead, report, blocked)
-    report.killed = killed
     if shrink:
+        killed = await _free_stuck(engines, ranks, dead, report, blocked)
         await _drop(engines, ranks, sorted({*dead, *killed}), sorted(set(drop) - set(dead)), report)
     else:
-        await _replace(engines, ranks, sorted({*dead, *killed}), report)
+        # The dead ranks' replacements start while stuck ranks are freed: a new engine's
+        # start (its forker imports torch) is most of a recovery, freeing is reply trips.
+        killed, _ = await asyncio.gather(
+            _free_stuck(engines, ranks, dead, report, blocked),
+            _replace(engines, ranks, dead, report),
+        )
+        await _replace(engines, ranks, killed, report)  # ranks that stayed stuck (rare)
+    report.killed = killed
     await regroup(engines, ranks)
     report.seconds = time.perf_counter() - started
     return report

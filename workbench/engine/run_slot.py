@@ -25,6 +25,7 @@ __all__ = [
     "drop_run",
     "install",
     "summary",
+    "timed_save",
 ]
 
 RUN = "run"
@@ -100,12 +101,8 @@ def autosave_if_due(train_step: Any) -> tuple[str | None, str | None]:
     cfg = engine_state().get(AUTOSAVE)
     if not cfg or not train_step.at_step_boundary or train_step.step % int(cfg["every"]):
         return None, None
-    from workbench.parallel.checkpoint import save_checkpoint
-
     try:
-        path = save_checkpoint(
-            train_step, cfg["root"], keep_last=cfg.get("keep_last"), key=cfg.get("key")
-        )
+        path = timed_save(train_step, cfg["root"], cfg.get("keep_last"), cfg.get("key"))
     except CheckpointError as exc:
         if not agreed(exc):
             raise
@@ -130,3 +127,26 @@ def drop_run() -> None:
         close_run()
     except Exception:
         engine_state().pop(RUN, None)
+
+
+def timed_save(train_step: Any, root: str, keep_last: int | None, key: bytes | None) -> Any:
+    """``save_checkpoint``, its seconds on this rank recorded as a ``checkpoint_s`` metric
+    at the step saved: what the planner's fault cost needs (``session/fault_times.py``)."""
+    import time
+
+    from workbench.parallel.checkpoint import save_checkpoint
+    from workbench.trace.events import Metric
+
+    start = time.perf_counter()
+    path = save_checkpoint(train_step, root, keep_last=keep_last, key=key)
+    seconds = time.perf_counter() - start
+    recorder = getattr(train_step, "recorder", None)
+    if recorder is not None:
+        # at the last step the checkpoint holds (as its loss is): a roll-back to it keeps it
+        step = max(train_step.step - 1, 0)
+        recorder.emit(
+            Metric(
+                rank=recorder.rank, step=step, name="checkpoint_s", value=seconds, t=recorder.now()
+            )
+        )
+    return path

@@ -19,6 +19,7 @@ from workbench.engine.run_slot import (
     current_run,
     install,
     summary,
+    timed_save,
 )
 from workbench.engine.state import engine_state
 from workbench.errors import CheckpointError
@@ -111,10 +112,8 @@ def save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -
 
 
 def _save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
-    from workbench.parallel.checkpoint import save_checkpoint
-
     try:
-        path = save_checkpoint(current_run(), root, keep_last=keep_last, key=key)
+        path = timed_save(current_run(), root, keep_last, key)
     except CheckpointError as exc:
         if not agreed(exc):
             raise

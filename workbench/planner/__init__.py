@@ -17,6 +17,12 @@ from workbench.planner.comm import (
     reduce_scatter_time,
 )
 from workbench.planner.cpu_calibration import cpu_profile
+from workbench.planner.fault_cost import (
+    FaultCost,
+    best_checkpoint_every,
+    fault_cost,
+    young_daly_interval_s,
+)
 from workbench.planner.flops import (
     executed_flops_per_token,
     model_flops_per_token,
@@ -71,6 +77,7 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "Comparison",
+    "FaultCost",
     "HardwareSpec",
     "LinkFit",
     "LinkSpec",
@@ -89,12 +96,14 @@ __all__ = [
     "ValidationReport",
     "all_gather_time",
     "all_reduce_time",
+    "best_checkpoint_every",
     "check_layout",
     "count_params",
     "cpu_profile",
     "dimension_placement",
     "evaluate",
     "executed_flops_per_token",
+    "fault_cost",
     "fit_alpha_beta",
     "format_plan",
     "format_plans",
@@ -123,4 +132,5 @@ __all__ = [
     "sweep",
     "training_flops",
     "validate",
+    "young_daly_interval_s",
 ]

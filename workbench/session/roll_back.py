@@ -64,15 +64,22 @@ def where_the_run_was(session: TrainingSession, error: BaseException | None = No
 def recover_and_roll_back(session: TrainingSession, shrink: bool | None = None) -> str:
     """``session.recover()``: recover the cluster when it needs it (dead or stuck engines,
     a process group closed by a failing rank), then roll the run back; says what was done."""
+    import time
+
     from workbench import validate
 
     cluster = session.cluster
     shrink = session.elastic if shrink is None else validate.boolean("shrink", shrink)
+    started = time.perf_counter()
     if shrink and cluster.state == "degraded":  # go on with the ranks left
         from workbench.session.elastic_run import shrink_and_roll_back
 
-        return shrink_and_roll_back(session)
-    cluster_report = ""
-    if cluster.state == "degraded" or cluster.stuck_ranks or cluster.group_closed:
-        cluster_report = str(cluster.recover_sync())  # also re-opens the process group
-    return roll_back(session) + (f"; {cluster_report}" if cluster_report else "")
+        message = shrink_and_roll_back(session)
+    else:
+        cluster_report = ""
+        if cluster.state == "degraded" or cluster.stuck_ranks or cluster.group_closed:
+            cluster_report = str(cluster.recover_sync())  # also re-opens the process group
+        message = roll_back(session) + (f"; {cluster_report}" if cluster_report else "")
+    # the whole way back to training, checkpoint loaded: what a fault's cost counts
+    cluster.timings["recover_and_roll_back_s"] = time.perf_counter() - started
+    return message
