@@ -9,7 +9,10 @@ through ``cluster.execute`` (what a ``%%wb`` cell calls), a few rounds each:
   ``recover_sync()`` to a working all-reduce (recovery, for reference);
 - *hang*: the same cell with ``timeout=T`` and nobody killed. Marks: the timeout, the hang
   report built (status files read), the interrupt sent, the interrupt's grace over, the
-  cell raising ``CollectiveTimeout``; then ``recover_sync()``.
+  cell raising ``CollectiveTimeout``; then ``recover_sync()``;
+- *first fault*: the dead-rank path as the first cell of a freshly started cluster, a new
+  cluster each round (what the peers benchmark's samples are): the survivor's status has
+  had no cell before to settle in.
 
 The marks come from wrapping the dispatch's own functions in this process (nothing is
 changed on the engines). Rows: the seconds from the event to the error, against the
@@ -103,6 +106,22 @@ def _recovered(cluster: Any) -> float:
 
 
 def _dead_rank(cluster: Any) -> tuple[dict[str, float], float]:
+    marks = _killed(cluster)
+    return marks, _recovered(cluster)
+
+
+def _first_faults(rounds: int) -> list[dict[str, float]]:
+    """The dead-rank path as the first cell of a freshly started cluster, each round."""
+    from workbench.cluster import Cluster
+
+    samples = []
+    for _ in range(rounds):
+        with Cluster(2, backend="gloo") as cluster:
+            samples.append(_killed(cluster))
+    return samples
+
+
+def _killed(cluster: Any) -> dict[str, float]:
     from workbench.errors import EngineDied
 
     marks = Marks()
@@ -131,7 +150,7 @@ def _dead_rank(cluster: Any) -> tuple[dict[str, float], float]:
         stop.set()
         for u in undo:
             u()
-    return marks.after("kill"), _recovered(cluster)
+    return marks.after("kill")
 
 
 def _hang(cluster: Any) -> tuple[dict[str, float], float]:
@@ -195,13 +214,25 @@ def run(quick: bool = False) -> BenchResult:
             marks, seconds = _hang(cluster)
             hang.append(marks)
             recovery["hang"].append(seconds)
+    first = _first_faults(rounds)
     died = median([m["cell: EngineDied"] for m in dead])
+    died_first = median([m["cell: EngineDied"] for m in first])
     late = median([m["cell: CollectiveTimeout"] for m in hang])
     result.rows += [
         _row("a rank's process killed mid-cell: kill to EngineDied", died, DEAD_TARGET, rounds),
         _row(f"a hang past timeout={TIMEOUT_S}s: timeout to its report", late, HANG_TARGET, rounds),
+        _row(
+            "the same kill in the first cell after a fresh start: kill to EngineDied",
+            died_first,
+            DEAD_TARGET,
+            rounds,
+        ),
     ]
-    ends = (("dead rank", dead, "cell: EngineDied"), ("hang", hang, "cell: CollectiveTimeout"))
+    ends = (
+        ("dead rank", dead, "cell: EngineDied"),
+        ("hang", hang, "cell: CollectiveTimeout"),
+        ("dead rank, first cell after a start", first, "cell: EngineDied"),
+    )
     for label, samples, key in ends:
         result.notes.append(f"{label}, each round: {[s[key] for s in samples]} s")
     for kind, values in recovery.items():
@@ -211,7 +242,7 @@ def run(quick: bool = False) -> BenchResult:
             f"median {median(values):.2f} s of {spread}"
         )
     result.notes += _profile("dead rank", dead) + _profile("hang", hang)
-    result.details = {"dead": dead, "hang": hang, "recovery": recovery}
+    result.details = {"dead": dead, "hang": hang, "first": first, "recovery": recovery}
     return result
 
 
