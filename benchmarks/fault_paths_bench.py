@@ -10,9 +10,9 @@ through ``cluster.execute`` (what a ``%%wb`` cell calls), a few rounds each:
 - *hang*: the same cell with ``timeout=T`` and nobody killed. Marks: the timeout, the hang
   report built (status files read), the interrupt sent, the interrupt's grace over, the
   cell raising ``CollectiveTimeout``; then ``recover_sync()``;
-- *first fault*: the dead-rank path as the first cell of a freshly started cluster, a new
-  cluster each round (what the peers benchmark's samples are): the survivor's status has
-  had no cell before to settle in.
+- *first fault*: a new cluster each round whose first cell's rank 1 kills itself 0.3 s in
+  while rank 0 waits in a barrier (what each of the peers benchmark's samples is): from
+  the kill (its wall-clock time, written by rank 1 just before) to ``EngineDied``.
 
 The marks come from wrapping the dispatch's own functions in this process (nothing is
 changed on the engines). Rows: the seconds from the event to the error, against the
@@ -110,14 +110,33 @@ def _dead_rank(cluster: Any) -> tuple[dict[str, float], float]:
     return marks, _recovered(cluster)
 
 
+# The first cell of a fresh cluster, as the peers benchmark runs it: rank 1 kills itself
+# 0.3 s in (noting the time first) while rank 0 waits in a barrier.
+SELF_KILL = (
+    "import os, signal, time\nif rank == 1:\n    time.sleep(0.3)\n"
+    "    open({path!r}, 'w').write(repr(time.time()))\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()"
+)
+
+
 def _first_faults(rounds: int) -> list[dict[str, float]]:
-    """The dead-rank path as the first cell of a freshly started cluster, each round."""
+    """Each round a freshly started cluster whose first cell's rank 1 kills itself:
+    seconds from its kill to ``EngineDied`` (wall clock, one host)."""
     from workbench.cluster import Cluster
+    from workbench.errors import EngineDied
 
     samples = []
     for _ in range(rounds):
         with Cluster(2, backend="gloo") as cluster:
-            samples.append(_killed(cluster))
+            path = os.path.join(str(cluster.engines.run_dir), "killed-at")
+            try:
+                cluster.execute(SELF_KILL.format(path=path), timeout=60)
+                raise RuntimeError("the cell returned without EngineDied")
+            except EngineDied:
+                died = time.time()
+            with open(path) as f:
+                killed = float(f.read())
+            samples.append({"kill": 0.0, "cell: EngineDied": round(died - killed, 4)})
     return samples
 
 
@@ -222,7 +241,7 @@ def run(quick: bool = False) -> BenchResult:
         _row("a rank's process killed mid-cell: kill to EngineDied", died, DEAD_TARGET, rounds),
         _row(f"a hang past timeout={TIMEOUT_S}s: timeout to its report", late, HANG_TARGET, rounds),
         _row(
-            "the same kill in the first cell after a fresh start: kill to EngineDied",
+            "a rank killing itself in the first cell after a start: kill to EngineDied",
             died_first,
             DEAD_TARGET,
             rounds,
