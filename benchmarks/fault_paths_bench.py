@@ -9,7 +9,10 @@ through ``cluster.execute`` (what a ``%%wb`` cell calls), a few rounds each:
   ``recover_sync()`` to a working all-reduce (recovery, for reference);
 - *hang*: the same cell with ``timeout=T`` and nobody killed. Marks: the timeout, the hang
   report built (status files read), the interrupt sent, the interrupt's grace over, the
-  cell raising ``CollectiveTimeout``; then ``recover_sync()``.
+  cell raising ``CollectiveTimeout``; then ``recover_sync()``;
+- *first fault*: a new cluster each round whose first cell's rank 1 kills itself 0.3 s in
+  while rank 0 waits in a barrier (what each of the peers benchmark's samples is): from
+  the kill (its wall-clock time, written by rank 1 just before) to ``EngineDied``.
 
 The marks come from wrapping the dispatch's own functions in this process (nothing is
 changed on the engines). Rows: the seconds from the event to the error, against the
@@ -103,6 +106,41 @@ def _recovered(cluster: Any) -> float:
 
 
 def _dead_rank(cluster: Any) -> tuple[dict[str, float], float]:
+    marks = _killed(cluster)
+    return marks, _recovered(cluster)
+
+
+# The first cell of a fresh cluster, as the peers benchmark runs it: rank 1 kills itself
+# 0.3 s in (noting the time first) while rank 0 waits in a barrier.
+SELF_KILL = (
+    "import os, signal, time\nif rank == 1:\n    time.sleep(0.3)\n"
+    "    open({path!r}, 'w').write(repr(time.time()))\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()"
+)
+
+
+def _first_faults(rounds: int) -> list[dict[str, float]]:
+    """Each round a freshly started cluster whose first cell's rank 1 kills itself:
+    seconds from its kill to ``EngineDied`` (wall clock, one host)."""
+    from workbench.cluster import Cluster
+    from workbench.errors import EngineDied
+
+    samples = []
+    for _ in range(rounds):
+        with Cluster(2, backend="gloo") as cluster:
+            path = os.path.join(str(cluster.engines.run_dir), "killed-at")
+            try:
+                cluster.execute(SELF_KILL.format(path=path), timeout=60)
+                raise RuntimeError("the cell returned without EngineDied")
+            except EngineDied:
+                died = time.time()
+            with open(path) as f:
+                killed = float(f.read())
+            samples.append({"kill": 0.0, "cell: EngineDied": round(died - killed, 4)})
+    return samples
+
+
+def _killed(cluster: Any) -> dict[str, float]:
     from workbench.errors import EngineDied
 
     marks = Marks()
@@ -131,7 +169,7 @@ def _dead_rank(cluster: Any) -> tuple[dict[str, float], float]:
         stop.set()
         for u in undo:
             u()
-    return marks.after("kill"), _recovered(cluster)
+    return marks.after("kill")
 
 
 def _hang(cluster: Any) -> tuple[dict[str, float], float]:
@@ -195,13 +233,25 @@ def run(quick: bool = False) -> BenchResult:
             marks, seconds = _hang(cluster)
             hang.append(marks)
             recovery["hang"].append(seconds)
+    first = _first_faults(rounds)
     died = median([m["cell: EngineDied"] for m in dead])
+    died_first = median([m["cell: EngineDied"] for m in first])
     late = median([m["cell: CollectiveTimeout"] for m in hang])
     result.rows += [
         _row("a rank's process killed mid-cell: kill to EngineDied", died, DEAD_TARGET, rounds),
         _row(f"a hang past timeout={TIMEOUT_S}s: timeout to its report", late, HANG_TARGET, rounds),
+        _row(
+            "a rank killing itself in the first cell after a start: kill to EngineDied",
+            died_first,
+            DEAD_TARGET,
+            rounds,
+        ),
     ]
-    ends = (("dead rank", dead, "cell: EngineDied"), ("hang", hang, "cell: CollectiveTimeout"))
+    ends = (
+        ("dead rank", dead, "cell: EngineDied"),
+        ("hang", hang, "cell: CollectiveTimeout"),
+        ("dead rank, first cell after a start", first, "cell: EngineDied"),
+    )
     for label, samples, key in ends:
         result.notes.append(f"{label}, each round: {[s[key] for s in samples]} s")
     for kind, values in recovery.items():
@@ -211,7 +261,7 @@ def run(quick: bool = False) -> BenchResult:
             f"median {median(values):.2f} s of {spread}"
         )
     result.notes += _profile("dead rank", dead) + _profile("hang", hang)
-    result.details = {"dead": dead, "hang": hang, "recovery": recovery}
+    result.details = {"dead": dead, "hang": hang, "first": first, "recovery": recovery}
     return result
 
 

@@ -73,7 +73,11 @@ def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None
     cluster = Cluster(n=2, backend="gloo")
     cluster.start_sync()
     try:
-        assert all(warm_start.warm(role) is None for role in warm_start.ROLES)  # taken
+        assert warm_start.warm("controller") is None  # taken
+        # the forker too; a spare waits for a replacement engine (spare_forker.py)
+        spare = warm_start.warm("engines")
+        assert spare is not None and spare is cluster.engines.spare
+        assert spare.process.pid != forker.pid
         parents = {psutil.Process(r.pid).ppid() for r in cluster.ranks}
         assert parents == {forker.pid}
         ipp = cluster.engines.ipp
@@ -94,7 +98,8 @@ def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None
     finally:
         pids = cluster.pids()
         cluster.stop_sync()
-    assert _wait_gone([*pids, forker.pid, controller.pid]) == []
+    assert _wait_gone([*pids, forker.pid, controller.pid, spare.process.pid]) == []
+    assert warm_start.warm("engines") is None  # the stop ended the spare
 
 
 @pytest.mark.engines

@@ -212,16 +212,15 @@ class RankDispatch:
         return False
 
     def _nothing_to_wait(
-        self, targets: list[Any], futures: list[Any], pending: list[int], seen: set[int]
+        self, targets: list[Any], futures: list[Any], pending: list[int], seen: fail_wait.Seen
     ) -> bool:
         """After a death: each rank without a reply is dead (a direct cell's never comes) or
         was ``seen`` in a collective since, which it fails out of (``_ensure_free`` waits)."""
         for i in pending:
-            status = None if i in seen else hang.read_status(self.engines.run_dir, targets[i].rank)
-            if (status or {}).get("in_flight"):
-                seen.add(i)
+            if i not in seen.ranks:
+                seen.look(i, hang.read_status(self.engines.run_dir, targets[i].rank))
         return all(
-            i in seen or self._dead_engine(futures[i], targets[i].engine_id) for i in pending
+            i in seen.ranks or self._dead_engine(futures[i], targets[i].engine_id) for i in pending
         )
 
     def _wait_all(
@@ -235,7 +234,7 @@ class RankDispatch:
         died; raises ``CollectiveTimeout`` with the hang report at ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         death_deadline: float | None = None
-        seen: set[int] = set()  # after a death: survivors seen waiting in a collective
+        seen = fail_wait.Seen()  # after a death: survivors seen waiting in a collective
         next_health = time.monotonic() + _HEALTH_S
         client = self.engines.client  # a stop (or restart) from another thread replaces it
         try:

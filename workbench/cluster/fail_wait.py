@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.cluster.ranks import RankAssignment
@@ -20,6 +21,7 @@ __all__ = [
     "DEATH_CHECK_S",
     "DEATH_NOTICE_S",
     "PEER_GRACE_S",
+    "Seen",
     "death_notice_s",
     "failed_together",
     "failures_and_waiting",
@@ -79,6 +81,28 @@ def wait_for_a_failure(
         if failed_at is not None and now - failed_at >= PEER_GRACE_S:
             return True
         pending[0].wait(0.02)
+
+
+@dataclass
+class Seen:
+    """After a death, the ranks of a cell seen waiting in a collective, which they fail out
+    of: from their status files (``hang.read_status``)."""
+
+    ranks: set[int] = field(default_factory=set)
+    sent: float = field(default_factory=time.time)  # when the cell was sent (its wait began)
+
+    def look(self, index: int, status: dict[str, Any] | None) -> None:
+        """Count rank ``index`` as seen when its status shows it in a collective, or shows
+        that one of its collectives failed since the cell was sent. The second matters on
+        the first fault after a start as on any: a survivor's collective fails the moment
+        its peer's connection closes, and its status may lose that collective before the
+        kernel has heard of the death; its reply then waits for its traceback (slow)."""
+        if not status:
+            return
+        failed_at = status.get("failed_at")
+        failed = isinstance(failed_at, int | float) and failed_at >= self.sent
+        if status.get("in_flight") or failed:
+            self.ranks.add(index)
 
 
 def failures_and_waiting(

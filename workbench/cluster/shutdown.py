@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from workbench.cluster import fast_stop, watchdog
+from workbench.cluster import fast_stop, spare_forker, watchdog
 from workbench.cluster.engines import EngineSet, local_ranks
 from workbench.cluster.launch import launchers
 from workbench.cluster.processes import reap, started_for, terminate
@@ -32,6 +32,7 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
     """Stop every process of ``engines`` (see the module docstring); ``ranks`` is emptied.
     What the cluster holds per rank besides (views, stuck cells, cell sockets) is its
     dispatcher's to forget."""
+    spare_forker.end(engines)  # not yet taken: nothing else would end it
     # Snapshot every process first: once engines exit, their nannies are orphans.
     processes = engines.process_tree(ranks)
     watch, engines.watch = engines.watch, None

@@ -19,7 +19,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import doctor_env, rendezvous, warm_start
+from workbench.cluster import doctor_env, rendezvous, spare_forker, warm_start
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.launch import launchers
@@ -152,6 +152,7 @@ async def start(
         if tracker is not None:
             tracker.cancel()
     engines.write_pidfile(ranks)
+    spare_forker.keep_ready(engines)  # a replacement engine forks warm (spare_forker.py)
     return {
         "engines_s": t1 - t0,
         "process_group_s": time.perf_counter() - t1,

@@ -37,6 +37,7 @@ __all__ = [
     "ROLES",
     "WarmProcess",
     "compatible",
+    "discard",
     "env_changes",
     "pop_outcomes",
     "spawn",
@@ -181,6 +182,15 @@ def _end(warm_process: WarmProcess) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def discard(warm_process: WarmProcess) -> None:
+    """Stop ``warm_process`` if it still waits to be taken (a taken one is its launcher's)."""
+    with _lock:
+        if _warm.get(warm_process.role) is not warm_process:
+            return
+        del _warm[warm_process.role]
+    _end(warm_process)
 
 
 def stop() -> None:

@@ -67,6 +67,7 @@ class _Monitor(threading.Thread):
         with self.lock:
             recorders = [r for ref in self.recorders if (r := ref()) is not None]
         step, phase, flights = 0, "", []
+        failed_at = max((r.failed_at for r in recorders), default=0.0)
         for recorder in recorders:
             snap = recorder.snapshot()
             if not isinstance(recorder, FlightRecorder):  # a training run: it knows where
@@ -81,6 +82,7 @@ class _Monitor(threading.Thread):
             "step": step,
             "phase": phase,
             "in_flight": flights,
+            "failed_at": failed_at,
         }
 
     def write(self) -> None:

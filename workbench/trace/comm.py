@@ -342,7 +342,11 @@ class CommTracer:
             self._complete(flight)
             return
 
-        def done(_fut: Any) -> None:
+        def done(fut: Any) -> None:
+            try:
+                fut.value()
+            except Exception:  # the collective failed: say so before it ends
+                self.recorder.fail_flight(flight.token)
             self._complete(flight)
 
         callback = future.then(done)

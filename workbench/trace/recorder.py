@@ -8,6 +8,7 @@ report can say which rank waits in which collective.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,6 +30,10 @@ class Recorder:
         self.step = 0
         self.phase = ""
         self.in_flight: dict[int, dict[str, Any]] = {}
+        # When (time.time()) a collective of this rank last failed, 0.0 if none: the
+        # status file shows it so the kernel knows a rank whose collective just failed
+        # (a peer died) is on its way out of the cell, not busy elsewhere.
+        self.failed_at = 0.0
         self._events: list[Event] = []
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
@@ -123,6 +128,12 @@ class Recorder:
 
     def end_flight(self, token: int) -> None:
         with self._lock:
+            self.in_flight.pop(token, None)
+
+    def fail_flight(self, token: int) -> None:
+        """End a collective that failed (its peer died, its group was dropped)."""
+        with self._lock:
+            self.failed_at = time.time()  # before it leaves in_flight: never shows neither
             self.in_flight.pop(token, None)
 
     def snapshot(self) -> dict[str, Any]:
