@@ -101,7 +101,7 @@ def _recover(cluster: Any, fault: str) -> dict[str, float]:
 
 def _watch_ids(cluster: Any, marks: Marks, stop: threading.Event) -> None:
     """Mark when a new engine id shows in the client (the replacement registered)."""
-    client = cluster.client_unchecked()
+    client = cluster.engines.client_unchecked()
     before = set(client.ids)
     while not stop.is_set():
         if set(client.ids) - before:

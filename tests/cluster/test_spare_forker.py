@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -79,3 +80,21 @@ def test_a_spare_killed_while_it_waits_is_replaced_by_a_fresh_start() -> None:
         pids = cluster.pids()
         cluster.stop_sync()
     assert _wait_gone(pids) == []
+
+
+def test_a_spare_that_cannot_start_is_only_a_missed_speed_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No process can be started (e.g. out of pids): the cluster keeps going without one."""
+    from workbench.cluster import spare_forker
+
+    def refuse(role: str) -> None:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(warm_start, "spawn", refuse)
+    monkeypatch.setattr(warm_start, "warm", lambda role: None)
+    engines = SimpleNamespace(config=SimpleNamespace(launcher="local"), owns=True, spare=None)
+    with caplog.at_level("WARNING", logger="workbench.cluster"):
+        spare_forker.keep_ready(engines)  # type: ignore[arg-type]
+    assert engines.spare is None
+    assert "no spare forker" in caplog.text

@@ -17,6 +17,7 @@ dies closes the pipe, which ends it too.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from workbench.cluster import warm_start
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from workbench.cluster.engines import EngineSet
 
 __all__ = ["ROLE", "end", "keep_ready"]
+
+log = logging.getLogger("workbench.cluster")
 
 ROLE = "engines"  # the forker's role among the processes started ahead (warm_start.ROLES)
 
@@ -37,7 +40,10 @@ def keep_ready(engines: EngineSet) -> None:
     waiting = warm_start.warm(ROLE)
     if waiting is not None and waiting.alive():
         return
-    engines.spare = warm_start.spawn(ROLE)
+    try:
+        engines.spare = warm_start.spawn(ROLE)
+    except OSError as exc:  # only a speed-up: a replacement then starts its own forker
+        log.warning("no spare forker for replacement engines: %s", exc)
 
 
 def end(engines: EngineSet) -> None:
