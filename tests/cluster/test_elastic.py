@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from tests.cluster.rank_tables import ranks_on
 from workbench.cluster.elastic import decide_loss, grown_ranks, probe_host, shrunk_ranks
-from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.errors import HostLost
 
 
-def _ranks(layout: list[tuple[str, int]]) -> list[RankAssignment]:
-    engines = []
-    for host, n in layout:
-        for _ in range(n):
-            eid = len(engines)
-            engines.append(EngineInfo(engine_id=eid, host=host, pid=1000 + eid, cpus=8))
-    return assign_ranks(engines)
-
-
 def test_a_dead_engine_on_a_reachable_host_is_a_dead_process() -> None:
-    ranks = _ranks([("a", 2), ("b", 2)])
+    ranks = ranks_on([("a", 2), ("b", 2)])
     asked: list[str] = []
 
     def probe(host: str) -> bool:
@@ -33,7 +24,7 @@ def test_a_dead_engine_on_a_reachable_host_is_a_dead_process() -> None:
 
 
 def test_a_silent_host_with_every_engine_gone_is_host_lost() -> None:
-    ranks = _ranks([("a", 2), ("b", 2)])
+    ranks = ranks_on([("a", 2), ("b", 2)])
     with pytest.raises(HostLost) as info:
         decide_loss(ranks, [2, 3], lambda host: host != "b")
     assert info.value.host == "b" and info.value.ranks == [2, 3]
@@ -47,7 +38,7 @@ def test_this_host_always_answers_the_probe() -> None:
 
 
 def test_shrink_renumbers_the_survivors_contiguously_and_relocalizes() -> None:
-    ranks = _ranks([("a", 2), ("b", 2)])
+    ranks = ranks_on([("a", 2), ("b", 2)])
     left = shrunk_ranks(ranks, [1, 2])
     assert [(r.rank, r.engine_id) for r in left] == [(0, 0), (1, 3)]
     assert {r.world_size for r in left} == {2}
@@ -58,13 +49,13 @@ def test_shrink_renumbers_the_survivors_contiguously_and_relocalizes() -> None:
 
 
 def test_losing_rank_0_makes_the_next_survivor_rank_0() -> None:
-    left = shrunk_ranks(_ranks([("a", 3)]), [0])
+    left = shrunk_ranks(ranks_on([("a", 3)]), [0])
     assert [(r.rank, r.engine_id, r.local_rank) for r in left] == [(0, 1, 0), (1, 2, 1)]
 
 
 def test_grow_appends_new_ranks_after_the_survivors() -> None:
-    ranks = shrunk_ranks(_ranks([("a", 3)]), [2])
-    new = _ranks([("a", 1)])[0]
+    ranks = shrunk_ranks(ranks_on([("a", 3)]), [2])
+    new = ranks_on([("a", 1)])[0]
     grown = grown_ranks(ranks, [new.__class__(**{**new.as_dict(), "engine_id": 9})])
     assert [(r.rank, r.engine_id, r.local_rank, r.world_size) for r in grown] == [
         (0, 0, 0, 3),

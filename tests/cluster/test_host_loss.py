@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
+from tests.cluster.rank_tables import ranks_on
 from workbench.cluster.hang import lost_engines_error
 from workbench.cluster.host_loss import host_lost
-from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.stuck import StuckRanks
 from workbench.errors import EngineDied, HostLost
 from workbench.session.rank_failures import error_fields
@@ -21,17 +21,8 @@ class _Client:
         self.ids = list(ids)
 
 
-def _ranks(layout: list[tuple[str, int]]) -> list[RankAssignment]:
-    engines = []
-    for host, n in layout:
-        for _ in range(n):
-            eid = len(engines)
-            engines.append(EngineInfo(engine_id=eid, host=host, pid=1000 + eid, cpus=8))
-    return assign_ranks(engines)
-
-
 def test_a_silent_host_whose_engines_all_left_is_lost_naming_it_and_its_ranks() -> None:
-    ranks = _ranks([("node-a", 2), ("node-b", 2)])
+    ranks = ranks_on([("node-a", 2), ("node-b", 2)])
     found = host_lost(ranks, [3], _Client([0, 1]), probe=lambda h: h != "node-b", wait_s=0)
     assert isinstance(found, HostLost)
     assert found.host == "node-b" and found.ranks == [2, 3]
@@ -39,7 +30,7 @@ def test_a_silent_host_whose_engines_all_left_is_lost_naming_it_and_its_ranks() 
 
 
 def test_a_host_that_answers_has_a_dead_process_not_a_lost_host() -> None:
-    ranks = _ranks([("node-a", 2), ("node-b", 2)])
+    ranks = ranks_on([("node-a", 2), ("node-b", 2)])
     asked: list[str] = []
 
     def probe(host: str) -> bool:
@@ -53,7 +44,7 @@ def test_a_host_that_answers_has_a_dead_process_not_a_lost_host() -> None:
 def test_the_rest_of_a_silent_hosts_engines_are_waited_for() -> None:
     """The controller drops a silent host's engines a heartbeat apart: the first death is
     seen while its neighbour is still registered; the loss is named once both are gone."""
-    ranks = _ranks([("node-a", 2), ("node-b", 2)])
+    ranks = ranks_on([("node-a", 2), ("node-b", 2)])
     client = _Client([0, 1, 2])
     timer = threading.Timer(0.3, lambda: client.ids.remove(2))
     timer.start()
@@ -65,12 +56,12 @@ def test_the_rest_of_a_silent_hosts_engines_are_waited_for() -> None:
 
 
 def test_a_silent_host_with_a_live_engine_is_not_called_lost() -> None:
-    ranks = _ranks([("node-a", 2), ("node-b", 2)])
+    ranks = ranks_on([("node-a", 2), ("node-b", 2)])
     assert host_lost(ranks, [3], _Client([0, 1, 2]), probe=lambda h: False, wait_s=0) is None
 
 
 def test_this_host_is_never_probed() -> None:
-    ranks = _ranks([(socket.gethostname(), 2)])
+    ranks = ranks_on([(socket.gethostname(), 2)])
 
     def probe(host: str) -> bool:
         raise AssertionError(f"probed {host}")
@@ -85,7 +76,7 @@ def test_a_call_that_finds_a_remote_engine_dead_probes_its_host(
     ``EngineDied`` when it answers or without a client to ask."""
     from workbench.cluster import host_loss
 
-    ranks = _ranks([("node-b", 1)])
+    ranks = ranks_on([("node-b", 1)])
     silent: set[str] = set()
     monkeypatch.setattr(host_loss, "probe_host", lambda host: host not in silent)
     assert type(lost_engines_error(ranks, [0], None, _Client([]))) is EngineDied

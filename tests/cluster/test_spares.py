@@ -9,19 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.cluster.rank_tables import ranks_on
 from workbench.cluster import Cluster, spares
-from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
+from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.spares import move_to_spares
 from workbench.errors import ConfigError, HostLost
-
-
-def _ranks(layout: list[tuple[str, int]]) -> list[RankAssignment]:
-    engines = []
-    for host, n in layout:
-        for _ in range(n):
-            eid = len(engines)
-            engines.append(EngineInfo(engine_id=eid, host=host, pid=1000 + eid, cpus=8))
-    return assign_ranks(engines)
 
 
 @dataclass
@@ -52,7 +44,7 @@ def test_a_lost_hosts_ranks_go_to_the_first_free_spare_that_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(spares, "probe_host", lambda host: host not in ("a", "c"))
-    cluster = _Cluster(_ranks([("a", 2), ("b", 2)]), ("c", "d"))
+    cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c", "d"))
     assert move_to_spares(cluster, cluster.ranks, [0, 1]) == {"a": "d"}  # c does not answer
     assert cluster.launch_hosts == {0: "d", 1: "d", 2: "b", 3: "b"}
 
@@ -61,17 +53,17 @@ def test_a_dead_process_on_a_host_that_answers_stays_on_its_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(spares, "probe_host", lambda host: True)
-    cluster = _Cluster(_ranks([("a", 2), ("b", 2)]), ("c",))
+    cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c",))
     assert move_to_spares(cluster, cluster.ranks, [0, 1]) == {}
     assert cluster.launch_hosts == {0: "a", 1: "a", 2: "b", 3: "b"}
 
 
 def test_no_spare_left_is_host_lost_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spares, "probe_host", lambda host: host == "b")
-    cluster = _Cluster(_ranks([("a", 2), ("b", 2)]), ("c",))
+    cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c",))
     with pytest.raises(HostLost, match=r"no spare host is left.*\['c'\]") as info:
         move_to_spares(cluster, cluster.ranks, [0, 1])
     assert info.value.host == "a" and info.value.ranks == [0, 1]
-    without = _Cluster(_ranks([("a", 2), ("b", 2)]), ())
+    without = _Cluster(ranks_on([("a", 2), ("b", 2)]), ())
     with pytest.raises(HostLost, match="shrink=True"):
         move_to_spares(without, without.ranks, [0, 1])
