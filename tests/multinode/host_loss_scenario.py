@@ -77,16 +77,23 @@ def _hosts(cluster: Any) -> list[str]:
     return [r.host for r in cluster.ranks]
 
 
+def _uninterrupted(cluster: Any, spec: Any, out: dict[str, Any]) -> None:
+    """The reference: ``STEPS`` steps on every rank with no fault, losses and sample ids."""
+    from workbench.session.training import TrainingSession
+
+    plain = TrainingSession(cluster, spec, timeout=120)
+    plain.run(STEPS)
+    out["expected"], out["expected_ids"] = _losses(plain), _samples(cluster, range(STEPS))
+    plain.close()
+
+
 def lose_host_and_go_on(cluster: Any, out: dict[str, Any], home: Path) -> None:
     from workbench.errors import HostLost
     from workbench.parallel import RunSpec
     from workbench.session.training import TrainingSession
 
     spec = RunSpec(**SPEC)
-    plain = TrainingSession(cluster, spec, timeout=120)
-    plain.run(STEPS)
-    out["expected"], out["expected_ids"] = _losses(plain), _samples(cluster, range(STEPS))
-    plain.close()
+    _uninterrupted(cluster, spec, out)
 
     session = TrainingSession(
         cluster,
@@ -148,10 +155,7 @@ def lose_host_onto_spare(cluster: Any, out: dict[str, Any], home: Path) -> None:
     from workbench.session.training import TrainingSession
 
     spec = RunSpec(**SPEC)
-    plain = TrainingSession(cluster, spec, timeout=120)
-    plain.run(STEPS)
-    out["expected"], out["expected_ids"] = _losses(plain), _samples(cluster, range(STEPS))
-    plain.close()
+    _uninterrupted(cluster, spec, out)
 
     session = TrainingSession(
         cluster, spec, timeout=120, checkpoint_dir=home / f"ckpt-{os.getpid()}", checkpoint_every=3
