@@ -224,6 +224,11 @@ def test_stepper_timeout_is_checked_before_anything_else(timeout: float) -> None
         ({"overlap": "no"}, "overlap='no' is not valid: not a bool"),
         ({"lr": math.nan}, "lr=nan is not valid: not a finite number"),
         ({"cluster": "local"}, "cluster='local' is not valid: not a Cluster"),
+        ({"elastic": "yes"}, "elastic='yes' is not valid: not a bool"),
+        (
+            {"elastic": True, "model": lambda: None, "data": [], "loss": print},
+            "elastic=True is not valid: a run of your own model keeps its world size",
+        ),
     ],
 )
 def test_stepper_refuses_bad_settings(kwargs: dict[str, Any], message: str) -> None:

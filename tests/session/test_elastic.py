@@ -9,37 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.session.run_faults import die_in_forward, rank0_losses
 from workbench.cluster import Cluster
 from workbench.engine import train_run
 from workbench.errors import EngineDied
 from workbench.parallel import RunSpec
 from workbench.session.training import TrainingSession
-from workbench.trace import Metric
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
 
 SPEC = RunSpec(model="gpt-tiny", strategy="dp", batch_size=6)
-
-
-def _die_in_forward() -> None:
-    """Arm this engine to SIGKILL itself when the next forward phase starts."""
-    import os
-    import signal
-
-    from workbench.engine.state import engine_state
-
-    def forward(index: int) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    engine_state()["run"]._forward = forward
-
-
-def _losses(session: TrainingSession) -> list[float]:
-    return [
-        e.value
-        for e in session.events
-        if isinstance(e, Metric) and e.rank == 0 and e.name == "loss"
-    ]
 
 
 def _samples(cluster: Cluster, steps: range) -> dict[int, list[int]]:
@@ -68,7 +47,7 @@ def test_shrink_after_a_kill_and_grow_back_equal_the_uninterrupted_run(
     cluster = three_ranks
     plain = TrainingSession(cluster, SPEC, timeout=120)
     plain.run(9)
-    expected, expected_ids = _losses(plain), _samples(cluster, range(9))
+    expected, expected_ids = rank0_losses(plain), _samples(cluster, range(9))
     plain.close()
 
     session = TrainingSession(
@@ -77,7 +56,7 @@ def test_shrink_after_a_kill_and_grow_back_equal_the_uninterrupted_run(
     session.run(3)
     ids = _samples(cluster, range(3))
     survivors = [r.engine_id for r in cluster.ranks[:2]]
-    cluster.run(_die_in_forward, ranks=[2])
+    cluster.run(die_in_forward, ranks=[2])
     with pytest.raises(EngineDied):
         session.step()
     report = session.recover()
@@ -95,7 +74,7 @@ def test_shrink_after_a_kill_and_grow_back_equal_the_uninterrupted_run(
     session.run(3)
     ids.update(_samples(cluster, range(6, 9)))
 
-    losses = _losses(session)
+    losses = rank0_losses(session)
     assert len(losses) == 9
     assert max(abs(a - b) for a, b in zip(losses, expected, strict=True)) <= 1e-5
     assert ids == expected_ids  # every step took the uninterrupted run's samples
@@ -121,7 +100,7 @@ def test_dp_tp_loses_a_whole_pair_and_keeps_the_curve(four_ranks: Cluster, tmp_p
     spec = RunSpec(model="gpt-tiny", strategy="dp_tp", batch_size=4)
     plain = TrainingSession(cluster, spec, timeout=120)
     plain.run(4)
-    expected = _losses(plain)
+    expected = rank0_losses(plain)
     plain.close()
 
     session = TrainingSession(
@@ -129,12 +108,12 @@ def test_dp_tp_loses_a_whole_pair_and_keeps_the_curve(four_ranks: Cluster, tmp_p
     )
     session.run(2)
     kept = [r.engine_id for r in cluster.ranks[:2]]
-    cluster.run(_die_in_forward, ranks=[3])
+    cluster.run(die_in_forward, ranks=[3])
     assert session.run(2, recover=True) == 2  # Run N recovers by itself: a shrink
     assert "shrunk from 4 to 2 ranks" in (session.last_recovery or "")
     assert "ranks [2, 3] dropped" in (session.last_recovery or "")
     assert [r.engine_id for r in cluster.ranks] == kept
     assert (session.spec.batch_size, session.spec.grad_accum) == (4, 2)
-    losses = _losses(session)
+    losses = rank0_losses(session)
     assert max(abs(a - b) for a, b in zip(losses, expected, strict=True)) <= 1e-5
     session.close()

@@ -19,6 +19,17 @@ def test_shrink_keeps_the_global_batch_by_raising_accumulation() -> None:
     assert (back.batch_size, back.grad_accum) == (8, 1)
 
 
+@pytest.mark.parametrize("strategy", ["dp", "zero1", "zero2", "fsdp"])
+def test_a_data_parallel_run_down_to_one_rank_goes_on_as_the_single_device_run(
+    strategy: str,
+) -> None:
+    spec = RunSpec(strategy=strategy, batch_size=4)
+    new, note = resized_spec(spec, 2, 1)
+    assert (new.strategy, new.batch_size, new.grad_accum) == ("single", 4, 2)
+    assert f"strategy {strategy!r} -> 'single'" in note and "global batch 4 kept" in note
+    new.dims(1)  # a layout one rank can run
+
+
 def test_accumulation_that_does_not_divide_takes_smaller_micro_batches() -> None:
     new, _ = resized_spec(RunSpec(strategy="dp", batch_size=6), 3, 2)
     assert (new.batch_size, new.grad_accum) == (6, 3)  # 3 per rank: micro-batches of 1

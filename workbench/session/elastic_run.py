@@ -37,15 +37,19 @@ __all__ = [
 _ALL_IN_ONE_GROUP = {"tp": "tensor", "megatron": "tensor", "pp": "pipeline"}
 
 
+# Layouts that only split the batch: on one rank left they are the single-device run.
+_DATA_PARALLEL = ("dp", "zero1", "zero2", "fsdp")
+
+
 def _dp(spec: RunSpec, world: int) -> int:
-    return 1 if spec.strategy == "single" else spec.dims(world).dp
+    return 1 if spec.strategy == "single" or world == 1 else spec.dims(world).dp
 
 
 def usable_after_loss(spec: RunSpec, world: int, dead: list[int]) -> list[int]:
     """Survivors the layout cannot use (a TP pair's partner of a lost rank): they leave too.
     Raises ``ConfigError`` naming a layout that would fit when no complete group is left."""
     left = world - len(dead)
-    if not dead or spec.strategy in ("single", "dp", "zero1", "zero2", "fsdp"):
+    if not dead or spec.strategy == "single" or spec.strategy in _DATA_PARALLEL:
         return []
     if spec.strategy in _ALL_IN_ONE_GROUP:
         kind = _ALL_IN_ONE_GROUP[spec.strategy]
@@ -91,7 +95,13 @@ def resized_spec(spec: RunSpec, old_world: int, new_world: int) -> tuple[RunSpec
         )
     accum = 1 if spec.strategy == "pp" else _accum_for(batch // new_dp, micro)
     new = replace(spec, batch_size=batch, grad_accum=accum)
-    return new, f"{note}, gradient accumulation {spec.grad_accum} -> {accum}"
+    note = f"{note}, gradient accumulation {spec.grad_accum} -> {accum}"
+    if new_world == 1 and spec.strategy in _DATA_PARALLEL:
+        # a data-parallel layout needs 2 ranks; alone, the rank trains the whole model
+        # itself, which is the run the data-parallel one is checked against
+        new = replace(new, strategy="single")
+        note += f"; on the 1 rank left, strategy {spec.strategy!r} -> 'single'"
+    return new, note
 
 
 def resize_and_roll_back(session: TrainingSession, spec: RunSpec, why: str) -> str:

@@ -81,6 +81,7 @@ class Stepper:
         checkpoint_dir: str | Path | None = None,
         checkpoint_every: int | None = None,
         keep_last: int | None = 3,
+        elastic: bool = False,
         **options: Any,
     ) -> None:
         if cluster is not None and not isinstance(cluster, Cluster):
@@ -91,6 +92,14 @@ class Stepper:
                 "use a workbench.Cluster, or None (the running one)",
             )
         _check_arguments(timeout, capacity, reference, checkpoint_dir, checkpoint_every, keep_last)
+        validate.boolean("elastic", elastic)
+        if elastic and is_user_run(model, options):  # a shrink resizes built-in runs only
+            raise validate.invalid(
+                "elastic",
+                elastic,
+                "a run of your own model keeps its world size",
+                "leave elastic=False; recover() then replaces the lost engines",
+            )
         # Your own model: ``model=make_model, data=..., loss=..., optimizer=...`` (see
         # workbench.session.user_training); a preset name otherwise.
         user = user_spec(model, strategy, options) if is_user_run(model, options) else None
@@ -104,7 +113,7 @@ class Stepper:
         if spec is not None:
             validate_layout(spec, self.cluster.world_size)  # fail here, before any work
             self.session: TrainingSession = TrainingSession(
-                self.cluster, spec, timeout=timeout, **checkpoints
+                self.cluster, spec, timeout=timeout, elastic=elastic, **checkpoints
             )
         else:
             self.session = UserTrainingSession(
@@ -185,9 +194,21 @@ class Stepper:
     def checkpoints(self, path: str | Path | None = None) -> list[dict[str, Any]]:
         return self.session.checkpoints(path)
 
-    def recover(self) -> str:
-        """Replace dead / free stuck engines and roll back to the last checkpoint."""
-        return self.session.recover()
+    @property
+    def elastic(self) -> bool:
+        """Whether a lost rank is dropped (the run shrinks, same global batch) rather than
+        replaced, when the run recovers."""
+        return self.session.elastic
+
+    def recover(self, shrink: bool | None = None) -> str:
+        """Replace dead / free stuck engines (``shrink``, default ``elastic``: go on
+        without the dead ones) and roll back to the last checkpoint; says what was done."""
+        return self.session.recover(shrink)
+
+    def grow(self, n: int = 1, *, hosts: object = None) -> str:
+        """Add ``n`` ranks (on ``hosts`` when given) at a checkpoint boundary and continue
+        at the bigger world size with the same global batch: the inverse of a shrink."""
+        return self.session.grow(n, hosts=hosts)
 
     # -- output --------------------------------------------------------------------------
     def figures(self) -> dict[str, go.Figure]:
