@@ -5,6 +5,7 @@ is refused with the start's message, before it joins the process group."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +63,11 @@ def test_a_replacement_with_another_package_version_is_refused(
     with pytest.raises(ClusterError, match=rf"{PACKAGE} differs: .* has 1\.0, .* has 2\.0"):
         cluster.recover_sync()
     assert cluster.ranks[1].engine_id == old  # the refused engine took no rank
+    client = cluster.engines.client_unchecked()
+    deadline = time.monotonic() + 60  # and it is ended, not left idle until stop
+    while set(client.ids) - {r.engine_id for r in cluster.ranks} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(client.ids) <= {r.engine_id for r in cluster.ranks}
     # the same version again: the next replacement is accepted and the group works
     _install(tmp_path / "site", "1.0")
     cluster.recover_sync()

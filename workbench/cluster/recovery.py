@@ -138,9 +138,7 @@ async def _kill_local(ranks: list[RankAssignment], which: list[int]) -> None:
 
 
 async def _gather(futures: list[Any], timeout: float) -> list[Any]:
-    return await asyncio.wait_for(
-        asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), timeout=timeout
-    )
+    return await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, futures)), timeout)
 
 
 async def _interrupt(engines: EngineSet, ranks: list[RankAssignment], which: list[int]) -> None:
@@ -269,9 +267,13 @@ async def new_engines(
         [client[eid].apply_async(timed_engine_info, engines.check_packages) for eid in new_ids],
         timeout=engines.config.start_timeout,
     )
-    engines.environment = compare_new_engines(
-        engines.environment, list(zip(new_ids, infos, strict=True)), engines.check_packages
-    )
+    try:
+        engines.environment = compare_new_engines(
+            engines.environment, list(zip(new_ids, infos, strict=True)), engines.check_packages
+        )
+    except ClusterError:  # refused: they take no rank, so they must not stay idle until stop
+        client.shutdown(targets=new_ids, block=False)
+        raise
     facts = await _gather(
         [client[eid].apply_async(*engines.address_call()) for eid in new_ids],
         timeout=engines.config.start_timeout,
