@@ -36,8 +36,12 @@ __all__ = [
 _SCANCEL_S = 30.0
 # One engine per job, run by the batch script itself (no srun step: one task needs none).
 # ``exec``: the engine *is* the job's batch step, so its death ends the job at once.
+# ``--no-requeue``: a job whose node failed is requeued by default (JobRequeue=1), which
+# would start an engine nobody asked for once slurmctld declares the node DOWN; recovery
+# starts the lost ranks' engines itself (on a spare: cluster/spares.py).
 _TEMPLATE = """#!/bin/sh
 #SBATCH --export=ALL
+#SBATCH --no-requeue
 #SBATCH --job-name=ipengine-{cluster_id}
 export WB_LAUNCH_HOST="$SLURMD_NODENAME"
 exec {program_and_args}
