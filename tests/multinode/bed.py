@@ -449,6 +449,22 @@ class Bed:
         self._save()
         return cut
 
+    def fail_slurmd(self, name: str) -> float:
+        """The node stays up (its sshd answers) but leaves Slurm's service: its slurmd and
+        every process of the bed user there are killed (by pid) and slurmctld is told the
+        node is DOWN, as it decides by itself SlurmdTimeout later. Returns the
+        ``time.monotonic()`` of the kill."""
+        node = self.node(name)
+        ps = self.node_exec(node, ["ps", "-eo", "pid=,user=,comm="]).stdout
+        rows = [line.split(None, 2) for line in ps.splitlines() if len(line.split()) == 3]
+        pids = [pid for pid, user, comm in rows if comm == "slurmd" or user == self.user]
+        self.node_exec(node, ["kill", "-KILL", *pids], check=False)
+        killed = time.monotonic()
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        argv = ("scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=slurmd_killed")
+        _run(*argv, env=env)
+        return killed
+
     def bring_up(self, name: str, timeout: float = 60.0) -> None:
         """The node back (a host rebooted, or its cable plugged in again): its link up and,
         when it was taken down, its init with sshd (and slurmd) started afresh."""

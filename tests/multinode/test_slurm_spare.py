@@ -7,7 +7,9 @@ their engines as new 1-engine jobs: pinned to the spare (``spare_hosts=["wbmn3"]
 wherever the partition has room but the cluster's own and lost nodes (``spare_hosts="any"``,
 ``--exclude``; Slurm can only pick wbmn3). LOCAL_RANK / GROUP_RANK / MASTER_ADDR are
 recomputed, the run rolls back to its last checkpoint, the loss curve and samples equal the
-uninterrupted run's, and after stop nothing is left on any node nor in Slurm's queue."""
+uninterrupted run's, and after stop nothing is left on any node nor in Slurm's queue. The
+same with the host left up (sshd answering) but its slurmd and engines killed and its node
+DOWN: Slurm's node state makes it a lost host (``cluster/slurm_nodes.py``)."""
 
 from __future__ import annotations
 
@@ -26,11 +28,20 @@ pytestmark = [pytest.mark.engines, pytest.mark.slow]
 QUEUE_EMPTY_S = 180.0  # a job on the lost node is "completing" until Slurm calls it DOWN
 
 
-@pytest.fixture(scope="module", params=["wbmn3", "any"])
+@pytest.fixture(
+    scope="module",
+    params=[("wbmn3", "whole"), ("any", "whole"), ("wbmn3", "slurmd")],
+    ids=["spare-wbmn3", "spare-any", "slurmd-down-sshd-up"],
+)
 def run(request: pytest.FixtureRequest, bed: Bed) -> Iterator[Report]:
+    """``whole``: the host goes down whole (link cut, every process killed); ``slurmd``:
+    its sshd still answers, but its slurmd and engines are killed and Slurm has it DOWN
+    (the node-state signal: without it, a dead process to replace on that node)."""
     if not bed.slurm:
         pytest.skip("slurm-wlm and munge are not installed (apt-get install slurm-wlm munge)")
-    with lost_onto_spare(bed, "slurm", request.param) as report:
+    spare, how = request.param
+    take_down = bed.fail_slurmd if how == "slurmd" else None
+    with lost_onto_spare(bed, "slurm", spare, take_down) as report:
         report["queue"] = _queue_after_stop(bed)
         yield report
 

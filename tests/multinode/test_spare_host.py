@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -25,10 +25,16 @@ Report = dict[str, Any]
 
 
 @contextlib.contextmanager
-def lost_onto_spare(bed: Bed, launcher: str, spare_hosts: str | None = None) -> Iterator[Report]:
+def lost_onto_spare(
+    bed: Bed,
+    launcher: str,
+    spare_hosts: str | None = None,
+    take_down: Callable[[str], float] | None = None,
+) -> Iterator[Report]:
     """The driver's ``spare`` scenario on HOSTS plus a third node (the spare, named in
     ``spare_hosts`` unless given: ``"any"`` under Slurm), rank 0's host taken down whole
-    mid-step; the driver's report, with when the host went down and the nodes' addresses."""
+    mid-step (or by ``take_down``); the driver's report, with when the host went down and
+    the nodes' addresses."""
     spare = bed.add_node()
     home = bed.home
     proc, out = bed.spawn_driver(
@@ -45,11 +51,13 @@ def lost_onto_spare(bed: Bed, launcher: str, spare_hosts: str | None = None) -> 
         victim = (home / "take_down.ready").read_text()  # rank 0's host
         (home / "take_down.done").write_text("")
         time.sleep(CUT_AFTER_S)
-        cut = bed.take_down(victim)
+        cut = (take_down or bed.take_down)(victim)
         proc.wait(900)
         assert out.exists(), f"the driver wrote no report:\n{out.with_suffix('.log').read_text()}"
         report: Report = json.loads(out.read_text())
         report.update(cut_at=cut, ips={n.name: n.ip for n in bed.nodes})
+        if bed.node(victim).unshare_pid:  # out of service but up: rebooted, as a whole
+            bed.take_down(victim)
         bed.bring_up(victim)  # after the driver's stop: that stop met a lost host
         yield report
     finally:
