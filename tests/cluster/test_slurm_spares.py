@@ -173,3 +173,19 @@ def test_any_with_no_free_node_is_host_lost_saying_no_spare_is_left(
     cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), (ANY_SPARE,), launcher="slurm")
     with pytest.raises(HostLost, match=r"no spare host is left .*\['any'\]"):
         move_to_spares(cluster, cluster.ranks, [2, 3])
+
+
+def test_an_answering_host_slurm_has_down_goes_to_the_spare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every host's sshd answers; Slurm has ``a`` DOWN: its ranks go to the spare (under
+    ssh the same ranks would stay to be replaced on ``a``)."""
+    monkeypatch.setattr(spares, "probe_host", lambda host: True)
+    down = parse_node_state(_captured()["down_not_responding"][1])
+    monkeypatch.setattr(
+        slurm_nodes, "node_state", lambda host: down if host == "a" else frozenset({"IDLE"})
+    )
+    cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c",), launcher="slurm")
+    assert move_to_spares(cluster, cluster.ranks, [0, 1]) == {"a": "c"}
+    under_ssh = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c",))
+    assert move_to_spares(under_ssh, under_ssh.ranks, [0, 1]) == {}
