@@ -9,6 +9,7 @@ from workbench import validate
 from workbench.errors import ConfigError
 
 __all__ = [
+    "ANY_SPARE",
     "BACKENDS",
     "LAUNCHERS",
     "MAX_ENGINES",
@@ -21,6 +22,10 @@ LAUNCHERS = ("local", "mpi", "ssh", "slurm")
 # More engines than this is a typo, not a run: every engine is a process with torch loaded,
 # and one controller serves them all.
 MAX_ENGINES = 1024
+# spare_hosts="any" (Slurm): a lost host's ranks go to a new job wherever the partition
+# has room, on a node the cluster does not run on (cluster/spares.py)
+ANY_SPARE = "any"
+SPARE_LAUNCHERS = ("ssh", "slurm")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -42,7 +47,7 @@ class ClusterConfig:
     init_timeout: float = 60.0
     start_timeout: float = 60.0
     threads_per_engine: int | None = None
-    spare_hosts: Sequence[str] = ()  # ssh: where a lost host's ranks go (cluster/spares.py)
+    spare_hosts: Sequence[str] = ()  # ssh/slurm: where a lost host's ranks go (cluster/spares.py)
 
     def __post_init__(self) -> None:
         validate.integer("n", self.n, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
@@ -96,16 +101,26 @@ def parse_hosts(name: str, value: object) -> tuple[str, ...]:
 
 
 def _check_spares(spares: tuple[str, ...], launcher: str, hosts: tuple[str, ...]) -> None:
-    """Spare hosts: ssh only (a new engine is started there by ssh), none of them also a
-    host the run starts on, none named twice."""
+    """Spare hosts: ssh or slurm (a new engine is started there by ssh, or as a job pinned
+    to that node), none of them also a host the run starts on, none named twice;
+    ``"any"`` alone, and for slurm only (Slurm picks the node)."""
     if not spares:
         return
-    if launcher != "ssh":
+    if launcher not in SPARE_LAUNCHERS:
         raise validate.invalid(
             "spare_hosts",
             spares,
             f"launcher={launcher!r} cannot start a lost host's ranks on a named spare",
-            "use spare_hosts with launcher='ssh', or leave it out",
+            "use spare_hosts with launcher='ssh' or 'slurm', or leave it out",
+        )
+    if ANY_SPARE in spares and (launcher != "slurm" or len(spares) > 1):
+        why = (
+            f"{ANY_SPARE!r} lets Slurm pick the node, so it takes no other host"
+            if launcher == "slurm"
+            else f"{ANY_SPARE!r} (a node Slurm picks) needs launcher='slurm'"
+        )
+        raise validate.invalid(
+            "spare_hosts", spares, why, f"name the spare hosts, or (slurm) {ANY_SPARE!r} alone"
         )
     both = [h for h in spares if h in hosts]
     twice = sorted({h for h in spares if spares.count(h) > 1})

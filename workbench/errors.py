@@ -80,8 +80,9 @@ class HostLost(EngineDied):
     def of(cls, host: str, ranks: list[int]) -> HostLost:
         return cls(
             f"host {host!r} is lost (ranks {ranks}: every engine gone and the host does not "
-            "answer); continue on the other hosts with session.recover(shrink=True) "
-            "(`%wb restart --shrink`), or start the cluster again on hosts that answer",
+            "answer, or Slurm has its node out of service); continue on the other hosts with "
+            "session.recover(shrink=True) (`%wb restart --shrink`), or start the cluster again "
+            "on hosts that answer",
             ranks=ranks,
             host=host,
         )

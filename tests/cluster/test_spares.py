@@ -11,6 +11,7 @@ import pytest
 
 from tests.cluster.rank_tables import ranks_on
 from workbench.cluster import Cluster, spares
+from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.spares import move_to_spares
 from workbench.errors import ConfigError, HostLost
@@ -21,9 +22,12 @@ class _Cluster:
     ranks: list[RankAssignment]
     spare_hosts: tuple[str, ...]
     launch_hosts: dict[int, str] = field(default_factory=dict)
+    launcher: str = "ssh"
+    lost_hosts: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.config = SimpleNamespace(spare_hosts=self.spare_hosts)
+        self.config = SimpleNamespace(spare_hosts=self.spare_hosts, launcher=self.launcher)
+        self.launcher_options = LauncherOptions(partition="wb")
         self.launch_hosts = {r.engine_id: r.host for r in self.ranks}
 
 
@@ -34,7 +38,7 @@ def test_spare_hosts_are_checked_before_anything_starts() -> None:
         Cluster(n=4, launcher="ssh", hosts=["a", "b"], spare_hosts=["a"])
     with pytest.raises(ConfigError, match=r"'c' is named twice"):
         Cluster(n=4, launcher="ssh", hosts=["a", "b"], spare_hosts=["c", "c"])
-    with pytest.raises(ConfigError, match=r"launcher='local' cannot start .* launcher='ssh'"):
+    with pytest.raises(ConfigError, match=r"launcher='local' cannot start .* launcher='ssh' or"):
         Cluster(n=2, spare_hosts=["c"])
     with pytest.raises(ConfigError, match=r"spare_hosts=.*'c d' is not a host name"):
         Cluster(n=4, launcher="ssh", hosts=["a", "b"], spare_hosts=["c d"])

@@ -54,6 +54,9 @@ SUBNET = os.environ.get("WB_BED_SUBNET", "10.231.77")
 USER = "wbmn"
 SLURMCTLD_PORT = 16817
 SLURMD_PORT = 16818
+# Slurm nodes configured beyond the bed's own, DOWN until ``add_node`` starts them (a node
+# cannot join a running slurmctld's configuration): the spare host of test_slurm_spare.py.
+SLURM_SPARES = 1
 PID_BASE = 20000
 PID_STEP = 4000
 NODE_INIT = Path(__file__).with_name("node_init.py")
@@ -446,6 +449,22 @@ class Bed:
         self._save()
         return cut
 
+    def fail_slurmd(self, name: str) -> float:
+        """The node stays up (its sshd answers) but leaves Slurm's service: its slurmd and
+        every process of the bed user there are killed (by pid) and slurmctld is told the
+        node is DOWN, as it decides by itself SlurmdTimeout later. Returns the
+        ``time.monotonic()`` of the kill."""
+        node = self.node(name)
+        ps = self.node_exec(node, ["ps", "-eo", "pid=,user=,comm="]).stdout
+        rows = [line.split(None, 2) for line in ps.splitlines() if len(line.split()) == 3]
+        pids = [pid for pid, user, comm in rows if comm == "slurmd" or user == self.user]
+        self.node_exec(node, ["kill", "-KILL", *pids], check=False)
+        killed = time.monotonic()
+        env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        argv = ("scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=slurmd_killed")
+        _run(*argv, env=env)
+        return killed
+
     def bring_up(self, name: str, timeout: float = 60.0) -> None:
         """The node back (a host rebooted, or its cable plugged in again): its link up and,
         when it was taken down, its init with sshd (and slurmd) started afresh."""
@@ -477,8 +496,9 @@ class Bed:
 
     def add_node(self) -> Node:
         """One more node, ``wbmn<n+1>`` (e.g. a spare host for the run on the others): its
-        network, sshd and host key entry; every ``/etc/hosts`` of the bed names it. Not a
-        Slurm node (the controller's configuration names the nodes it started with)."""
+        network, sshd and host key entry; every ``/etc/hosts`` of the bed names it. With
+        Slurm, also its slurmd, in service once it registers (one of the ``SLURM_SPARES``
+        nodes the controller was configured with, DOWN until then)."""
         i = len(self.nodes) + 1
         node = Node(i, f"wbmn{i}", f"{SUBNET}.{10 + i}")
         self._link_node(node)
@@ -492,6 +512,8 @@ class Bed:
         self._start_node(node)
         self.set_hosts_style(self.hosts_style)  # the others' /etc/hosts name it too
         self._wait_for_ssh(60, [node])
+        if self.slurm and node.name in self._slurm_nodes():
+            self._wait_for_slurm_node(node, 60)
         return node
 
     def remove_node(self, name: str) -> None:
@@ -499,6 +521,10 @@ class Bed:
         node = self.node(name)
         if node.unshare_pid:
             _stop_node(node)
+        if self.slurm and node.name in self._slurm_nodes():  # DOWN now, not at SlurmdTimeout
+            env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+            argv = ("scontrol", "update", f"NodeName={node.name}", "State=DOWN", "Reason=removed")
+            _run(*argv, check=False, env=env)
         _run("ip", "link", "del", f"veth-{node.name}", check=False)  # first: see down()
         _run("ip", "netns", "del", node.name, check=False)
         self.nodes.remove(node)
@@ -520,11 +546,16 @@ class Bed:
         key = munge / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        for node in self.nodes:
+        spares = [
+            Node(i, f"wbmn{i}", f"{SUBNET}.{10 + i}")
+            for i in range(len(self.nodes) + 1, len(self.nodes) + 1 + SLURM_SPARES)
+        ]
+        for node in self.nodes + spares:
             (slurm / f"spool-{node.name}").mkdir()
         nodes = "\n".join(
-            f"NodeName={n.name} NodeAddr={n.ip} CPUs=2 RealMemory=1000 State=UNKNOWN"
-            for n in self.nodes
+            f"NodeName={n.name} NodeAddr={n.ip} CPUs=2 RealMemory=1000 "
+            + ("State=DOWN Reason=not_added" if n in spares else "State=UNKNOWN")
+            for n in self.nodes + spares
         )
         self.slurm_conf.write_text(
             f"ClusterName=wbmn\nSlurmctldHost={os.uname().nodename}({self.login_ip})\n"
@@ -539,7 +570,7 @@ class Bed:
             "SelectTypeParameters=CR_CPU\nMpiDefault=none\nReturnToService=2\n"
             "SlurmctldTimeout=30\nSlurmdTimeout=30\nInactiveLimit=0\nKillWait=2\n"
             f"MinJobAge=5\nWaittime=0\n{nodes}\n"
-            f"PartitionName=wb Nodes={','.join(n.name for n in self.nodes)} Default=YES "
+            f"PartitionName=wb Nodes={','.join(n.name for n in self.nodes + spares)} Default=YES "
             "MaxTime=INFINITE State=UP\n"
         )
         self.slurm_conf.chmod(0o644)
@@ -581,9 +612,12 @@ class Bed:
     def _wait_for_slurm(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        names = {n.name for n in self.nodes}  # the spares stay DOWN until added
         while True:
-            out = _run("sinfo", "-h", "-N", "-o", "%t", check=False, env=env).stdout.split()
-            if len(out) == len(self.nodes) and set(out) == {"idle"}:
+            lines = _run("sinfo", "-h", "-N", "-o", "%N %t", check=False, env=env).stdout
+            states = dict(line.split() for line in lines.splitlines() if len(line.split()) == 2)
+            out = [states.get(name, "") for name in sorted(names)]
+            if set(out) == {"idle"}:
                 return
             if time.monotonic() > deadline:
                 log = (self.root / "slurm" / "slurmctld.log").read_text(errors="replace")

@@ -171,3 +171,26 @@ def test_watchdog_runs_the_remote_phases_in_order_when_the_kernel_dies(tmp_path:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def test_a_spare_any_job_goes_where_slurm_has_room_and_is_never_requeued(
+    tmp_path: Path, fake_slurm: Path
+) -> None:
+    """``spare_hosts="any"``: the lost ranks' jobs name no node but exclude every node the
+    cluster ran on or lost (``spares.start_args``); no engine job is ever requeued (Slurm
+    requeues a node-failed batch job by default: an engine nobody asked for, seen on the
+    bed)."""
+    from workbench.cluster.spares import start_args
+    from workbench.config import ANY_SPARE
+
+    cluster = SimpleNamespace(
+        launch_hosts={0: ANY_SPARE, 1: ANY_SPARE, 2: "b", 3: "b"},
+        lost_hosts={"a"},
+        launcher_options=launchers.parse_options("slurm", {"partition": "gpu"}),
+    )
+    replacement = _engine_set(tmp_path, ["a", "b"], 4, **start_args(cluster, ANY_SPARE, 2))
+    asyncio.run(replacement.start(2))
+    calls = [c.split() for c in _sbatch_lines(fake_slurm)]
+    assert len(calls) == 2 and not any(w.startswith("--nodelist") for c in calls for w in c)
+    assert all({"--exclude=a,b", "--partition=gpu"} <= set(c) for c in calls), calls
+    assert "#SBATCH --no-requeue" in fake_slurm.read_text()

@@ -8,9 +8,10 @@ samples equal the uninterrupted run's (computed first in the same driver run).""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,19 +21,29 @@ from tests.multinode.checks import HOSTS, TOL, nothing_left, ok
 from tests.multinode.test_host_loss import CUT_AFTER_S, DETECT_S, _wait_for
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
+Report = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def run(bed: Bed) -> Iterator[dict[str, Any]]:
+@contextlib.contextmanager
+def lost_onto_spare(
+    bed: Bed,
+    launcher: str,
+    spare_hosts: str | None = None,
+    take_down: Callable[[str], float] | None = None,
+) -> Iterator[Report]:
+    """The driver's ``spare`` scenario on HOSTS plus a third node (the spare, named in
+    ``spare_hosts`` unless given: ``"any"`` under Slurm), rank 0's host taken down whole
+    mid-step (or by ``take_down``); the driver's report, with when the host went down and
+    the nodes' addresses."""
     spare = bed.add_node()
     home = bed.home
     proc, out = bed.spawn_driver(
         {
             "scenario": "spare",
-            "launcher": "ssh",
+            "launcher": launcher,
             "hosts": HOSTS,
             "n": 4,
-            "spare_hosts": [spare.name],
+            "spare_hosts": spare_hosts or [spare.name],
         }
     )
     try:
@@ -40,11 +51,13 @@ def run(bed: Bed) -> Iterator[dict[str, Any]]:
         victim = (home / "take_down.ready").read_text()  # rank 0's host
         (home / "take_down.done").write_text("")
         time.sleep(CUT_AFTER_S)
-        cut = bed.take_down(victim)
+        cut = (take_down or bed.take_down)(victim)
         proc.wait(900)
         assert out.exists(), f"the driver wrote no report:\n{out.with_suffix('.log').read_text()}"
-        report: dict[str, Any] = json.loads(out.read_text())
+        report: Report = json.loads(out.read_text())
         report.update(cut_at=cut, ips={n.name: n.ip for n in bed.nodes})
+        if bed.node(victim).unshare_pid:  # out of service but up: rebooted, as a whole
+            bed.take_down(victim)
         bed.bring_up(victim)  # after the driver's stop: that stop met a lost host
         yield report
     finally:
@@ -59,6 +72,12 @@ def run(bed: Bed) -> Iterator[dict[str, Any]]:
             (home / name).unlink(missing_ok=True)
         for path in (out, out.with_suffix(".log")):
             path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def run(bed: Bed) -> Iterator[Report]:
+    with lost_onto_spare(bed, "ssh") as report:
+        yield report
 
 
 def _other(run: dict[str, Any]) -> str:

@@ -339,7 +339,8 @@ class RankDispatch:
         return results
 
     def _lost_error(self, lost: list[int]) -> EngineDied:
-        return hang.lost_engines_error(self.ranks, lost, self.engines.run_dir, self.engines.client)
+        e = self.engines  # under Slurm, a node out of service is lost too (slurm_nodes.py)
+        return hang.lost_engines_error(self.ranks, lost, e.run_dir, e.client, e.config.launcher)
 
     def execute(
         self,

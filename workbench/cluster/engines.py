@@ -83,6 +83,7 @@ class EngineSet:
         self.engine_ids: list[int] = []  # the engines that get ranks, chosen at start
         # engine id -> the launcher's host entry that started it (ssh), for replacements
         self.launch_hosts: dict[int, str] = {}
+        self.lost_hosts: set[str] = set()  # launch hosts found lost: no spare goes there
         self.nanny_pids: set[int] = set()
         self.environment: EnvironmentReport | None = None  # the hosts compared at start
         self.watch: EngineWatch | None = None  # reports local engines' deaths

@@ -15,6 +15,7 @@ from typing import Any
 from workbench.cluster.host_loss import host_lost
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
+from workbench.cluster.slurm_nodes import host_answers
 from workbench.engine.flight import status_path
 from workbench.errors import ClusterError, EngineDied, EngineUnresponsive
 
@@ -142,12 +143,17 @@ def after_interrupt(freed: list[int], blocked: list[int]) -> str:
 
 
 def lost_engines_error(
-    ranks: list[RankAssignment], lost: list[int], run_dir: str | None, client: Any = None
+    ranks: list[RankAssignment],
+    lost: list[int],
+    run_dir: str | None,
+    client: Any = None,
+    launcher: str = "",
 ) -> EngineDied:
     """``EngineDied`` for ranks whose engine is gone; ``EngineUnresponsive`` when every
     one of them still has a process (looked at on this host only) that does not answer;
-    ``HostLost`` when their host is gone whole (``host_loss.py``; needs ``client``)."""
-    gone_host = host_lost(ranks, lost, client)
+    ``HostLost`` when their host is gone whole (``host_loss.py``; needs ``client``; under
+    ``launcher="slurm"`` a node Slurm has out of service is gone too: ``slurm_nodes.py``)."""
+    gone_host = host_lost(ranks, lost, client, host_answers if launcher == "slurm" else None)
     if gone_host is not None:
         return gone_host
     dead: list[str] = []

@@ -9,10 +9,12 @@ Then each non-local host that holds a dead rank is probed (``elastic.probe_host`
 sshd port, ``PROBE_TIMEOUT_S`` at most for a silent host): a host that answers has a dead
 process (the per-engine path, ``EngineDied``); one that does not is lost once every engine
 it held is gone from the controller, which happens within the same heartbeat window
-(waited for, ``HOST_SILENCE_S`` at most). The bed measured 8-11 s from the host going down
-to ``HostLost`` (tests/multinode/test_host_loss.py, test_spare_host.py). Recovery then
-frees the survivors through their engines' control thread (``sever_stuck``), not at the
-process group's timeout.
+(waited for, ``HOST_SILENCE_S`` at most). Under ``launcher="slurm"`` the probe is
+``slurm_nodes.host_answers``: a host whose sshd answers is lost too when Slurm has its
+node DOWN, drained, failing or not responding (asked only then, with a timeout). The bed
+measured 8-11 s from the host going down to ``HostLost`` (tests/multinode/test_host_loss.py,
+test_spare_host.py). Recovery then frees the survivors through their engines' control
+thread (``sever_stuck``), not at the process group's timeout.
 """
 
 from __future__ import annotations

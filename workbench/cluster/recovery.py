@@ -44,7 +44,7 @@ from workbench.cluster.ranks import RankAssignment, relocalize
 from workbench.cluster.registration import watch_engines
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
-from workbench.cluster.spares import move_to_spares
+from workbench.cluster.spares import move_to_spares, start_args
 from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.engine import process_group
 from workbench.engine.boot import timed_engine_info
@@ -240,9 +240,8 @@ async def _start_replacements(
                 f"rank {rank}: the {launcher} host that started its engine is unknown"
             )
         per_host[host] = per_host.get(host, 0) + 1
-    await asyncio.gather(
-        *(ipp_cluster.start_engines(k, engines={host: k}) for host, k in per_host.items())
-    )
+    starts = {h: start_args(engines, h, k) for h, k in per_host.items()}  # "any": Slurm picks
+    await asyncio.gather(*(ipp_cluster.start_engines(per_host[h], **a) for h, a in starts.items()))
 
 
 async def new_engines(

@@ -41,7 +41,9 @@ def _start_args(p: MagicParser) -> None:
         "--hosts", default="", help="comma-separated hosts for --launcher ssh / mpi / slurm"
     )
     p.add_argument(
-        "--spare-hosts", default="", help="comma-separated hosts for a lost host's ranks (ssh)"
+        "--spare-hosts",
+        default="",
+        help="comma-separated hosts for a lost host's ranks (ssh, slurm; slurm: 'any')",
     )
     p.add_argument("--profile", default=None, help="connect to a running ipyparallel profile")
     p.add_argument("--cluster-id", default=None, help="connect to a running cluster id")
