@@ -1,7 +1,8 @@
 """Self-fencing on real engines (``workbench.engine.fence``), on a local cluster of the
 test's own with the fence started by hand and a short bound: an engine busy in a long cell
-(its main thread held) is not fenced; once the controller stops answering (SIGSTOP: it
-sends no heartbeat), every engine ends itself. A local cluster does not fence by itself."""
+(its main thread held in Python code, or blocked in a collective) is not fenced; once the
+controller stops answering (its processes SIGSTOPped: no heartbeat), every engine ends
+itself. A local cluster does not fence by itself."""
 
 from __future__ import annotations
 
@@ -30,6 +31,21 @@ def _busy(seconds: float) -> float:
     return seconds
 
 
+def _late_all_reduce(late_s: float) -> float:
+    """Rank 0 enters an all-reduce at once and waits in it (in gloo, the main thread
+    blocked) until rank 1 joins ``late_s`` later."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(late_s)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
 def test_busy_engine_is_not_fenced_and_a_silent_controller_fences_all(
     own_cluster: Cluster,
 ) -> None:
@@ -42,6 +58,9 @@ def test_busy_engine_is_not_fenced_and_a_silent_controller_fences_all(
     assert cluster.run(_busy, 4 * AFTER_S, ranks=[0], timeout=4 * AFTER_S + BOUND_S) == [
         4 * AFTER_S
     ]
+    assert alive(pids) == pids
+    # rank 0 blocked in a collective for 4 bounds: not fenced either
+    assert cluster.run(_late_all_reduce, 4 * AFTER_S, timeout=4 * AFTER_S + BOUND_S) == [2.0, 2.0]
     assert alive(pids) == pids
     assert [f["fencing"] for f in cluster.run(fence.running)] == [True, True]
 
