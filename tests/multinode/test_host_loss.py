@@ -49,12 +49,36 @@ def _wait_for(proc: subprocess.Popen[str], path: Path, out: Path, timeout: float
         time.sleep(0.05)
 
 
+def _report(proc: subprocess.Popen[str], out: Path, **extra: Any) -> dict[str, Any]:
+    """The driver's report, once it ended, with what the test side saw."""
+    proc.wait(600)
+    assert out.exists(), f"the driver wrote no report:\n{out.with_suffix('.log').read_text()}"
+    report: dict[str, Any] = json.loads(out.read_text())
+    report.update(extra)
+    return report
+
+
+def _clean_up(bed: Bed, proc: subprocess.Popen[str], out: Path, meetings: list[str]) -> None:
+    """The driver ended, every node up and linked (the next tests need them), the meeting
+    files (``<name>.ready`` / ``.done``), the report and the log removed."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+    for node in bed.nodes:
+        bed.bring_up(node.name)
+    for name in meetings:
+        for end in (".ready", ".done"):
+            (bed.home / f"{name}{end}").unlink(missing_ok=True)
+    for path in (out, out.with_suffix(".log")):
+        path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="module")
 def run(bed: Bed) -> Iterator[dict[str, Any]]:
     proc, out = bed.spawn_driver(
         {"scenario": "host_loss", "launcher": "ssh", "hosts": HOSTS, "n": 4}
     )
-    log, home = out.with_suffix(".log"), bed.home
+    home = bed.home
     try:
         _wait_for(proc, home / "take_down.ready", out, 900)
         victim = (home / "take_down.ready").read_text()  # the last rank's host
@@ -65,22 +89,9 @@ def run(bed: Bed) -> Iterator[dict[str, Any]]:
         gone = bed.node(victim).unshare_pid == 0
         bed.bring_up(victim)
         (home / "bring_up.done").write_text("")
-        proc.wait(600)
-        assert out.exists(), f"the driver wrote no report:\n{log.read_text()}"
-        report: dict[str, Any] = json.loads(out.read_text())
-        report.update(cut_at=cut, was_down=gone)
-        yield report
+        yield _report(proc, out, cut_at=cut, was_down=gone)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        for node in bed.nodes:  # the next tests need every node
-            if node.unshare_pid == 0:
-                bed.bring_up(node.name)
-        for name in ("take_down.ready", "take_down.done", "bring_up.ready", "bring_up.done"):
-            (home / name).unlink(missing_ok=True)
-        for path in (out, log):
-            path.unlink(missing_ok=True)
+        _clean_up(bed, proc, out, ["take_down", "bring_up"])
 
 
 def test_a_host_down_whole_is_host_lost_before_the_group_timeout(run: dict[str, Any]) -> None:

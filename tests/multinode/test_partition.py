@@ -11,7 +11,6 @@ run's. Nothing is left on any node after stop.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +26,13 @@ from tests.multinode.checks import (
     same_curve_and_samples,
     told_host_lost,
 )
-from tests.multinode.test_host_loss import CUT_AFTER_S, DETECT_S, _wait_for
+from tests.multinode.test_host_loss import (
+    CUT_AFTER_S,
+    DETECT_S,
+    _clean_up,
+    _report,
+    _wait_for,
+)
 from workbench.cluster.fencing import FENCE_AFTER_S
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
@@ -59,7 +64,7 @@ def run(bed: Bed) -> Iterator[dict[str, Any]]:
     proc, out = bed.spawn_driver(
         {"scenario": "partition", "launcher": "ssh", "hosts": HOSTS, "n": 4}
     )
-    log, home = out.with_suffix(".log"), bed.home
+    home = bed.home
     try:
         _wait_for(proc, home / "take_down.ready", out, 900)  # the scenario's name for it
         victim = (home / "take_down.ready").read_text()
@@ -73,21 +78,9 @@ def run(bed: Bed) -> Iterator[dict[str, Any]]:
         fence["same_node"] = bed.node(victim).unshare_pid == node_init
         fence["after_plug_in"] = _engines(bed, victim)
         (home / "plug_in.done").write_text("")
-        proc.wait(600)
-        assert out.exists(), f"the driver wrote no report:\n{log.read_text()}"
-        report: dict[str, Any] = json.loads(out.read_text())
-        report.update(cut_at=cut, fence=fence)
-        yield report
+        yield _report(proc, out, cut_at=cut, fence=fence)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        for node in bed.nodes:  # the next tests need every node, linked
-            bed.bring_up(node.name)
-        for name in ("take_down.ready", "take_down.done", "plug_in.ready", "plug_in.done"):
-            (home / name).unlink(missing_ok=True)
-        for path in (out, log):
-            path.unlink(missing_ok=True)
+        _clean_up(bed, proc, out, ["take_down", "plug_in"])
 
 
 def test_a_cut_link_is_host_lost_before_the_group_timeout(run: dict[str, Any]) -> None:
