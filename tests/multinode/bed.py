@@ -470,19 +470,21 @@ class Bed:
         when it was taken down, its init with sshd (and slurmd) started afresh."""
         node = self.node(name)
         _run("ip", "link", "set", f"veth-{node.name}", "up")
-        if not node.unshare_pid or not psutil.pid_exists(node.unshare_pid):
+        restart = not node.unshare_pid or not psutil.pid_exists(node.unshare_pid)
+        if restart:
             self._start_node(node)
         self._wait_for_ssh(timeout, [node])
         if self.slurm and node.index <= len(self._slurm_nodes()):
-            self._wait_for_slurm_node(node, timeout)
+            self._wait_for_slurm_node(node, timeout, resume=not restart)
 
     def _slurm_nodes(self) -> list[str]:
         text = self.slurm_conf.read_text()
         return [w.split("=", 1)[1] for w in text.split() if w.startswith("NodeName=")]
 
-    def _wait_for_slurm_node(self, node: Node, timeout: float) -> None:
+    def _wait_for_slurm_node(self, node: Node, timeout: float, resume: bool = False) -> None:
         """Until slurmctld has the node back in service (a node down longer than
-        SlurmdTimeout is DOWN until its new slurmd registers)."""
+        SlurmdTimeout is DOWN until its new slurmd registers; with ``resume``, one whose
+        slurmd ran on through a cut link is resumed, as an admin would)."""
         env = {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
         deadline = time.monotonic() + timeout
         while True:
@@ -490,6 +492,9 @@ class Bed:
             state = _run(*argv, check=False, env=env).stdout.strip()
             if state in ("idle", "mix", "alloc"):
                 return
+            if resume and state.startswith("down"):
+                update = ("scontrol", "update", f"NodeName={node.name}", "State=RESUME")
+                _run(*update, check=False, env=env)
             if time.monotonic() > deadline:
                 raise BedError(f"slurm node {node.name} not back within {timeout}s: {state!r}")
             time.sleep(0.5)

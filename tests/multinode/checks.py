@@ -41,6 +41,34 @@ def two_by_two(bed: Bed, report: dict[str, Any]) -> None:
     assert report["all_reduce"] == [10.0] * 4
 
 
+def other_host(run: dict[str, Any]) -> str:
+    """The host a lost-host scenario kept (``run["victim"]`` is the one it lost)."""
+    return next(h for h in HOSTS if h != run["victim"])
+
+
+def told_host_lost(run: dict[str, Any], bound_s: float, how: str) -> None:
+    """The last ranks' host lost mid-step: ``HostLost`` names it and its ranks, sooner than
+    ``bound_s`` after the cut (the time printed: ``how`` the host went)."""
+    lost, victim = ok(run)["lost"], run["victim"]
+    assert run["hosts_before"] == [other_host(run)] * 2 + [victim] * 2
+    assert lost["error"] is not None and lost.get("host") == victim, lost["error"]
+    assert lost["ranks"] == [2, 3]
+    detect_s = lost["raised_at"] - run["cut_at"]
+    print(f"HostLost {detect_s:.1f} s after {victim} {how}")
+    assert 0 < detect_s < bound_s, detect_s
+
+
+def same_curve_and_samples(run: dict[str, Any], steps: int = 9, batch: int = 8) -> None:
+    """The interrupted run's losses and samples equal the uninterrupted run's, step by step:
+    no sample skipped or repeated."""
+    losses, expected = run["losses"], run["expected"]
+    assert len(losses) == len(expected) == steps
+    assert max(abs(a - b) for a, b in zip(losses, expected, strict=True)) <= TOL
+    assert run["ids"] == run["expected_ids"]  # every step took the uninterrupted samples
+    taken = [i for step in sorted(run["ids"], key=int) for i in run["ids"][step]]
+    assert len(taken) == len(set(taken)) == steps * batch  # none skipped or repeated
+
+
 def trained_like_single_device(report: dict[str, Any]) -> None:
     ok(report)
     assert close(report["ddp"], report["single_device"]), (report["ddp"], report["single_device"])

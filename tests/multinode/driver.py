@@ -234,6 +234,10 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
 
             run = lose.lose_host_and_go_on if cfg["scenario"] == "host_loss" else None
             (run or lose.lose_host_onto_spare)(cluster, out, home)
+        if cfg["scenario"] == "partition":  # a sibling too
+            import partition_scenario
+
+            partition_scenario.cut_off_and_go_on(cluster, out, home)
         if cfg["scenario"] == "orphan":  # the test SIGKILLs this process (the "kernel")
             out["pid"] = os.getpid()
             tmp = Path(f"{out_path}.tmp")

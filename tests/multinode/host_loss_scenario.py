@@ -87,7 +87,11 @@ def _uninterrupted(cluster: Any, spec: Any, out: dict[str, Any]) -> None:
     plain.close()
 
 
-def lose_host_and_go_on(cluster: Any, out: dict[str, Any], home: Path) -> None:
+def lose_host_and_shrink(
+    cluster: Any, out: dict[str, Any], home: Path
+) -> tuple[Any, dict[int, list[int]]]:
+    """The reference run, then the elastic run up to the loss, the shrink and steps 3..5:
+    the session and the samples of steps 0..5."""
     from workbench.errors import HostLost
     from workbench.parallel import RunSpec
     from workbench.session.training import TrainingSession
@@ -128,7 +132,12 @@ def lose_host_and_go_on(cluster: Any, out: dict[str, Any], home: Path) -> None:
     out["spec_shrunk"] = [session.spec.batch_size, session.spec.grad_accum]
     session.run(3)  # steps 3..5 on wbmn1 alone, checkpointed at 6
     ids.update(_samples(cluster, range(3, 6)))
+    return session, ids
 
+
+def lose_host_and_go_on(cluster: Any, out: dict[str, Any], home: Path) -> None:
+    session, ids = lose_host_and_shrink(cluster, out, home)
+    victim = out["victim"]
     _meet(home, "bring_up")
     out["grow_report"] = session.grow(2, hosts=[victim])
     out["hosts_grown"] = _hosts(cluster)

@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 
 from tests.multinode.bed import Bed
-from tests.multinode.checks import HOSTS, TOL, nothing_left, ok
+from tests.multinode.checks import (
+    HOSTS,
+    nothing_left,
+    ok,
+    other_host,
+    same_curve_and_samples,
+    told_host_lost,
+)
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
 
@@ -42,12 +49,36 @@ def _wait_for(proc: subprocess.Popen[str], path: Path, out: Path, timeout: float
         time.sleep(0.05)
 
 
+def _report(proc: subprocess.Popen[str], out: Path, **extra: Any) -> dict[str, Any]:
+    """The driver's report, once it ended, with what the test side saw."""
+    proc.wait(600)
+    assert out.exists(), f"the driver wrote no report:\n{out.with_suffix('.log').read_text()}"
+    report: dict[str, Any] = json.loads(out.read_text())
+    report.update(extra)
+    return report
+
+
+def _clean_up(bed: Bed, proc: subprocess.Popen[str], out: Path, meetings: list[str]) -> None:
+    """The driver ended, every node up and linked (the next tests need them), the meeting
+    files (``<name>.ready`` / ``.done``), the report and the log removed."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+    for node in bed.nodes:
+        bed.bring_up(node.name)
+    for name in meetings:
+        for end in (".ready", ".done"):
+            (bed.home / f"{name}{end}").unlink(missing_ok=True)
+    for path in (out, out.with_suffix(".log")):
+        path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="module")
 def run(bed: Bed) -> Iterator[dict[str, Any]]:
     proc, out = bed.spawn_driver(
         {"scenario": "host_loss", "launcher": "ssh", "hosts": HOSTS, "n": 4}
     )
-    log, home = out.with_suffix(".log"), bed.home
+    home = bed.home
     try:
         _wait_for(proc, home / "take_down.ready", out, 900)
         victim = (home / "take_down.ready").read_text()  # the last rank's host
@@ -58,36 +89,13 @@ def run(bed: Bed) -> Iterator[dict[str, Any]]:
         gone = bed.node(victim).unshare_pid == 0
         bed.bring_up(victim)
         (home / "bring_up.done").write_text("")
-        proc.wait(600)
-        assert out.exists(), f"the driver wrote no report:\n{log.read_text()}"
-        report: dict[str, Any] = json.loads(out.read_text())
-        report.update(cut_at=cut, was_down=gone)
-        yield report
+        yield _report(proc, out, cut_at=cut, was_down=gone)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        for node in bed.nodes:  # the next tests need every node
-            if node.unshare_pid == 0:
-                bed.bring_up(node.name)
-        for name in ("take_down.ready", "take_down.done", "bring_up.ready", "bring_up.done"):
-            (home / name).unlink(missing_ok=True)
-        for path in (out, log):
-            path.unlink(missing_ok=True)
-
-
-def _other(run: dict[str, Any]) -> str:
-    return next(h for h in HOSTS if h != run["victim"])
+        _clean_up(bed, proc, out, ["take_down", "bring_up"])
 
 
 def test_a_host_down_whole_is_host_lost_before_the_group_timeout(run: dict[str, Any]) -> None:
-    lost, victim = ok(run)["lost"], run["victim"]
-    assert run["hosts_before"] == [_other(run)] * 2 + [victim] * 2
-    assert lost["error"] is not None and lost.get("host") == victim, lost["error"]
-    assert lost["ranks"] == [2, 3]
-    detect_s = lost["raised_at"] - run["cut_at"]
-    print(f"HostLost {detect_s:.1f} s after {victim} went down")
-    assert 0 < detect_s < DETECT_S, detect_s
+    told_host_lost(run, DETECT_S, "went down")
 
 
 def test_the_run_shrinks_to_the_host_left_and_grows_back_with_the_same_curve(
@@ -98,18 +106,13 @@ def test_the_run_shrinks_to_the_host_left_and_grows_back_with_the_same_curve(
     assert "shrunk from 4 to 2 ranks" in run["shrink_report"], run["shrink_report"]
     assert "global batch 8 kept" in run["shrink_report"]
     assert "checkpoint of step 3" in run["shrink_report"]
-    assert run["hosts_shrunk"] == [_other(run)] * 2 and run["spec_shrunk"] == [8, 2]
+    assert run["hosts_shrunk"] == [other_host(run)] * 2 and run["spec_shrunk"] == [8, 2]
     assert run["was_down"]  # the host came back as a rebooted one: a new sshd, no engine
     assert "grown from 2 to 4 ranks" in run["grow_report"], run["grow_report"]
     assert "checkpoint of step 6" in run["grow_report"]
-    assert run["hosts_grown"] == [_other(run)] * 2 + [run["victim"]] * 2
+    assert run["hosts_grown"] == [other_host(run)] * 2 + [run["victim"]] * 2
     assert run["spec_grown"] == [8, 1]
-    losses, expected = run["losses"], run["expected"]
-    assert len(losses) == len(expected) == 9
-    assert max(abs(a - b) for a, b in zip(losses, expected, strict=True)) <= TOL
-    assert run["ids"] == run["expected_ids"]  # every step took the uninterrupted samples
-    taken = [i for step in sorted(run["ids"], key=int) for i in run["ids"][step]]
-    assert len(taken) == len(set(taken)) == 9 * 8  # none skipped or repeated
+    same_curve_and_samples(run)
 
 
 def test_nothing_is_left_on_any_node_after_stop(bed: Bed, run: dict[str, Any]) -> None:

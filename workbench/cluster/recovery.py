@@ -17,8 +17,7 @@
    their namespace (but their training run, bound to the old process group, is closed).
 3. The process group is re-created on a fresh port on every rank.
 
-A training session then rebuilds its run and loads its last checkpoint
-(``TrainingSession.recover``).
+A training session then rebuilds its run and loads its checkpoint (``TrainingSession.recover``).
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from workbench.cluster import spare_forker
 from workbench.cluster.doctor_env import compare_new_engines
 from workbench.cluster.elastic import shrunk_ranks
 from workbench.cluster.engines import EngineSet
+from workbench.cluster.fencing import fence_after_s
 from workbench.cluster.host_loss import sever_stuck
 from workbench.cluster.launch.ssh import attach_nannies
 from workbench.cluster.processes import FROZEN, GONE, local_state
@@ -262,8 +262,10 @@ async def new_engines(
             )
         await asyncio.sleep(0.02)
     new_ids = sorted(set(client.ids) - before)[:count]
-    infos = await _gather(  # with the environment the start compared (doctor_env.py)
-        [client[eid].apply_async(timed_engine_info, engines.check_packages) for eid in new_ids],
+    # its facts, with the environment the start compared (doctor_env.py); fenced alike
+    ask = (timed_engine_info, engines.check_packages, fence_after_s(engines.config.launcher))
+    infos = await _gather(
+        [client[eid].apply_async(*ask) for eid in new_ids],
         timeout=engines.config.start_timeout,
     )
     try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
+from workbench.cluster import fencing
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.launch import launchers
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
@@ -77,7 +78,8 @@ async def wait_for_engines(
 def _ask_facts(engines: EngineSet, startup: StartupProfile, eid: int) -> None:
     client = engines.client_unchecked()
     startup.engine_now(eid, "registered")
-    future = client[eid].apply_async(boot.timed_engine_info, engines.check_packages)
+    fence_s = fencing.fence_after_s(engines.config.launcher) if engines.owns else 0.0
+    future = client[eid].apply_async(boot.timed_engine_info, engines.check_packages, fence_s)
     future.add_done_callback(lambda _f, eid=eid: startup.engine_now(eid, "answered"))
     engines.info_futures[eid] = future
     engines.address_futures[eid] = client[eid].apply_async(*engines.address_call())

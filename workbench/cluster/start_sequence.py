@@ -19,7 +19,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import doctor_env, rendezvous, spare_forker, warm_start
+from workbench.cluster import doctor_env, fencing, rendezvous, spare_forker, warm_start
 from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.launch import launchers
@@ -60,7 +60,7 @@ MULTI_NODE = frozenset({"mpi", "ssh", "slurm"})
 # from a C thread, so a rank busy in Python or in a collective still beats.
 LOCAL_HEARTBEAT = ["--HeartMonitor.period=100", "--HeartMonitor.max_heartmonitor_misses=50"]
 # Across hosts: the period the workbench has always used there (10 misses: 5 s).
-REMOTE_HEARTBEAT = ["--HeartMonitor.period=500"]
+REMOTE_HEARTBEAT = [f"--HeartMonitor.period={fencing.REMOTE_PERIOD_MS}"]  # fencing.py
 
 
 def controller_args(launcher: str) -> list[str]:

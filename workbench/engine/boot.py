@@ -32,11 +32,14 @@ FORKED_ENV = "WORKBENCH_ENGINE_FORKED"
 ENGINE_EXIT_DELAY_S = 0.02
 
 
-def timed_engine_info(check_packages: Sequence[str] = ()) -> dict[str, Any]:
+def timed_engine_info(
+    check_packages: Sequence[str] = (), fence_after_s: float = 0.0
+) -> dict[str, Any]:
     """``engine.engine_info()`` plus this engine's own start-up facts (runs on the engine):
     when its process began (wall clock, seconds since the epoch) and the seconds spent
     importing torch here (0 when it was already imported); and, in the same round trip,
-    the environment the cluster doctor compares across hosts (``doctor_env.py``)."""
+    the environment the cluster doctor compares across hosts (``doctor_env.py``). With
+    ``fence_after_s`` > 0 (an engine on another host) its fence starts (``fence.py``)."""
     import sys
 
     from workbench.engine.doctor_env import environment_facts
@@ -66,6 +69,10 @@ def timed_engine_info(check_packages: Sequence[str] = ()) -> dict[str, Any]:
         "torch_import_s": torch_s,
     }
     info["environment"] = environment_facts(check_packages)
+    if fence_after_s > 0:
+        from workbench.engine import fence
+
+        info["fencing"] = fence.start(fence_after_s)
     return info
 
 
