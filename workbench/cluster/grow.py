@@ -13,7 +13,8 @@ from workbench.cluster.elastic import grown_ranks
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.host_placement import check_hosts, placed, start_on
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.recovery import RecoveryReport, new_engines, regroup
+from workbench.cluster.recovery import RecoveryReport, regroup
+from workbench.cluster.registration import new_engines
 from workbench.config import MAX_ENGINES
 from workbench.errors import ClusterError
 

@@ -33,24 +33,20 @@ import psutil
 
 from workbench import validate
 from workbench.cluster import spare_forker
-from workbench.cluster.doctor_env import compare_new_engines
 from workbench.cluster.elastic import shrunk_ranks
 from workbench.cluster.engines import EngineSet
-from workbench.cluster.fencing import fence_after_s
 from workbench.cluster.host_loss import sever_stuck
-from workbench.cluster.launch.ssh import attach_nannies
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment, relocalize
-from workbench.cluster.registration import watch_engines
+from workbench.cluster.registration import gather, new_engines
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.spares import move_to_spares, start_args
 from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.engine import process_group
-from workbench.engine.boot import timed_engine_info
 from workbench.errors import ClusterError
 
-__all__ = ["FREE_GRACE_S", "RecoveryReport", "lost_ranks", "new_engines", "recover", "regroup"]
+__all__ = ["FREE_GRACE_S", "RecoveryReport", "lost_ranks", "recover", "regroup"]
 
 # How long a stuck rank may take to come back once its peers' sockets are closed. Freeing
 # itself is immediate (the collective fails at once); what takes time is the reply's trip
@@ -137,10 +133,6 @@ async def _kill_local(ranks: list[RankAssignment], which: list[int]) -> None:
     await asyncio.to_thread(psutil.wait_procs, procs, 15)
 
 
-async def _gather(futures: list[Any], timeout: float) -> list[Any]:
-    return await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, futures)), timeout)
-
-
 async def _interrupt(engines: EngineSet, ranks: list[RankAssignment], which: list[int]) -> None:
     client = engines.client_unchecked()
     await asyncio.gather(*(signal_rank(client, ranks[r], signal.SIGINT) for r in which))
@@ -187,7 +179,7 @@ async def _free_stuck(
     killed = [r for r, f in sorted(stuck.items()) if not f.ready()]
     report.freed = [r for r in sorted(stuck) if r not in killed]
     try:  # every rank that stays has left the old group before the new one is made
-        await _gather(list(leaving.values()), timeout=15)
+        await gather(list(leaving.values()), timeout=15)
     except Exception as exc:  # setup_rank tears down again before it joins
         cluster_log(f"leaving the old group failed: {exc!r}")
     # killed on the engine's own host: by pid here, else through its nanny (signals.py)
@@ -242,48 +234,6 @@ async def _start_replacements(
         per_host[host] = per_host.get(host, 0) + 1
     starts = {h: start_args(engines, h, k) for h, k in per_host.items()}  # "any": Slurm picks
     await asyncio.gather(*(ipp_cluster.start_engines(per_host[h], **a) for h, a in starts.items()))
-
-
-async def new_engines(
-    engines: EngineSet, ranks: list[RankAssignment], count: int, start: Any
-) -> list[tuple[int, dict[str, Any]]]:
-    """Await ``start`` (which starts ``count`` engines), wait until they register and return
-    each one's id and facts (pid, host, address, launch host)."""
-    client = engines.client_unchecked()
-    before = set(client.ids)
-    await start
-    engines.write_pidfile(ranks)  # the watchdog covers the new engines from their launch
-    deadline = time.monotonic() + engines.config.start_timeout
-    while len(set(client.ids) - before) < count:
-        if time.monotonic() > deadline:
-            raise ClusterError(
-                f"{count} new engine(s) did not register within "
-                f"start_timeout={engines.config.start_timeout}s"
-            )
-        await asyncio.sleep(0.02)
-    new_ids = sorted(set(client.ids) - before)[:count]
-    # its facts, with the environment the start compared (doctor_env.py); fenced alike
-    ask = (timed_engine_info, engines.check_packages, fence_after_s(engines.config.launcher))
-    infos = await _gather(
-        [client[eid].apply_async(*ask) for eid in new_ids],
-        timeout=engines.config.start_timeout,
-    )
-    try:
-        engines.environment = compare_new_engines(
-            engines.environment, list(zip(new_ids, infos, strict=True)), engines.check_packages
-        )
-    except ClusterError:  # refused: they take no rank, so they must not stay idle until stop
-        client.shutdown(targets=new_ids, block=False)
-        raise
-    facts = await _gather(
-        [client[eid].apply_async(*engines.address_call()) for eid in new_ids],
-        timeout=engines.config.start_timeout,
-    )
-    new = [(eid, {**info, **fact}) for eid, info, fact in zip(new_ids, infos, facts, strict=True)]
-    if engines.ipp is not None:
-        attach_nannies(engines.ipp, dict(new))
-    watch_engines(engines, new)
-    return new
 
 
 async def _replace(
@@ -380,7 +330,7 @@ async def _drop(
     first = ranks[0]
     if first.engine_id != old_master.engine_id and first.master_addr != "127.0.0.1":
         # rank 0 (the rendezvous host) is gone: the new rank 0's host holds the store
-        fact = await _gather([client[first.engine_id].apply_async(*engines.address_call())], 60)
+        fact = await gather([client[first.engine_id].apply_async(*engines.address_call())], 60)
         ranks[:] = [replace(r, master_addr=fact[0]["address"]) for r in ranks]
 
 

@@ -1,7 +1,9 @@
 """Engines registering: each is asked for its facts (host, pid, address, versions) as
 soon as it registers, so that importing torch there overlaps with the others still
 starting; the start waits for ``n`` of them, refusing at once when the controller or the
-engines exited, and hands the chosen engines' facts to rank assignment."""
+engines exited, and hands the chosen engines' facts to rank assignment. Engines started
+later (a recovery's replacements, ``grow``'s new ranks) register through ``new_engines``:
+the same facts and environment check, and one refused is shut down at once."""
 
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench.cluster import fencing
+from workbench.cluster.doctor_env import compare_new_engines
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.launch import launchers
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
 from workbench.cluster.launch.ssh import attach_nannies
-from workbench.cluster.ranks import EngineInfo
+from workbench.cluster.ranks import EngineInfo, RankAssignment
 from workbench.cluster.startup import StartupProfile
 from workbench.engine import boot
 from workbench.engine.hosts import local_pid_space
@@ -29,6 +32,8 @@ __all__ = [
     "engine_info",
     "engine_infos",
     "engines_exited",
+    "gather",
+    "new_engines",
     "wait_for_engines",
     "watch_engines",
 ]
@@ -178,3 +183,51 @@ def engine_info(engine_id: int, info: dict[str, Any]) -> EngineInfo:
         cpus=info["cpus"],
         pid_space=info.get("pid_space", ""),
     )
+
+
+async def gather(futures: list[Any], timeout: float) -> list[Any]:
+    """The results of ipyparallel ``futures``, waited for ``timeout`` seconds at most."""
+    return await asyncio.wait_for(asyncio.gather(*map(asyncio.wrap_future, futures)), timeout)
+
+
+async def new_engines(
+    engines: EngineSet, ranks: list[RankAssignment], count: int, start: Any
+) -> list[tuple[int, dict[str, Any]]]:
+    """Await ``start`` (which starts ``count`` engines), wait until they register and return
+    each one's id and facts (pid, host, address, launch host)."""
+    client = engines.client_unchecked()
+    before = set(client.ids)
+    await start
+    engines.write_pidfile(ranks)  # the watchdog covers the new engines from their launch
+    deadline = time.monotonic() + engines.config.start_timeout
+    while len(set(client.ids) - before) < count:
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"{count} new engine(s) did not register within "
+                f"start_timeout={engines.config.start_timeout}s"
+            )
+        await asyncio.sleep(0.02)
+    new_ids = sorted(set(client.ids) - before)[:count]
+    # its facts, with the environment the start compared (doctor_env.py); fenced alike
+    fence_s = fencing.fence_after_s(engines.config.launcher)
+    ask = (boot.timed_engine_info, engines.check_packages, fence_s)
+    infos = await gather(
+        [client[eid].apply_async(*ask) for eid in new_ids],
+        timeout=engines.config.start_timeout,
+    )
+    try:
+        engines.environment = compare_new_engines(
+            engines.environment, list(zip(new_ids, infos, strict=True)), engines.check_packages
+        )
+    except ClusterError:  # refused: they take no rank, so they must not stay idle until stop
+        client.shutdown(targets=new_ids, block=False)
+        raise
+    facts = await gather(
+        [client[eid].apply_async(*engines.address_call()) for eid in new_ids],
+        timeout=engines.config.start_timeout,
+    )
+    new = [(eid, {**info, **fact}) for eid, info, fact in zip(new_ids, infos, facts, strict=True)]
+    if engines.ipp is not None:
+        attach_nannies(engines.ipp, dict(new))
+    watch_engines(engines, new)
+    return new
