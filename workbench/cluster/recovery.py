@@ -33,7 +33,6 @@ from typing import Any
 import psutil
 
 from workbench import validate
-from workbench.cluster import spare_forker
 from workbench.cluster.doctor_env import compare_new_engines
 from workbench.cluster.elastic import shrunk_ranks
 from workbench.cluster.engines import EngineSet
@@ -353,8 +352,7 @@ async def recover(
         )
         await _replace(engines, ranks, killed, report)  # ranks that stayed stuck (rare)
     report.killed = killed
-    await regroup(engines, ranks)
-    spare_forker.keep_ready(engines)  # the next replacement forks warm too
+    await regroup(engines, ranks)  # (a taken spare forked the next one: spare_forker.py)
     report.seconds = time.perf_counter() - started
     return report
 
