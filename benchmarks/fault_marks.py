@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -61,10 +62,15 @@ def _wrap_async(owner: Any, name: str, label: str) -> None:
 
 
 def no_spare() -> None:
-    """Start no spare forker (the code before it): recovery starts its own forker."""
+    """Start no spare forker (the code before it): recovery starts its own forker. Both
+    forms: a spare started after the start (``keep_ready``, before issue 31's profile) and
+    one forked by the engines' forker (``prepare``)."""
     from workbench.cluster import spare_forker
 
-    spare_forker.keep_ready = lambda engines: None
+    if hasattr(spare_forker, "keep_ready"):
+        spare_forker.keep_ready = lambda engines: None
+    if hasattr(spare_forker, "prepare"):
+        spare_forker.prepare = lambda *args: None
 
 
 def _spare_ready(pid: int) -> None:
@@ -82,9 +88,33 @@ def _spare_ready(pid: int) -> None:
         time.sleep(0.01)
 
 
+def _spare_waits(directory: str) -> None:
+    """Mark once a spare forked by the engines' forker waits in ``directory``."""
+    from workbench.engine.spare import PID
+
+    while os.path.isdir(directory):
+        if os.path.exists(os.path.join(directory, PID)):
+            SPARE.setdefault("spare fork: waiting", time.time())
+            return
+        time.sleep(0.01)
+
+
 def watch_spare() -> None:
-    """Mark a spare forker's start and the end of its imports."""
-    from workbench.cluster import warm_start
+    """Mark a spare forker's start and the end of its imports (a spare started ahead), or
+    when the spare forked by the engines' forker waits."""
+    from workbench.cluster import spare_forker, warm_start
+
+    prepare = getattr(spare_forker, "prepare", None)
+    if prepare is not None:
+
+        def prepared(*args: Any) -> Any:
+            spare = prepare(*args)
+            if spare is not None:
+                SPARE["spare fork: directory made"] = time.time()
+                threading.Thread(target=_spare_waits, args=(spare.directory,), daemon=True).start()
+            return spare
+
+        spare_forker.prepare = prepared
 
     original = warm_start.spawn
 

@@ -15,7 +15,9 @@ Variants, interleaved (rotating order): the plain Python kernel (as the peers' f
 and the workbench kernel (as the peers' cold-start row), each with the spare forker and
 without it (``fault_marks.no_spare``: the code before it). ``WB_BENCH_BASELINE=DIR`` (a
 directory holding another version's ``workbench``) adds the same variants for that
-version, for before/after ratios in one run. ``WB_BENCH_REPEATS=N`` rounds (default 3).
+version, for before/after ratios in one run. ``WB_BENCH_REPEATS=N`` rounds (default 3);
+``FF_VARIANTS="python kernel, spare;workbench kernel, spare"`` runs only the variants whose
+name contains one of the ``;``-separated parts.
 
     .venv/bin/python -m benchmarks.first_fault_profile [--quick]
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -95,10 +98,18 @@ async def _sample(kernel: str, spare: bool, kernels: Path, env: dict[str, str]) 
 
 
 def _spares(marks: dict[str, float]) -> dict[str, float]:
-    """``spare PID: what`` -> ``spare N: what``, N counting spares by their start."""
-    pids = sorted({k.split(":")[0] for k in marks}, key=lambda p: marks.get(f"{p}: spawned", 0))
-    number = {p: f"spare {i + 1}" for i, p in enumerate(pids)}
-    return {number[k.split(":")[0]] + ":" + k.split(":", 1)[1]: v for k, v in marks.items()}
+    """``spare PID: what`` -> ``spare N: what``, N counting spares by their start (a
+    spare started ahead); other names as they are."""
+    started = [k.split(":")[0] for k in marks if re.fullmatch(r"spare \d+: spawned", k)]
+    number = {
+        p: f"spare {i + 1}"
+        for i, p in enumerate(sorted(started, key=lambda p: marks[f"{p}: spawned"]))
+    }
+    out = {}
+    for key, at in marks.items():
+        prefix, _, what = key.partition(":")
+        out[f"{number[prefix]}:{what}" if prefix in number else key] = at
+    return out
 
 
 def _timeline(samples: list[dict], key: str, origin: str) -> list[str]:
@@ -132,7 +143,7 @@ def _variants() -> dict[str, tuple[str, bool, dict[str, str]]]:
             "PYTHONPATH": os.pathsep.join([base, os.environ.get("PYTHONPATH", "")])
         }
     out = {}
-    only = [w for w in os.environ.get("FF_VARIANTS", "").split(",") if w]
+    only = [w for w in os.environ.get("FF_VARIANTS", "").split(";") if w]
     for code, env in codes.items():
         for kernel in KERNELS:
             for spare in (True, False):
