@@ -17,7 +17,8 @@ without it (``fault_marks.no_spare``: the code before it). ``WB_BENCH_BASELINE=D
 directory holding another version's ``workbench``) adds the same variants for that
 version, for before/after ratios in one run. ``WB_BENCH_REPEATS=N`` rounds (default 3);
 ``FF_VARIANTS="python kernel, spare;workbench kernel, spare"`` runs only the variants whose
-name contains one of the ``;``-separated parts.
+name contains one of the ``;``-separated parts; ``FF_COLD_ONLY=1`` takes the cold starts
+alone (more rounds in the same time).
 
     .venv/bin/python -m benchmarks.first_fault_profile [--quick]
 """
@@ -30,6 +31,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +75,11 @@ async def _sample(kernel: str, spare: bool, kernels: Path, env: dict[str, str]) 
         times = await run.start(
             ["%load_ext workbench", setup, "%wb start -n 2", "%%wb\n" + BODY], MARKER
         )
+        if os.environ.get("FF_COLD_ONLY"):
+            return {"cold": times.marker_s}
         await run.timed("fm.install()")
         _, _, failed = await run.timed(tool.cell(_dead(stamp)))
-        returned = __import__("time").time()
+        returned = time.time()
         killed = float(Path(stamp).read_text() or "nan")
         _, text, _ = await run.timed(f"fm.dump({_DUMP!r})")
         dead_marks = _marks(text)
@@ -172,8 +176,13 @@ def run(quick: bool = False) -> BenchResult:
             ("dead", "a rank exits mid-cell: until the cell returns"),
             ("recover", "%wb restart + all-reduce after it"),
         ):
-            values = [s[key] for s in got]
-            result.rows.append(Row(f"{name}: {label}", "s", median(values), samples=len(values)))
+            values = [s[key] for s in got if key in s]
+            if values:
+                result.rows.append(
+                    Row(f"{name}: {label}", "s", median(values), samples=len(values))
+                )
+        if not all("dead_marks" in s for s in got):
+            continue
         result.notes.append(f"{name}: dead cell, seconds after rank 1's stamp (median):")
         result.notes += _timeline(got, "dead_marks", "killed")
         result.notes.append(f"{name}: recovery, seconds after the restart cell began (median):")
