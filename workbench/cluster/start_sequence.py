@@ -120,7 +120,6 @@ def make_ipp_cluster(engines: EngineSet) -> ipp.Cluster:
         )
     )
     if c.launcher == "local":
-        engines.spare = spare_forker.prepare(c.launcher, engines.owns)
         spare_dir = engines.spare.directory if engines.spare is not None else ""
         local = local_settings(c.start_timeout, spare_dir)
         local["config"].merge(kwargs["config"])  # launchers' settings win where both set
@@ -183,6 +182,7 @@ async def start_engines(
                 c.launcher, c.n, c.hosts, engines.launcher_options, engines.ssh_dir
             )
             startup.mark("launcher checked")
+        engines.spare = spare_forker.prepare(c.launcher, engines.owns)  # spare_forker.py
         ipp_cluster = engines.ipp = make_ipp_cluster(engines)
         # Locally this only spawns the controller: the engines wait for its connection
         # file themselves (local_settings), so their process is launched right after it.
