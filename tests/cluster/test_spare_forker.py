@@ -64,6 +64,8 @@ def test_a_replacement_is_forked_from_a_fork_of_the_forker_and_the_stop_ends_eve
     cluster.start_sync()
     spares: list[int] = []
     directory = cluster.engines.spare.directory if cluster.engines.spare else ""
+    # inside the run directory, which the watchdog removes if the kernel dies unstopped
+    assert os.path.dirname(directory) == cluster.engines.run_dir
     try:
         first = _spare(cluster)
         spares.append(first)

@@ -59,13 +59,15 @@ class Spare:
 _spares: dict[str, Spare] = {}  # directory -> its spare (the launchers know the directory)
 
 
-def prepare(launcher: str, owns: bool) -> Spare | None:
+def prepare(launcher: str, owns: bool, parent: str | None = None) -> Spare | None:
     """The spare directory of a local cluster this kernel owns (None elsewhere, or where
-    none can be made: a replacement then starts its own forker)."""
+    none can be made: a replacement then starts its own forker). ``parent``: the cluster's
+    run directory, which the orphan watchdog removes when the kernel dies without a stop
+    (and with it the directory, which ends a spare waiting there)."""
     if launcher != "local" or not owns:
         return None
     try:
-        directory = tempfile.mkdtemp(prefix="wb-spare-")
+        directory = tempfile.mkdtemp(prefix="wb-spare-", dir=parent)
         os.mkfifo(os.path.join(directory, FIFO), 0o600)
     except OSError as exc:  # only a speed-up
         log.warning("no spare forker for replacement engines: %s", exc)

@@ -182,7 +182,7 @@ async def start_engines(
                 c.launcher, c.n, c.hosts, engines.launcher_options, engines.ssh_dir
             )
             startup.mark("launcher checked")
-        engines.spare = spare_forker.prepare(c.launcher, engines.owns)  # spare_forker.py
+        engines.spare = spare_forker.prepare(c.launcher, engines.owns, engines.run_dir)
         ipp_cluster = engines.ipp = make_ipp_cluster(engines)
         # Locally this only spawns the controller: the engines wait for its connection
         # file themselves (local_settings), so their process is launched right after it.
