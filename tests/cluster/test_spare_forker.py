@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -122,13 +123,14 @@ def test_a_spare_forked_before_the_environment_changed_is_not_taken(
 
 
 def test_no_spare_directory_is_only_a_missed_speed_up(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     def refuse(path: str, mode: int = 0o666) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "mkfifo", refuse)
     with caplog.at_level("WARNING", logger="workbench.cluster"):
-        assert spare_forker.prepare("local", True) is None
+        assert spare_forker.prepare("local", True, str(tmp_path)) is None
     assert "no spare forker" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # nothing left of it
     assert spare_forker.prepare("ssh", True) is None  # replacements start on their host

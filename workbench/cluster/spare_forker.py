@@ -66,11 +66,14 @@ def prepare(launcher: str, owns: bool, parent: str | None = None) -> Spare | Non
     (and with it the directory, which ends a spare waiting there)."""
     if launcher != "local" or not owns:
         return None
+    directory = ""
     try:
         directory = tempfile.mkdtemp(prefix="wb-spare-", dir=parent)
         os.mkfifo(os.path.join(directory, FIFO), 0o600)
     except OSError as exc:  # only a speed-up
         log.warning("no spare forker for replacement engines: %s", exc)
+        if directory:
+            shutil.rmtree(directory, ignore_errors=True)
         return None
     spare = _spares[directory] = Spare(directory)
     return spare
