@@ -39,6 +39,8 @@ BENCHMARKS: dict[str, str] = {
     "fault_timing": "benchmarks.fault_timing_bench",
     "fault_paths": "benchmarks.fault_paths_bench",
     "recovery_profile": "benchmarks.recovery_profile",
+    # fresh kernels through nbclient: the peers' workbench fault samples, step by step
+    "first_fault_profile": "benchmarks.first_fault_profile",
     "doctor": "benchmarks.doctor_bench",
     "cold_start": "benchmarks.cold_start_bench",
     # the 2-node namespace bed (root); skipped with the reason where it cannot be built

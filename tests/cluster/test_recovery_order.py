@@ -53,7 +53,6 @@ def test_replacement_starts_while_stuck_ranks_are_freed(monkeypatch: pytest.Monk
     monkeypatch.setattr(recovery, "_free_stuck", free_stuck)
     monkeypatch.setattr(recovery, "_replace", replace)
     monkeypatch.setattr(recovery, "regroup", nothing)
-    monkeypatch.setattr(recovery.spare_forker, "keep_ready", lambda engines: None)
     monkeypatch.setattr(recovery, "local_state", lambda host, pid: None)
 
     report = asyncio.run(recovery.recover(_fake_engines(), _ranks(), ({}, set())))

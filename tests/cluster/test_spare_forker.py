@@ -1,20 +1,20 @@
-"""A local cluster's replacement engine is forked from a spare forker that already imported
-torch (cluster/spare_forker.py), a new spare waits after each recovery, and the cluster's
-stop leaves none of them running."""
+"""A local cluster's replacement engine is forked from a spare that the engines' forker
+forked after its engines (cluster/spare_forker.py, engine/spare.py): no second torch import,
+a new spare waits after each recovery, and the cluster's stop leaves none of them running."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
-from types import SimpleNamespace
+from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.processes import BOUND_S, alive
-from workbench.cluster import Cluster, warm_start
-from workbench.engine import zygote
+from workbench.cluster import Cluster, spare_forker
+from workbench.engine.spare import SPARE_FLAG
 from workbench.errors import EngineDied
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
@@ -24,6 +24,8 @@ DIES = (
     "    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()"
 )
 TOGETHER = "t = torch.ones(1)\ndist.all_reduce(t)\nfloat(t[0])"
+# CPU seconds a fork has spent: a process that imported torch itself spent over a second.
+FORKED_CPU_S = 0.5
 
 
 def _text(result: object) -> str:
@@ -37,64 +39,98 @@ def _wait_gone(pids: list[int]) -> list[int]:
     return alive(pids)
 
 
-def test_a_replacement_is_forked_from_the_spare_and_the_stop_ends_every_spare() -> None:
+def _spare(cluster: Cluster, not_pid: int | None = None) -> int:
+    """The pid of the spare waiting for ``cluster`` (another than ``not_pid``)."""
+    spare = cluster.engines.spare
+    assert spare is not None
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        pid = spare_forker.waiting_pid(spare.directory)
+        if pid is not None and pid != not_pid:
+            return pid
+        time.sleep(0.02)
+    raise AssertionError("no spare forker waits")
+
+
+def _replace_rank_1(cluster: Cluster) -> None:
+    with pytest.raises(EngineDied):
+        cluster.execute(DIES, timeout=60)
+    report = cluster.recover_sync()
+    assert list(report.replaced) == [1]
+    assert [_text(r) for r in cluster.execute(TOGETHER, timeout=60)] == ["2.0", "2.0"]
+
+
+def test_a_replacement_is_forked_from_a_fork_of_the_forker_and_the_stop_ends_every_spare() -> None:
     cluster = Cluster(n=2, backend="gloo")
     cluster.start_sync()
     spares: list[int] = []
+    directory = cluster.engines.spare.directory if cluster.engines.spare else ""
+    # inside the run directory, which the watchdog removes if the kernel dies unstopped
+    assert os.path.dirname(directory) == cluster.engines.run_dir
     try:
-        spare = cluster.engines.spare
-        assert spare is not None and spare.alive()
-        assert zygote.__file__ in psutil.Process(spare.process.pid).cmdline()
-        spares.append(spare.process.pid)
-        with pytest.raises(EngineDied):
-            cluster.execute(DIES, timeout=60)
-        report = cluster.recover_sync()
-        assert list(report.replaced) == [1]
-        # the new rank 1 is the spare's child: forked, not a new process importing torch
-        assert psutil.Process(cluster.ranks[1].pid).ppid() == spare.process.pid
-        again = cluster.engines.spare  # and the next replacement has its own spare
-        assert again is not None and again.alive() and again.process.pid != spare.process.pid
-        spares.append(again.process.pid)
-        assert [_text(r) for r in cluster.execute(TOGETHER, timeout=60)] == ["2.0", "2.0"]
+        first = _spare(cluster)
+        spares.append(first)
+        forker = psutil.Process(psutil.Process(cluster.ranks[0].pid).ppid())
+        proc = psutil.Process(first)
+        # a fork of the engines' forker (its command line), not a process of its own that
+        # imported torch again (a second of CPU at least)
+        assert proc.cmdline() == forker.cmdline() and SPARE_FLAG in proc.cmdline()
+        times = proc.cpu_times()
+        assert times.user + times.system < FORKED_CPU_S
+        _replace_rank_1(cluster)
+        assert psutil.Process(cluster.ranks[1].pid).ppid() == first  # the spare forked it
+        spares.append(_spare(cluster, not_pid=first))  # and the next one waits
     finally:
         pids = cluster.pids()
         cluster.stop_sync()
     assert _wait_gone([*pids, *spares]) == []
-    assert warm_start.warm("engines") is None
+    assert not os.path.exists(directory)
 
 
-def test_a_spare_killed_while_it_waits_is_replaced_by_a_fresh_start() -> None:
+def test_without_a_waiting_spare_a_fresh_forker_starts_and_forks_the_next_spare() -> None:
+    cluster = Cluster(n=2, backend="gloo")
+    cluster.start_sync()
+    spares: list[int] = []
+    try:
+        first = _spare(cluster)
+        os.kill(first, signal.SIGKILL)
+        assert _wait_gone([first]) == []
+        _replace_rank_1(cluster)  # the launcher starts a forker of its own
+        assert psutil.Process(cluster.ranks[1].pid).ppid() != first
+        spares.append(_spare(cluster, not_pid=first))
+    finally:
+        pids = cluster.pids()
+        cluster.stop_sync()
+    assert _wait_gone([*pids, *spares]) == []
+
+
+def test_a_spare_forked_before_the_environment_changed_is_not_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its imports may have read what changed (a thread count): a fresh forker instead."""
     cluster = Cluster(n=2, backend="gloo")
     cluster.start_sync()
     try:
-        spare = cluster.engines.spare
-        assert spare is not None
-        os.kill(spare.process.pid, signal.SIGKILL)
-        spare.process.wait(BOUND_S)
-        with pytest.raises(EngineDied):
-            cluster.execute(DIES, timeout=60)
-        report = cluster.recover_sync()  # the launcher starts a forker of its own
-        assert list(report.replaced) == [1]
-        assert [_text(r) for r in cluster.execute(TOGETHER, timeout=60)] == ["2.0", "2.0"]
+        first = _spare(cluster)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        _replace_rank_1(cluster)
+        assert psutil.Process(cluster.ranks[1].pid).ppid() != first
+        assert _wait_gone([first]) == []  # ended, not left waiting
     finally:
         pids = cluster.pids()
         cluster.stop_sync()
     assert _wait_gone(pids) == []
 
 
-def test_a_spare_that_cannot_start_is_only_a_missed_speed_up(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_no_spare_directory_is_only_a_missed_speed_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
-    """No process can be started (e.g. out of pids): the cluster keeps going without one."""
-    from workbench.cluster import spare_forker
+    def refuse(path: str, mode: int = 0o666) -> None:
+        raise OSError(28, "No space left on device")
 
-    def refuse(role: str) -> None:
-        raise OSError(11, "Resource temporarily unavailable")
-
-    monkeypatch.setattr(warm_start, "spawn", refuse)
-    monkeypatch.setattr(warm_start, "warm", lambda role: None)
-    engines = SimpleNamespace(config=SimpleNamespace(launcher="local"), owns=True, spare=None)
+    monkeypatch.setattr(os, "mkfifo", refuse)
     with caplog.at_level("WARNING", logger="workbench.cluster"):
-        spare_forker.keep_ready(engines)  # type: ignore[arg-type]
-    assert engines.spare is None
+        assert spare_forker.prepare("local", True, str(tmp_path)) is None
     assert "no spare forker" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # nothing left of it
+    assert spare_forker.prepare("ssh", True) is None  # replacements start on their host

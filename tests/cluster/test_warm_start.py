@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.processes import BOUND_S, alive
-from workbench.cluster import Cluster, warm_start
+from workbench.cluster import Cluster, spare_forker, warm_start
 from workbench.engine import zygote
 from workbench.engine.warm_request import request_line
 
@@ -65,6 +65,14 @@ def _wait_gone(pids: list[int]) -> list[int]:
     return alive(pids)
 
 
+def _spare_pid(directory: str) -> int:
+    deadline = time.monotonic() + BOUND_S
+    while (pid := spare_forker.waiting_pid(directory)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pid is not None, "no spare waits"
+    return pid
+
+
 @pytest.mark.engines
 def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None) -> None:
     forker = warm_start.spawn("engines").process
@@ -74,10 +82,11 @@ def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None
     cluster.start_sync()
     try:
         assert warm_start.warm("controller") is None  # taken
-        # the forker too; a spare waits for a replacement engine (spare_forker.py)
-        spare = warm_start.warm("engines")
-        assert spare is not None and spare is cluster.engines.spare
-        assert spare.process.pid != forker.pid
+        # the forker too, which forked a spare for a replacement engine (spare_forker.py)
+        assert warm_start.warm("engines") is None
+        assert cluster.engines.spare is not None
+        spare = _spare_pid(cluster.engines.spare.directory)
+        assert psutil.Process(spare).ppid() == forker.pid
         parents = {psutil.Process(r.pid).ppid() for r in cluster.ranks}
         assert parents == {forker.pid}
         ipp = cluster.engines.ipp
@@ -98,8 +107,8 @@ def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None
     finally:
         pids = cluster.pids()
         cluster.stop_sync()
-    assert _wait_gone([*pids, forker.pid, controller.pid, spare.process.pid]) == []
-    assert warm_start.warm("engines") is None  # the stop ended the spare
+    assert _wait_gone([*pids, forker.pid, controller.pid, spare]) == []  # the spare too
+    assert warm_start.warm("engines") is None
 
 
 @pytest.mark.engines

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import subprocess
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
 import psutil
@@ -34,11 +34,13 @@ from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.cluster.processes import is_local, running
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.remote_ends import remote_ends
-from workbench.cluster.warm_start import WarmProcess
 from workbench.config import ClusterConfig
 from workbench.engine import rendezvous_probe
 from workbench.engine.hosts import local_pid_space
 from workbench.errors import ClusterError
+
+if TYPE_CHECKING:
+    from workbench.cluster.spare_forker import Spare
 
 __all__ = ["EngineSet", "local_ranks"]
 
@@ -88,7 +90,7 @@ class EngineSet:
         self.environment: EnvironmentReport | None = None  # the hosts compared at start
         self.watch: EngineWatch | None = None  # reports local engines' deaths
         self.watchdog: subprocess.Popen[bytes] | None = None  # ends orphans of a killed kernel
-        self.spare: WarmProcess | None = None  # a forker waiting for a replacement
+        self.spare: Spare | None = None  # where a forker's spare waits for a replacement
         # Every process this cluster started, remembered from the moment it is seen.
         self.known: dict[int, psutil.Process] = {}
         self._state = "stopped"

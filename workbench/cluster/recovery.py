@@ -32,7 +32,6 @@ from typing import Any
 import psutil
 
 from workbench import validate
-from workbench.cluster import spare_forker
 from workbench.cluster.elastic import shrunk_ranks
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.host_loss import sever_stuck
@@ -306,8 +305,7 @@ async def recover(
         )
         await _replace(engines, ranks, killed, report)  # ranks that stayed stuck (rare)
     report.killed = killed
-    await regroup(engines, ranks)
-    spare_forker.keep_ready(engines)  # the next replacement forks warm too
+    await regroup(engines, ranks)  # (a taken spare forked the next one: spare_forker.py)
     report.seconds = time.perf_counter() - started
     return report
 

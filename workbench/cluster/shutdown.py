@@ -32,7 +32,8 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
     """Stop every process of ``engines`` (see the module docstring); ``ranks`` is emptied.
     What the cluster holds per rank besides (views, stuck cells, cell sockets) is its
     dispatcher's to forget."""
-    spare_forker.end(engines)  # not yet taken: nothing else would end it
+    spare, engines.spare = engines.spare, None
+    spare_forker.end(spare)  # not yet taken: nothing else would end it
     # Snapshot every process first: once engines exit, their nannies are orphans.
     processes = engines.process_tree(ranks)
     watch, engines.watch = engines.watch, None

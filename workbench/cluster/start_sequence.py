@@ -67,7 +67,7 @@ def controller_args(launcher: str) -> list[str]:
     return list(LOCAL_HEARTBEAT if launcher == "local" else REMOTE_HEARTBEAT)
 
 
-def local_settings(start_timeout: float) -> dict[str, Any]:
+def local_settings(start_timeout: float, spare_dir: str = "") -> dict[str, Any]:
     """``ipyparallel.Cluster`` settings for a local cluster: one process imports torch and
     forks every engine, beside the controller's start.
 
@@ -76,7 +76,8 @@ def local_settings(start_timeout: float) -> dict[str, Any]:
     each engine imports torch itself. Here the engines' process starts at once, imports
     torch (and ipyparallel's engine) once while the controller starts, forks the n engines
     (``workbench.engine.zygote``), and each waits for the connection file itself
-    (``wait_for_url_file``, on the same disk).
+    (``wait_for_url_file``, on the same disk). With ``spare_dir``, the forker also forks a
+    spare there for replacement engines (spare_forker.py).
     """
     from traitlets.config import Config
 
@@ -87,6 +88,7 @@ def local_settings(start_timeout: float) -> dict[str, Any]:
         # kernel watches and signals its local engines itself (engine_watch.py).
         "--IPEngine.enable_nanny=False",
     ]
+    cfg.ForkEngineSetLauncher.spare_dir = spare_dir
     return {
         "config": cfg,
         "send_engines_connection_env": False,
@@ -118,7 +120,8 @@ def make_ipp_cluster(engines: EngineSet) -> ipp.Cluster:
         )
     )
     if c.launcher == "local":
-        local = local_settings(c.start_timeout)
+        spare_dir = engines.spare.directory if engines.spare is not None else ""
+        local = local_settings(c.start_timeout, spare_dir)
         local["config"].merge(kwargs["config"])  # launchers' settings win where both set
         kwargs.update(local)
     return ipp.Cluster(**kwargs)
@@ -152,7 +155,6 @@ async def start(
         if tracker is not None:
             tracker.cancel()
     engines.write_pidfile(ranks)
-    spare_forker.keep_ready(engines)  # a replacement engine forks warm (spare_forker.py)
     return {
         "engines_s": t1 - t0,
         "process_group_s": time.perf_counter() - t1,
@@ -180,6 +182,7 @@ async def start_engines(
                 c.launcher, c.n, c.hosts, engines.launcher_options, engines.ssh_dir
             )
             startup.mark("launcher checked")
+        engines.spare = spare_forker.prepare(c.launcher, engines.owns, engines.run_dir)
         ipp_cluster = engines.ipp = make_ipp_cluster(engines)
         # Locally this only spawns the controller: the engines wait for its connection
         # file themselves (local_settings), so their process is launched right after it.

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["await_request", "request_line"]
+__all__ = ["apply_request", "await_request", "request_line"]
 
 
 def request_line(args: list[str], env: dict[str, str | None], cwd: str, output: str) -> bytes:
@@ -30,6 +30,11 @@ def await_request() -> list[str]:
     line = sys.stdin.readline()
     if not line.strip():
         sys.exit(0)
+    return apply_request(line)
+
+
+def apply_request(line: str) -> list[str]:
+    """Apply one request line (``request_line``) to this process; return its arguments."""
     request: dict[str, Any] = json.loads(line)
     for key, value in request["env"].items():
         if value is None:

@@ -19,6 +19,10 @@ environment, working directory and output file (engine/warm_request.py), which t
 writes when ``%wb start`` launches the engines. End of input before a request (the kernel
 ended or gave it up) ends it.
 
+With ``--spare DIR`` first (``zygote.py [--warm] [--spare DIR] N ...``), it forks a spare
+forker right after its engines, which a replacement engine's launcher takes
+(engine/spare.py).
+
 This process stays until every engine it forked has exited (reaping them; exiting with the
 first non-zero status), and passes SIGTERM, SIGINT and SIGHUP on to them: to ipyparallel it
 is one launcher holding n engines, as mpiexec is.
@@ -31,6 +35,7 @@ import signal
 import sys
 import time
 
+from workbench.engine import spare
 from workbench.engine.boot import FORKED_ENV, STARTED_ENV
 from workbench.engine.warm_request import await_request
 
@@ -83,15 +88,10 @@ def _engine(started: float, args: list[str]) -> None:
     sys.exit(0)
 
 
-def main() -> None:
-    started = time.time()
-    warm = sys.argv[1:2] == [WARM_FLAG]
-    if not warm:
-        n, args = int(sys.argv[1]), sys.argv[2:]
-    _preload()
-    if warm:
-        first, *args = await_request()
-        n = int(first)
+def _fork_engines(started: float, argv: list[str]) -> set[int]:
+    """Fork ``argv[0]`` engines running ``argv[1:]``; signals to this process reach them.
+    Returns their pids (in the engines themselves it never returns)."""
+    n, args = int(argv[0]), argv[1:]
     children: set[int] = set()
     me = os.getpid()
 
@@ -111,6 +111,11 @@ def main() -> None:
         if pid == 0:
             _engine(started, args)
         children.add(pid)
+    return children
+
+
+def _reap(children: set[int]) -> int:
+    """Wait for every engine; the first non-zero exit status (a signal as 128 + number)."""
     code = 0
     while children:
         try:
@@ -121,7 +126,26 @@ def main() -> None:
         exit_code = os.waitstatus_to_exitcode(status)
         if exit_code and not code:
             code = exit_code if exit_code > 0 else 128 - exit_code
-    sys.exit(code)
+    return code
+
+
+def main() -> None:
+    started = time.time()
+    owner = os.getppid()  # the kernel: a spare not taken ends once it has gone
+    argv = sys.argv[1:]
+    warm = argv[:1] == [WARM_FLAG]
+    _preload()
+    if warm:
+        argv = await_request()
+    while True:
+        spare_dir, argv = spare.split_args(argv)
+        children = _fork_engines(started, argv)
+        taken = spare.fork_spare(spare_dir, owner) if spare_dir else None
+        if taken is None:
+            break
+        # This process is the spare, now a replacement's forker: fork as it asks.
+        argv, started = taken, time.time()
+    sys.exit(_reap(children))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -216,11 +217,15 @@ def grow(magics: WorkbenchMagics, args: Any) -> None:
 
 
 def _session_on(cluster: Cluster) -> Any:
-    """The current stepper's training session when it runs on ``cluster``."""
-    from workbench.ui.stepper import Stepper
-
+    """The current stepper's training session when it runs on ``cluster``. Where the
+    stepper's module was never imported there is no stepper, and importing it here (torch,
+    plotly, ipywidgets: 1.5-5 s on a 2-core machine) was most of a `%wb restart` after the
+    first fault in a fresh kernel (issue 31, benchmarks/first_fault_profile.py)."""
+    module = sys.modules.get("workbench.ui.stepper")
+    if module is None:
+        return None
     try:
-        stepper = Stepper.current()
+        stepper = module.Stepper.current()
     except ConfigError:
         return None
     return stepper.session if stepper.cluster is cluster else None

@@ -13,13 +13,15 @@ signals it by that pid (engine_watch.py, signals.py).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher
-from traitlets import default
+from traitlets import Unicode, default
 
+from workbench.cluster import spare_forker
 from workbench.cluster.launch.warm import start_warm
 from workbench.cluster.processes import running
 from workbench.engine import zygote
@@ -29,6 +31,10 @@ __all__ = ["ForkEngineSetLauncher"]
 
 class ForkEngineSetLauncher(LocalEngineLauncher):
     """``n`` local engines forked from one process after it imported torch."""
+
+    spare_dir = Unicode(
+        "", config=True, help="where the forker forks a spare for replacements (spare_forker)"
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -40,13 +46,26 @@ class ForkEngineSetLauncher(LocalEngineLauncher):
         # import the workbench.engine package's parents first.
         return [sys.executable, "-P", zygote.__file__]
 
+    def _forker_args(self) -> list[str]:
+        spare = spare_forker.spare_args(self.spare_dir) if self._default_cmd() else []
+        return [*spare, str(self.n), *self.cluster_args, *self.engine_args]
+
+    def _default_cmd(self) -> bool:
+        return bool(self.engine_cmd == self._zygote_cmd())
+
     def find_args(self) -> list[str]:
-        return [*self.engine_cmd, str(self.n), *self.cluster_args, *self.engine_args]
+        return [*self.engine_cmd, *self._forker_args()]
 
     def start(self, n: int) -> Any:  # type: ignore[override]
+        """The spare a forker of this cluster forked (a replacement), else the forker the
+        workbench kernel started ahead, else a new one."""
         self.n = n
-        args = [str(n), *self.cluster_args, *self.engine_args]
-        if self.engine_cmd == self._zygote_cmd() and start_warm(self, "engines", args):
+        args = self._forker_args()
+        env = {**os.environ, **self.get_env()}  # what LocalProcessLauncher.start gives
+        if self._default_cmd() and spare_forker.take(self, args, env):
+            return None
+        spare_forker.launched(self.spare_dir, env)  # its spares get this environment
+        if self._default_cmd() and start_warm(self, "engines", args):
             return None
         return super().start()
 

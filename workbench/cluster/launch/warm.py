@@ -16,7 +16,7 @@ from ipyparallel.cluster.launcher import LocalControllerLauncher, ipcontroller_c
 from workbench.cluster import warm_start
 from workbench.engine.warm_request import request_line
 
-__all__ = ["WarmControllerLauncher", "start_warm"]
+__all__ = ["WarmControllerLauncher", "adopt", "start_warm"]
 
 
 def start_warm(launcher: Any, role: str, args: list[str]) -> bool:
@@ -37,13 +37,19 @@ def start_warm(launcher: Any, role: str, args: list[str]) -> bool:
         process.kill()
         process.wait()
         return False
-    # What LocalProcessLauncher.start does once its own Popen has returned.
-    launcher._popen_process = process
-    launcher.pid = process.pid
-    launcher.process = psutil.Process(process.pid)
-    launcher.notify_start(process.pid)
-    launcher._start_waiting()
+    adopt(launcher, process.pid, process)
     return True
+
+
+def adopt(launcher: Any, pid: int, popen: Any = None) -> None:
+    """Make process ``pid`` (``popen``, where it is this kernel's child) ``launcher``'s own:
+    what LocalProcessLauncher.start does once its own Popen has returned (its wait thread
+    uses psutil, which also waits for a process that is no child of this one)."""
+    launcher._popen_process = popen
+    launcher.pid = pid
+    launcher.process = psutil.Process(pid)
+    launcher.notify_start(pid)
+    launcher._start_waiting()
 
 
 class WarmControllerLauncher(LocalControllerLauncher):
