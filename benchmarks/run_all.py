@@ -41,6 +41,8 @@ BENCHMARKS: dict[str, str] = {
     "recovery_profile": "benchmarks.recovery_profile",
     # fresh kernels through nbclient: the peers' workbench fault samples, step by step
     "first_fault_profile": "benchmarks.first_fault_profile",
+    # fresh workbench kernels: the 2-rank cold start, cell by cell
+    "coldstart_profile": "benchmarks.coldstart_profile",
     "doctor": "benchmarks.doctor_bench",
     "cold_start": "benchmarks.cold_start_bench",
     # the 2-node namespace bed (root); skipped with the reason where it cannot be built

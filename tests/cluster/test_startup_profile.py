@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pickle
+import pickletools
 import time
 
 from workbench.cluster.startup import StartupProfile
@@ -50,3 +52,15 @@ def test_timed_engine_info_reports_the_process_start_and_torch_import() -> None:
     assert info["pid"] > 0 and "host" in info
     assert facts["process_created_wall"] <= time.time()
     assert facts["torch_import_s"] >= 0.0
+
+
+def test_timed_engine_info_unpickles_without_importing_anything() -> None:
+    # The kernel unpickles this reply in the client's IO thread: a torch object in it (as
+    # torch.__version__, a TorchVersion, was) imports torch there, ~1 s of every start.
+    data = pickle.dumps(timed_engine_info(["pytest"]))
+    imports = [
+        (op.name, arg)
+        for op, arg, _ in pickletools.genops(data)
+        if op.name in ("GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ")
+    ]
+    assert imports == []

@@ -38,7 +38,9 @@ def _torch_facts() -> dict[str, Any]:
     import torch
 
     facts: dict[str, Any] = {
-        "torch": torch.__version__,
+        # str(): torch.__version__ is a TorchVersion, which the kernel could only unpickle
+        # by importing torch (~1 s of its start's critical path on a 2-core machine)
+        "torch": str(torch.__version__),
         "torch_git": getattr(torch.version, "git_version", None),
         "cuda": torch.version.cuda,
         "cudnn": None,
