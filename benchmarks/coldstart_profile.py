@@ -6,7 +6,9 @@ cell after them prints the cluster's own start profile (``cluster.startup`` stag
 
 ``WB_BENCH_BASELINE=DIR`` (a directory holding another version's ``workbench``) runs the
 same samples for that version, interleaved in rotating order, for before/after medians in
-one run. ``WB_BENCH_REPEATS=N`` rounds (default 6).
+one run. ``CS_PEERS="jupyter-distributed"`` (names from the peers benchmark's tools,
+``,``-separated; ``make bench`` installs them) adds their cold starts at 2 ranks to the same
+rotation, measured as the peers benchmark does. ``WB_BENCH_REPEATS=N`` rounds (default 6).
 
     .venv/bin/python -m benchmarks.coldstart_profile [--quick]
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.common import BenchResult, Row, median, run_main
 from benchmarks.notebook_driver import KernelSpec, NotebookRun, spec_dir
-from benchmarks.peers_bench import BODY, MARKER
+from benchmarks.peers_bench import BODY, MARKER, TOOLS, _one, _specs
 
 __all__ = ["NAME", "TITLE", "run"]
 
@@ -72,6 +74,21 @@ def _variants() -> dict[str, dict[str, str]]:
     return out
 
 
+def _peer_sample(tool: str, kernels: Path) -> dict:
+    """A peer's cold start at 2 ranks, as the peers benchmark takes it (no round trips)."""
+    times = asyncio.run(_one(TOOLS[tool], 2, str(kernels), 0))
+    return {"cold": times.marker_s}
+
+
+def _peers() -> list[str]:
+    names = [t.strip() for t in os.environ.get("CS_PEERS", "").split(",") if t.strip()]
+    for name in names:
+        if name not in TOOLS or name.startswith("workbench"):
+            choices = [t for t in TOOLS if not t.startswith("workbench")]
+            raise ValueError(f"CS_PEERS names {name!r}: not a peer; peers are {choices}")
+    return names
+
+
 def _steps(sample: dict) -> dict[str, float]:
     """Seconds spent in each step (not since the start)."""
     ready = sample["kernel ready"]
@@ -86,21 +103,28 @@ def run(quick: bool = False) -> BenchResult:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     result = BenchResult(NAME, TITLE, ran=f"2 gloo ranks, {rounds} rounds, load avg {load}")
     wb = [sys.executable, "-m", "workbench.kernel_launcher", "-f", "{connection_file}"]
-    kernels = spec_dir([KernelSpec(KERNEL, wb)])
+    kernels = spec_dir([KernelSpec(KERNEL, wb), *_specs((2,))])
     variants = _variants()
-    names = list(variants)
+    peers = _peers()
+    names = list(variants) + peers
     samples: dict[str, list[dict]] = {name: [] for name in names}
     for i in range(rounds):
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
-            samples[name].append(asyncio.run(_sample(kernels, variants[name])))
+            if name in peers:
+                samples[name].append(_peer_sample(name, kernels))
+            else:
+                samples[name].append(asyncio.run(_sample(kernels, variants[name])))
     for name, got in samples.items():
         cold = [s["cold"] for s in got]
-        result.rows.append(Row(f"{name}: cold start to the first all-reduce", "s", median(cold)))
+        label = f"{name}: cold start to the first all-reduce"
+        result.rows.append(Row(label, "s", median(cold), samples=len(cold)))
         result.notes.append(f"{name}: cold starts {', '.join(f'{c:.2f}' for c in cold)} s")
+        if name in peers:
+            continue
         for step in STEPS:
             values = [_steps(s)[step] for s in got]
-            result.rows.append(Row(f"{name}: {step} (step)", "s", median(values)))
+            result.rows.append(Row(f"{name}: {step} (step)", "s", median(values), samples=len(got)))
         torch_in = sum(bool(s.get("torch in the kernel")) for s in got)
         result.notes.append(f"{name}: torch imported in the kernel by then: {torch_in}/{len(got)}")
         stages: dict[str, list[float]] = {}
