@@ -6,7 +6,8 @@ Layout (every name and address below belongs to the bed; nothing else is touched
   runs here as the bed's plain user, in a private mount namespace whose ``/etc/hosts``
   names the nodes. A bridge ``wbmnbr0`` holds the login address ``SUBNET.1``.
 - node i = its own network, PID, mount and UTS namespace: hostname ``wbmn<i>``, address
-  ``SUBNET.(10+i)`` on a veth joined to the bridge, its own ``/etc/hosts`` (``cluster``
+  ``SUBNET.(10+i)`` on a veth joined to the bridge (MAC ``MAC_PREFIX:i``, fixed: see
+  ``_link_node``), its own ``/etc/hosts`` (``cluster``
   style: the hostname maps to the node's address; ``debian`` style: to 127.0.1.1, as stock
   Debian/Ubuntu write it), its own ``/tmp`` and sshd, and pids starting at 20000 + 4000*i.
 - user = a plain account created for the bed, with its home under the bed directory
@@ -51,6 +52,7 @@ __all__ = ["REQUIRED_COMMANDS", "Bed", "BedError", "unavailable_reason"]
 STATE_FILE = Path("/run/wbmn-bed.json")
 BRIDGE = "wbmnbr0"
 SUBNET = os.environ.get("WB_BED_SUBNET", "10.231.77")
+MAC_PREFIX = "02:77:62:6d:00"  # locally administered; the last byte is the node's index
 USER = "wbmn"
 SLURMCTLD_PORT = 16817
 SLURMD_PORT = 16818
@@ -315,6 +317,9 @@ class Bed:
     def _make_network(self) -> None:
         self.nodes = [Node(i, f"wbmn{i}", f"{SUBNET}.{10 + i}") for i in range(1, self.nnodes + 1)]
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
+        # set, not inherited: a bridge takes its lowest port's MAC, so the login address's
+        # MAC would change as nodes join and leave (see _link_node)
+        _run("ip", "link", "set", BRIDGE, "address", f"{MAC_PREFIX}:00")
         _run("ip", "addr", "add", f"{self.login_ip}/24", "dev", BRIDGE)
         _run("ip", "link", "set", BRIDGE, "up")
         for node in self.nodes:
@@ -327,6 +332,11 @@ class Bed:
         veth = f"veth-{node.name}"
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", node.name)
         _run("ip", "link", "set", veth, "master", BRIDGE, "up")
+        # A fixed MAC per address: a node removed and added again (the spare tests' wbmn3)
+        # must not get a new one, or its peers' ARP caches send to the old MAC, for up to
+        # ~45 s of REACHABLE and then the probes, and a connect to it times out meanwhile
+        mac = f"{MAC_PREFIX}:{node.index:02x}"
+        _run("ip", "-n", node.name, "link", "set", "eth0", "address", mac)
         _run("ip", "-n", node.name, "addr", "add", f"{node.ip}/24", "dev", "eth0")
         _run("ip", "-n", node.name, "link", "set", "eth0", "up")
         _run("ip", "-n", node.name, "link", "set", "lo", "up")
