@@ -82,4 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from workbench.parallel.process_exit import exit_process
+
+    exit_process(main())  # not sys.exit: a gloo group outlives destroy (process_exit.py)
