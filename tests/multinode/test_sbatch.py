@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 
 from tests.harness import free_port
 from tests.multinode.bed import Bed
+from tests.torch_exit import once_more_after_torch_abort
 
 pytestmark = pytest.mark.engines
 
@@ -59,18 +61,29 @@ def _export(
     return bed.home / where
 
 
-def _local_run(bed: Bed, folder: Path) -> str:
-    """The export's ``torchrun.sh`` on the login node: 2 ranks on 127.0.0.1."""
-    done = bed.run_user(
-        ["bash", str(folder / "torchrun.sh")],
-        timeout=JOB_TIMEOUT,
-        env={"MASTER_PORT": str(free_port())},
-    )
+def _local_run(bed: Bed, folder: Path, *, users_script: bool = False) -> str:
+    """The export's ``torchrun.sh`` on the login node: 2 ranks on 127.0.0.1 (a user's
+    script once more after torch's abort at its exit: tests/torch_exit.py)."""
+
+    def once() -> subprocess.CompletedProcess[str]:
+        argv = ["bash", str(folder / "torchrun.sh")]
+        return bed.run_user(
+            argv, timeout=JOB_TIMEOUT, env={"MASTER_PORT": str(free_port())}, check=False
+        )
+
+    if users_script:
+        done = once_more_after_torch_abort(
+            once, lambda d: (d.returncode, d.stdout + d.stderr), f"{folder.name} torchrun.sh"
+        )
+    else:
+        done = once()
+    assert done.returncode == 0, f"torchrun.sh exit {done.returncode}: {done.stderr[-4000:]}"
     return done.stdout
 
 
-def _sbatch(bed: Bed, folder: Path) -> str:
-    """``sbatch --wait`` the export's ``job.sbatch``; the job's output (every node's)."""
+def _submit(bed: Bed, folder: Path) -> tuple[subprocess.CompletedProcess[str], str, str]:
+    """``sbatch --wait`` the export's ``job.sbatch``: sbatch's result, the job id and the
+    job's output (every node's)."""
     out = folder / "slurm-%j.out"
     done = bed.run_user(
         ["sbatch", "--parsable", "--wait", "--output", str(out), str(folder / "job.sbatch")],
@@ -80,6 +93,21 @@ def _sbatch(bed: Bed, folder: Path) -> str:
     job_id = done.stdout.strip().split(";")[0]
     log = Path(str(out).replace("%j", job_id)) if job_id else None
     text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+    return done, job_id, text
+
+
+def _sbatch(bed: Bed, folder: Path, *, users_script: bool = False) -> str:
+    """The job submitted and checked: it ran on both nodes; its output (a user's script is
+    submitted once more after torch's abort at its exit: tests/torch_exit.py)."""
+    if users_script:
+        submitted = once_more_after_torch_abort(
+            lambda: _submit(bed, folder),
+            lambda r: (r[0].returncode, r[2]),
+            f"{folder.name} job.sbatch",
+        )
+    else:
+        submitted = _submit(bed, folder)
+    done, job_id, text = submitted
     assert done.returncode == 0, f"sbatch exit {done.returncode}: {done.stderr}\n{text[-4000:]}"
     # both nodes were allocated and each slurmd launched the job's step (its torchrun)
     ctld = (bed.root / "slurm" / "slurmctld.log").read_text(errors="replace")
@@ -128,10 +156,10 @@ def test_sbatch_script_on_two_nodes_equals_the_local_run(slurm_bed: Bed, hosts_s
     one = _export(
         bed, f"script-1x2-{hosts_style}", 1, 2, script=[str(MIGRATION), *args, str(outs["1x2"])]
     )
-    _local_run(bed, one)
+    _local_run(bed, one, users_script=True)
     bed.set_hosts_style(hosts_style)
     try:
-        printed = _sbatch(bed, two)
+        printed = _sbatch(bed, two, users_script=True)
     finally:
         bed.set_hosts_style("cluster")
     assert "16 steps" in printed, printed[-4000:]
