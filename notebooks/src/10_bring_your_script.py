@@ -59,7 +59,7 @@ for x, y in dataloader:
 
 with open(f"{args.out}.{os.environ.get('RANK', '0')}", "w") as f:
     json.dump(losses, f)
-print(f"{len(losses)} steps on {len(dataloader.dataset)} samples, last loss {losses[-1]:.6f}")
+print(f"{len(losses)} steps on {len(dataloader.dataset)} samples, last loss {losses[-1]:.4f}")
 '''
 
 folder = Path(tempfile.mkdtemp())
