@@ -15,6 +15,7 @@ from tests.cluster.rank_tables import ranks_on
 from tests.cluster.test_spares import _Cluster
 from workbench.cluster import Cluster, slurm_nodes, spares
 from workbench.cluster.host_loss import host_lost
+from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.cluster.slurm_nodes import (
     host_answers,
     parse_node_state,
@@ -162,6 +163,35 @@ def test_any_lets_slurm_pick_a_node_the_cluster_does_not_run_on(
         "engines": {},  # no --nodelist: Slurm places the jobs
         "sbatch_args": ["--partition=wb", "--exclude=a,b"],
     }
+
+
+@pytest.mark.parametrize(
+    "theirs",
+    [["--exclude=z,n[1-3,7]"], ["--exclude", "z,n[1-3,7]"], ["-x", "z,n[1-3,7]"], ["-xz,n[1-3,7]"]],
+)
+def test_any_merges_the_users_own_exclude_into_its_one(
+    monkeypatch: pytest.MonkeyPatch, theirs: list[str]
+) -> None:
+    """sbatch keeps only the last ``--exclude``: the user's nodes must stay excluded beside
+    the cluster's own, in every spelling sbatch takes, and Slurm is not asked for them."""
+    monkeypatch.setattr(spares, "probe_host", lambda host: host != "b")
+    monkeypatch.setattr(slurm_nodes, "node_state", lambda host: frozenset({"MIXED"}))
+    asked: list[set[str]] = []
+    monkeypatch.setattr(
+        slurm_nodes, "free_nodes", lambda partition, exclude: asked.append(set(exclude)) or ["c"]
+    )
+    cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), (ANY_SPARE,), launcher="slurm")
+    cluster.launcher_options = LauncherOptions(
+        partition="wb", sbatch_args=("--mem=1G", *theirs, "--qos=low")
+    )
+    assert move_to_spares(cluster, cluster.ranks, [2, 3]) == {"b": ANY_SPARE}
+    assert asked == [{"a", "b", "z", "n[1-3,7]"}]
+    assert start_args(cluster, ANY_SPARE, 2)["sbatch_args"] == [
+        "--partition=wb",
+        "--mem=1G",
+        "--qos=low",
+        "--exclude=a,b,z,n[1-3,7]",
+    ]
 
 
 def test_any_with_no_free_node_is_host_lost_saying_no_spare_is_left(

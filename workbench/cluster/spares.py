@@ -7,7 +7,9 @@ instead: their launch host becomes the spare, so recovery's replacement step sta
 there with the ranks' old numbers (``recovery._replace``): ssh runs them on the spare, Slurm
 submits 1-engine jobs pinned to it (``--nodelist=SPARE``, in the cluster's partition).
 ``spare_hosts="any"`` (Slurm only) names no node: the jobs go wherever the partition has
-room, ``--exclude`` naming every node the cluster runs on or lost (``start_args``).
+room, ``--exclude`` naming every node the cluster runs on or lost (``start_args``) and
+those the user's own ``sbatch_args`` exclude (sbatch keeps only the last ``--exclude``, so
+the two are merged into one).
 Their host changes, so ``LOCAL_RANK`` / ``GROUP_RANK`` are recomputed for every rank, and
 when rank 0 was on the lost host the rendezvous moves to rank 0's new host (its address
 becomes ``MASTER_ADDR``). A training session then rolls back to its last checkpoint, as
@@ -23,7 +25,7 @@ from typing import Any
 from workbench.cluster import slurm_nodes
 from workbench.cluster.elastic import decide_loss, probe_host
 from workbench.cluster.engines import EngineSet
-from workbench.cluster.launch.launchers import sbatch_args
+from workbench.cluster.launch.launchers import sbatch_args, split_exclude
 from workbench.cluster.ranks import RankAssignment
 from workbench.config import ANY_SPARE
 from workbench.errors import HostLost
@@ -66,7 +68,11 @@ def _free_spare(engines: EngineSet, ranks: list[RankAssignment], taken: set[str]
     Slurm: is also in service); ``ANY_SPARE`` while Slurm has a node free for it."""
     busy = {r.host for r in ranks} | set(engines.launch_hosts.values()) | taken
     if engines.config.spare_hosts == (ANY_SPARE,):
-        free = slurm_nodes.free_nodes(engines.launcher_options.partition, busy | engines.lost_hosts)
+        # the user's excluded entries compare as names: a range such as n[1-4] matches no
+        # node here, so such a node may count as free (sbatch still honours the range)
+        _, theirs = split_exclude(sbatch_args(engines.launcher_options))
+        avoid = busy | engines.lost_hosts | set(theirs)
+        free = slurm_nodes.free_nodes(engines.launcher_options.partition, avoid)
         return None if free is not None and not free else ANY_SPARE  # None: sbatch decides
     answers = _answers(engines)
     for spare in engines.config.spare_hosts:
@@ -89,5 +95,7 @@ def start_args(engines: EngineSet, host: str, count: int) -> dict[str, Any]:
     if host != ANY_SPARE:
         return {"engines": {host: count}}
     used = (set(engines.launch_hosts.values()) | engines.lost_hosts) - {ANY_SPARE, ""}
-    exclude = [f"--exclude={','.join(sorted(used))}"] if used else []
-    return {"engines": {}, "sbatch_args": [*sbatch_args(engines.launcher_options), *exclude]}
+    rest, theirs = split_exclude(sbatch_args(engines.launcher_options))
+    names = [*sorted(used), *(name for name in theirs if name not in used)]
+    exclude = [f"--exclude={','.join(names)}"] if names else []
+    return {"engines": {}, "sbatch_args": [*rest, *exclude]}
