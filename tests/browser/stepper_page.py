@@ -142,9 +142,12 @@ def wait_status(page: Any, condition: str) -> None:
 
 
 def widget(page: Any) -> Any:
-    """The output area that holds the stepper widget (for element screenshots)."""
+    """The output area that holds the stepper widget (for element screenshots): the
+    innermost one, since a JupyterLab extension may wrap outputs in outputs of its own
+    (jupyter-distributed's, installed with the benchmark extras, does)."""
     phase = page.get_by_role("button", name="Phase ▶", exact=True)
-    return page.locator(".jp-OutputArea-output").filter(has=phase)
+    output = ".jp-OutputArea-output"
+    return page.locator(output).filter(has=phase).filter(has_not=page.locator(output))
 
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
