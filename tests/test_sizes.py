@@ -1,5 +1,9 @@
-"""The house size rules, read statically: no module over 400 lines, no function over 60,
-except the ones listed here with the reason (docs/architecture.md)."""
+"""The house size rules, read statically: no module over 700 lines, no function over 60,
+except the ones listed here with the reason (docs/architecture.md).
+
+700, not 400: a file holds one owner class and what serves it, and splitting an owner only
+to meet a count scattered it over several files (ten such splits in one wave). The limit
+now only catches a file that holds more than one owner."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "workbench"
-MAX_FILE_LINES = 400
+MAX_FILE_LINES = 700
 MAX_FUNCTION_LINES = 60
 # "path::qualified name" -> why it may be longer
 LONG_FUNCTIONS_ALLOWED: dict[str, str] = {}
@@ -24,7 +28,7 @@ def _functions(tree: ast.AST, prefix: str = "") -> list[tuple[str, int]]:
     return out
 
 
-def test_no_module_over_400_lines() -> None:
+def test_no_module_over_700_lines() -> None:
     long = {
         str(p.relative_to(PACKAGE)): n
         for p in PACKAGE.rglob("*.py")
