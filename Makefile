@@ -8,7 +8,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 # The system-Python tier: a venv made from Debian 12's own interpreter (3.11.2), which is what
-# a cluster node's user has; the tests whose behaviour depends on the interpreter run there.
+# a cluster node's user has; the tests whose behaviour depends on the interpreter run there,
+# and only there: the venv tier leaves them out (each test runs in one tier, so the 2-node
+# bed, the slowest part of the suite, runs once). Without that interpreter they run in the
+# venv tier instead.
 SYSTEM_PYTHON ?= /usr/bin/python3
 SYSTEM_VENV ?= .venv-system
 SYSTEM_STAMP := $(SYSTEM_VENV)/.installed
@@ -16,6 +19,10 @@ SYSTEM_TESTS := tests/parallel/test_metadata_versions.py tests/parallel/test_che
   tests/parallel/test_checkpoint_trust.py tests/parallel/test_checkpoint_swap.py \
   tests/parallel/test_checkpoint_all_or_nothing.py tests/parallel/test_user_checkpoint.py \
   tests/session/test_training.py tests/cluster/test_faults.py tests/multinode
+HAS_SYSTEM_PYTHON := $(shell test -x $(SYSTEM_PYTHON) && echo yes)
+VENV_TIER_IGNORE := $(if $(HAS_SYSTEM_PYTHON),$(addprefix --ignore=,$(SYSTEM_TESTS)))
+# Every pytest tier prints its 25 slowest tests: a new slow test shows in the next log.
+DURATIONS := --durations=25
 # Private IPython/Jupyter state: tests, demos and CI never touch ~/.ipython or ~/.jupyter.
 STATE := $(CURDIR)/.state
 export IPYTHONDIR := $(STATE)/ipython
@@ -27,7 +34,7 @@ export JUPYTER_PLATFORM_DIRS := 1
 export WORKBENCH_STATE_DIR := $(STATE)/workbench
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: state venv demo test test-fast test-system-python lint lab notebooks bench gpu-check browser-test clean
+.PHONY: state venv demo test test-lint test-venv test-notebooks test-fast test-system-python lint lab notebooks bench gpu-check browser-test clean
 
 venv: $(STAMP)
 
@@ -46,11 +53,23 @@ state:
 demo: $(STAMP) state
 	$(VENV)/bin/workbench demo --out reports/demo
 
+# `make test`: every tier, each to its end, then one line per tier with its wall time
+# (tools/run_tiers.sh). The tiers can be run alone too.
+TEST_TIERS := test-lint test-venv $(if $(HAS_SYSTEM_PYTHON),test-system-python) test-notebooks
+
 test: $(STAMP) state
+	@$(if $(HAS_SYSTEM_PYTHON),,echo "no $(SYSTEM_PYTHON): the system-Python tier's tests run in the venv tier")
+	@tools/run_tiers.sh $(TEST_TIERS)
+
+test-lint: $(STAMP)
 	$(PY) -m ruff check workbench tests benchmarks notebooks/build.py
-	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-venv: $(STAMP) state
+	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) $(VENV_TIER_IGNORE) tests
+
+test-notebooks: $(STAMP) state
 	@if ls notebooks/*.ipynb >/dev/null 2>&1; then \
-	  $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks; \
+	  $(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) --nbval --nbval-current-env --nbval-sanitize-with workbench/nbval/sanitize.cfg notebooks; \
 	fi
 
 # `-e '.[test]'` resolves in a minute there only because constraints.txt pins a soupsieve
@@ -62,7 +81,7 @@ $(SYSTEM_STAMP): pyproject.toml constraints.txt
 	touch $(SYSTEM_STAMP)
 
 test-system-python: $(SYSTEM_STAMP) state
-	$(SYSTEM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(SYSTEM_TESTS)
+	$(SYSTEM_VENV)/bin/python -m pytest -q -p no:cacheprovider $(DURATIONS) $(SYSTEM_TESTS)
 
 # The unit tier: no engines, ranks or subprocesses (tests/conftest.py enforces it), < 1 min.
 test-fast: $(STAMP) state

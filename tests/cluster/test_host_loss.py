@@ -109,6 +109,7 @@ def test_still_pending_names_the_stuck_ranks_whose_request_is_pending() -> None:
     assert stuck.still_pending() == [0, 3]
 
 
+@pytest.mark.engines  # runs `sh -c "exit 255"` in place of an ssh: a process
 def test_an_ssh_engine_on_a_host_that_went_silent_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
     """The launcher's watch of a remote engine (an ssh that waits for its pid): an ssh that
     fails (exit 255) to a host that does not answer means the engine went with its host;

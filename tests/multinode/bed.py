@@ -17,11 +17,13 @@ Layout (every name and address below belongs to the bed; nothing else is touched
 - python = a venv on the disk every node shares (``/var/tmp/wbmn-venv-<key>``) made from the
   nodes' own interpreter (Debian 12's ``/usr/bin/python3``, 3.11.2; ``WB_BED_PYTHON`` for
   another), with the project installed as a cluster user installs it (``pip install -c
-  constraints.txt torch==...`` then ``-e '.[mpi]'``). The "notebook" (``drive``) and every
-  engine run from it, so the bed runs what a user's cluster runs, not the kernel's own venv.
-  Making it takes minutes, so it is kept between beds, keyed by the interpreter, this
-  checkout and its ``constraints.txt`` / ``pyproject.toml`` (``ensure_venv``; the multi-node
-  conftest starts it in the background as soon as the bed's tests are collected).
+  constraints.txt torch==...`` then ``'.[mpi]'``: a regular install on the shared disk, so a
+  checkout under ``/tmp`` works too). The "notebook" (``drive``) and every engine run from
+  it, so the bed runs what a user's cluster runs, not the kernel's own venv. Making it takes
+  minutes, so it is kept between beds, keyed by the interpreter, this checkout and its
+  ``constraints.txt`` / ``pyproject.toml``; a changed package is reinstalled (seconds) at the
+  next bed (``ensure_venv``; the multi-node conftest starts it in the background as soon as
+  the bed's tests are collected).
 
 Everything started is stopped by pid or by namespace: a node's processes all end with its
 PID-namespace init. ``python -m tests.multinode.bed up|down|status`` drives it by hand.
@@ -95,26 +97,50 @@ def venv_dir() -> Path:
 
 
 def ensure_venv() -> Path:
-    """Make the bed's venv unless a complete one exists (one maker at a time: a lock)."""
+    """Make the bed's venv unless a complete one exists (one maker at a time: a lock), and
+    install this checkout's package into it when its sources changed since the last install.
+
+    The package is a regular install, not an editable one: an editable install points into
+    the checkout, which a node cannot see when the checkout is under ``/tmp`` (every node
+    mounts its own) — as on a real cluster, where a user installs onto the shared disk."""
     venv = venv_dir()
     done = venv / ".complete"
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    constraints = ["-c", str(CHECKOUT / "constraints.txt")]
     with open(f"{venv}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
-            return venv
-        shutil.rmtree(venv, ignore_errors=True)  # a make that died halfway
-        if shutil.which(NODE_PYTHON) is None:
-            raise BedError(f"the bed's nodes need {NODE_PYTHON} (set WB_BED_PYTHON)")
-        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-        constraints = ["-c", str(CHECKOUT / "constraints.txt")]
         try:
-            _run(NODE_PYTHON, "-m", "venv", str(venv), timeout=300)
-            _run(*pip, *constraints, TORCH_PIN, "numpy", timeout=1800)
-            _run(*pip, *constraints, "-e", f"{CHECKOUT}[mpi]", timeout=1800)
+            if not done.exists():
+                shutil.rmtree(venv, ignore_errors=True)  # a make that died halfway
+                if shutil.which(NODE_PYTHON) is None:
+                    raise BedError(f"the bed's nodes need {NODE_PYTHON} (set WB_BED_PYTHON)")
+                _run(NODE_PYTHON, "-m", "venv", str(venv), timeout=300)
+                _run(*pip, *constraints, TORCH_PIN, "numpy", timeout=1800)
+                _run(*pip, *constraints, f"{CHECKOUT}[mpi]", timeout=1800)
+                (venv / ".package").write_text(package_digest())
+                done.touch()
+            elif _read(venv / ".package") != package_digest():
+                # the code changed since the install (the pins did not: they key the venv)
+                _run(*pip, "--no-deps", "--force-reinstall", str(CHECKOUT), timeout=600)
+                (venv / ".package").write_text(package_digest())
         except subprocess.CalledProcessError as exc:
             raise BedError(f"the bed's venv could not be made: {exc.stderr[-3000:]}") from None
-        done.touch()
     return venv
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def package_digest() -> str:
+    """A digest of the package's files as they are now in this checkout."""
+    h = hashlib.sha256()
+    root = CHECKOUT / "workbench"
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            h.update(f"{path.relative_to(root)}\n".encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def _run(*argv: str, check: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:

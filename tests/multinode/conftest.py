@@ -8,6 +8,7 @@ user, no namespace, no bridge, no user, no directory.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import threading
@@ -20,10 +21,22 @@ from tests.multinode.bed import BRIDGE, STATE_FILE, Bed, ensure_venv, unavailabl
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start making the bed's venv (minutes, once per checkout and pins) while the tests
-    before the bed's run; ``Bed.up`` waits for it (a file lock), so no test times out on it."""
-    wanted = any("tests/multinode/" in item.nodeid for item in session.items)
-    if wanted and unavailable_reason() is None:
+    before the bed's run; ``Bed.up`` waits for it (a file lock), so no test times out on it.
+
+    Only for a run that will use the bed: one of its ``engines`` tests selected, outside the
+    unit tier. In the unit tier the process guard (tests/conftest.py) refuses every process
+    start, so the pip runs of this thread failed whichever test happened to be running."""
+    if bed_wanted(session.items) and unavailable_reason() is None:
         threading.Thread(target=_make_venv_quietly, name="bed-venv", daemon=True).start()
+
+
+def bed_wanted(items: list[pytest.Item]) -> bool:
+    if os.environ.get("WB_TEST_TIER") == "unit":
+        return False
+    return any(
+        "tests/multinode/" in item.nodeid and item.get_closest_marker("engines") is not None
+        for item in items
+    )
 
 
 def _make_venv_quietly() -> None:
