@@ -22,7 +22,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from workbench.engine.run_slot import drop_run
 from workbench.engine.state import engine_state
 from workbench.errors import CheckpointError, PeerFailed, RankFailed
 
@@ -59,14 +58,17 @@ def _announced(dist: Any, store: Any, rank: int) -> dict[int, str]:
 def _drop_group(dist: Any, store: Any) -> None:
     """Close this rank's run and destroy its process groups. The store is kept (rank 0
     serves it) so that every peer can still read who failed; the next process group
-    replaces it."""
-    import gc
+    replaces it.
+
+    The group's connections are cut at the socket as well (``teardown_rank(sever=True)``):
+    destroying a group closes them only when nothing else holds it, and something did when
+    a user's model factory raised on one rank before DDP was built (measured: its peer
+    waited in DDP's parameter check until the group's 60 s timeout)."""
+    from workbench.engine.process_group import teardown_rank
 
     engine_state()["failed_store"] = store
-    drop_run()  # a run broken by the failure itself is dropped anyway
     with contextlib.suppress(Exception):
-        dist.destroy_process_group()
-    gc.collect()
+        teardown_rank(sever=True)
 
 
 def _describe(exc: BaseException) -> str:
