@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # Set before anything imports IPython/ipyparallel: they read these at import/start time.
 if "IPYTHONDIR" not in os.environ:
@@ -58,7 +59,9 @@ def _unit_tier_starts_no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def cluster():  # type: ignore[no-untyped-def]
-    """One 2-rank gloo cluster shared by every test that needs engines; always stopped."""
+    """One 2-rank gloo cluster shared by every test that needs engines; always stopped.
+    Each test gets it healthy (``_shared_cluster_healthy``): a test that broke it is
+    followed by a recovery, or a fresh start of the same object, not by failures."""
     from workbench.cluster import Cluster
 
     c = Cluster(n=2, backend="gloo", init_timeout=60)
@@ -67,6 +70,41 @@ def cluster():  # type: ignore[no-untyped-def]
         yield c
     finally:
         c.stop_sync()
+
+
+def _healthy(c: Any) -> bool:
+    """Running, no rank stuck or closed out of its group, and every rank answers in it."""
+    import torch.distributed as dist
+
+    if c.state != "running" or c.stuck_ranks or c.group_closed:
+        return False
+    try:
+        return bool(c.run(dist.get_world_size, timeout=30) == [c.world_size] * c.world_size)
+    except Exception:
+        return False
+
+
+def restore_health(c: Any) -> None:
+    """Make a shared cluster healthy again after a test that broke it (a fault test):
+    recover it (a fresh group, dead engines replaced); if that fails, stop and start the
+    same object, so module fixtures holding it stay valid."""
+    if _healthy(c):
+        return
+    if c.state in ("running", "degraded"):
+        try:
+            c.recover_sync()
+            if _healthy(c):
+                return
+        except Exception:
+            pass
+    c.stop_sync()
+    c.start_sync()
+
+
+@pytest.fixture(autouse=True)
+def _shared_cluster_healthy(request: pytest.FixtureRequest) -> None:
+    if "cluster" in request.fixturenames:
+        restore_health(request.getfixturevalue("cluster"))
 
 
 @pytest.fixture(scope="session")
