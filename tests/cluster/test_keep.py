@@ -1,0 +1,267 @@
+"""Kept clusters (issue 44): ``%wb start --keep`` outlives its kernel, ``%wb attach`` takes it
+up from a new kernel with the engines' variables, the lease ends what no kernel holds, and
+only the user who started it can read its connection file.
+
+The kernel tests drive a real IPython kernel through jupyter_client (its restart is
+jupyter's own: a shutdown request, atexit, a new process; its kill is a SIGKILL to the
+kernel's whole process group). The kernel without ``--keep`` is tests/cluster/
+test_faults_orphans.py's: nothing left after a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+
+from tests.processes import alive
+from workbench.cluster import Cluster
+from workbench.cluster.keep import KeptClusters, keep_settings
+from workbench.errors import ClusterError, ConfigError
+
+# ----------------------------------------------------------------- bad input, no process
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"keep": True, "lease": 0}, "lease=0"),
+        ({"keep": True, "lease": -5}, "lease=-5"),
+        ({"keep": True, "lease": "soon"}, "lease='soon'"),
+        ({"keep": True, "lease": float("nan")}, "lease=nan"),
+        ({"keep": True, "name": "a/b"}, "name='a/b'"),
+        ({"keep": False, "name": "mine"}, "name='mine'"),
+        ({"keep": "yes"}, "keep='yes'"),
+        ({"keep": True, "cluster_id": "someone-elses"}, "cluster_id='someone-elses'"),
+    ],
+)
+def test_bad_keep_settings_are_one_clear_error(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Cluster(n=2, **kwargs)
+    assert named in str(info.value)
+    assert "valid" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ("start --keep --lease abc", "--lease 'abc'"),
+        ("start --keep --lease 0", "--lease 0"),
+        ("start --keep --lease -1", "--lease -1"),
+        ("start --lease 30", "--lease is for a kept cluster"),
+        ("start --name x", "--name is for a kept cluster"),
+        ("start --keep --name ../x", "--name '../x'"),
+        ("start --keep --cluster-id foreign", "--cluster-id foreign"),
+        ("attach no-such-cluster", "no kept cluster has that name"),
+        ("attach ../etc", "name='../etc'"),
+    ],
+)
+def test_bad_magic_input_is_a_usage_error(ipython_shell: Any, line: str, named: str) -> None:
+    with pytest.raises(UsageError) as info:
+        ipython_shell.run_line_magic("wb", line)
+    assert named in str(info.value)
+
+
+def test_without_keep_there_is_nothing_to_keep() -> None:
+    assert keep_settings(False, 3600, None, foreign=None) is None
+    assert Cluster(n=2).kept is None
+
+
+def _fake_record(files: KeptClusters, name: str, watchdog_pid: int, run_dir: str) -> Path:
+    started = psutil.Process(watchdog_pid).create_time() if psutil.pid_exists(watchdog_pid) else 0
+    return files.write(
+        name,
+        {
+            "created": time.time(),
+            "lease_s": 60.0,
+            "run_dir": run_dir,
+            "watchdog": {"pid": watchdog_pid, "started": started},
+            "controller": None,
+            "config": {"launcher": "local"},
+            "ranks": [],
+            "connection": {"key": "secret"},
+        },
+    ).path
+
+
+def test_files_are_private_and_stale_ones_are_cleaned(tmp_path: Path) -> None:
+    files = KeptClusters(tmp_path)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = _fake_record(files, "stale", gone.pid, str(tmp_path))
+    live = _fake_record(files, "live", os.getpid(), str(tmp_path))  # "its watchdog": us
+    assert stat.S_IMODE(files.root.stat().st_mode) == 0o700
+    assert stat.S_IMODE(live.stat().st_mode) == 0o600
+    scan = files.scan()
+    assert [k.name for k in scan.live] == ["live"]
+    assert scan.removed == ["stale"] and not stale.exists()
+    assert "stale" in scan.notice()
+    with pytest.raises(ConfigError, match=r"no kept cluster has that name.*'live'"):
+        files.find("stale")
+    live.chmod(0o644)  # readable by others: refused, not used
+    with pytest.raises(ClusterError, match="chmod 600"):
+        files.scan()
+
+
+def test_a_second_user_cannot_attach(tmp_path: Path) -> None:
+    """Another uid can neither read the directory nor use a file it does not own."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to act as a second user")
+    files = KeptClusters(tmp_path)
+    tmp_path.chmod(0o755)  # even where the state dir's parent is open, clusters/ is not
+    _fake_record(files, "mine", os.getpid(), str(tmp_path))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child becomes user 'nobody' and tries
+        os.close(read)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                KeptClusters(tmp_path).find("mine")
+                text = "attached"
+            except ClusterError as exc:
+                text = str(exc)
+            os.write(write, text.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        said = f.read()
+    os.waitpid(pid, 0)
+    assert "only the user who started a kept cluster can attach" in said
+    # a file someone else owns, in a directory this user reads: refused as well
+    (files.root / "theirs.json").write_text("{}")
+    os.chown(files.root / "theirs.json", 65534, 65534)
+    with pytest.raises(ClusterError, match="belongs to another user"):
+        files.scan()
+
+
+# ----------------------------------------------------------------- a real kernel
+
+
+class Kernel:
+    """An IPython kernel driven as a notebook front end drives it."""
+
+    def __init__(self) -> None:
+        from jupyter_client.manager import KernelManager
+
+        self.manager = KernelManager(kernel_name="python3")
+        self.manager.start_kernel()
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(120)
+
+    def run(self, code: str, timeout: float = 180) -> str:
+        """The cell's text output; an error in the cell fails the test."""
+        out: list[str] = []
+
+        def hook(msg: dict[str, Any]) -> None:
+            content = msg["content"]
+            if msg["msg_type"] == "stream":
+                out.append(content["text"])
+            elif msg["msg_type"] == "error":
+                out.append(f"ERROR {content['ename']}: {content['evalue']}")
+
+        self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
+        text = "".join(out)
+        assert "ERROR" not in text, text
+        return text
+
+    def restart(self) -> None:
+        self.manager.restart_kernel(now=False)  # jupyter's "Restart kernel"
+        self.client.wait_for_ready(120)
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        if self.manager.has_kernel:
+            self.manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    k = Kernel()
+    yield k
+    k.close()
+
+
+def _cluster_pids(kernel: Kernel) -> list[int]:
+    """Controller, engines and the watchdog of the kernel's current cluster."""
+    line = kernel.run(
+        "import json, workbench as wb\n"
+        "c = wb.Cluster.current()\n"
+        "print(json.dumps(c.pids() + [c.engines.watchdog.pid]))"
+    )
+    return list(json.loads(line.strip().splitlines()[-1]))
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
+
+
+@pytest.mark.engines
+def test_kept_cluster_survives_a_restart_and_is_attached(kernel: Kernel) -> None:
+    kernel.run("%load_ext workbench")
+    kernel.run("%wb start -n 2 --keep --name t44")
+    kernel.run("%%wb\nz = rank*10+7")
+    pids = _cluster_pids(kernel)
+    record = KeptClusters().path_of("t44")
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    assert "key" in json.loads(record.read_text())["connection"]
+    try:
+        kernel.restart()
+        assert alive(pids) == pids  # engines, controller and watchdog outlived the kernel
+        kernel.run("%load_ext workbench")
+        listed = kernel.run("%wb list")
+        assert re.search(r"t44\s+2\s+\S+\s+local\s+.*\bno\s*$", listed, re.M), listed
+        said = kernel.run("%wb attach t44")
+        seconds = float(re.search(r"attached to kept cluster 't44' in ([0-9.]+) s", said)[1])
+        print(f"attach took {seconds:.3f} s")
+        assert kernel.run("%%wb\nprint(z)") == "[rank 0]\n7\n[rank 1]\n17\n"
+        assert "this kernel" in kernel.run("%wb list")
+        # this test process is a second kernel of the same user: refused, named
+        with pytest.raises(ClusterError, match=r"attached to another kernel \(pid \d+\)"):
+            Cluster.attach("t44")
+        kernel.run("%wb stop")
+        assert _gone_within(pids, 10) == []
+        assert not record.exists()
+    finally:
+        for pid in alive(pids):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.engines
+def test_lease_ends_a_kept_cluster_after_its_kernel_is_killed(kernel: Kernel) -> None:
+    """The issue's 20 s lease, scaled down to keep the suite short: alive at half the lease
+    after the kernel's SIGKILL, nothing left within the lease plus 10 s."""
+    lease = 4.0
+    kernel.run("%load_ext workbench")
+    kernel.run(f"%wb start -n 2 --keep --lease {lease} --name lease44")
+    pids = _cluster_pids(kernel)
+    try:
+        pid = kernel.manager.provisioner.pid  # type: ignore[union-attr]
+        os.killpg(os.getpgid(pid), signal.SIGKILL)  # the kernel's whole process group
+        killed = time.monotonic()
+        time.sleep(lease / 2)
+        assert alive(pids) == pids
+        assert _gone_within(pids, lease + 10 - (time.monotonic() - killed)) == []
+        print(f"ended {time.monotonic() - killed:.1f} s after the kill (lease {lease} s)")
+        assert not KeptClusters().path_of("lease44").exists()
+    finally:
+        for pid in alive(pids):
+            os.kill(pid, signal.SIGKILL)
