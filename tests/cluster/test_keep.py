@@ -26,6 +26,7 @@ import psutil
 import pytest
 from IPython.core.error import UsageError
 
+from benchmarks.kernel_session import Kernel
 from tests.processes import alive
 from workbench.cluster import Cluster
 from workbench.cluster.keep import KeptClusters, keep_settings
@@ -152,44 +153,6 @@ def test_a_second_user_cannot_attach(tmp_path: Path) -> None:
 # ----------------------------------------------------------------- a real kernel
 
 
-class Kernel:
-    """An IPython kernel driven as a notebook front end drives it."""
-
-    def __init__(self) -> None:
-        from jupyter_client.manager import KernelManager
-
-        self.manager = KernelManager(kernel_name="python3")
-        self.manager.start_kernel()
-        self.client = self.manager.client()
-        self.client.start_channels()
-        self.client.wait_for_ready(120)
-
-    def run(self, code: str, timeout: float = 180) -> str:
-        """The cell's text output; an error in the cell fails the test."""
-        out: list[str] = []
-
-        def hook(msg: dict[str, Any]) -> None:
-            content = msg["content"]
-            if msg["msg_type"] == "stream":
-                out.append(content["text"])
-            elif msg["msg_type"] == "error":
-                out.append(f"ERROR {content['ename']}: {content['evalue']}")
-
-        self.client.execute_interactive(code, output_hook=hook, timeout=timeout)
-        text = "".join(out)
-        assert "ERROR" not in text, text
-        return text
-
-    def restart(self) -> None:
-        self.manager.restart_kernel(now=False)  # jupyter's "Restart kernel"
-        self.client.wait_for_ready(120)
-
-    def close(self) -> None:
-        self.client.stop_channels()
-        if self.manager.has_kernel:
-            self.manager.shutdown_kernel(now=True)
-
-
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
     k = Kernel()
@@ -254,8 +217,7 @@ def test_lease_ends_a_kept_cluster_after_its_kernel_is_killed(kernel: Kernel) ->
     kernel.run(f"%wb start -n 2 --keep --lease {lease} --name lease44")
     pids = _cluster_pids(kernel)
     try:
-        pid = kernel.manager.provisioner.pid  # type: ignore[union-attr]
-        os.killpg(os.getpgid(pid), signal.SIGKILL)  # the kernel's whole process group
+        kernel.kill()  # SIGKILL to the kernel's whole process group
         killed = time.monotonic()
         time.sleep(lease / 2)
         assert alive(pids) == pids
