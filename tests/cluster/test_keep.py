@@ -227,3 +227,40 @@ def test_lease_ends_a_kept_cluster_after_its_kernel_is_killed(kernel: Kernel) ->
     finally:
         for pid in alive(pids):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.engines
+def test_detach_attach_in_python_and_a_lost_controller() -> None:
+    """From Python: detach lets go (the lease runs), attach without a name takes the only
+    free one with its variables; an attached cluster cannot replace engines; a kept
+    cluster whose controller died meanwhile is ended when attach finds it."""
+    cluster = Cluster(n=2, keep=True, lease=60).start_sync()
+    name = cluster.kept
+    pids = cluster.pids() + [cluster.engines.watchdog.pid]  # type: ignore[union-attr]
+    try:
+        cluster.execute("z = rank * 10 + 7")
+        cluster.detach_sync()
+        assert cluster.state == "stopped" and alive(pids) == pids
+        row = next(k.row() for k in KeptClusters().scan().live if k.name == name)
+        assert row["attached"] == "no"
+        deadline = time.monotonic() + 5  # the watchdog notices the detach within a poll
+        while KeptClusters().find(name)[0].lease_left() >= 60 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert KeptClusters().find(name)[0].lease_left() < 60
+        again = Cluster.attach()
+        assert again is not cluster and again.kept == name and again.world_size == 2
+        assert [r.stdout for r in again.execute("print(z)")] == ["7\n", "17\n"]
+        assert KeptClusters().find(name)[0].lease_left() == 60  # whole while held
+        with pytest.raises(ClusterError, match="restart --full"):
+            again.recover_sync()
+        controller = again.engines.controller_process()
+        assert controller is not None
+        controller.kill()
+        again.detach_sync()
+        with pytest.raises(ClusterError, match="lost its ipyparallel controller"):
+            Cluster.attach(name)
+        assert _gone_within(pids, 10) == []
+        assert not KeptClusters().path_of(str(name)).exists()
+    finally:
+        for pid in alive(pids):
+            os.kill(pid, signal.SIGKILL)

@@ -12,7 +12,6 @@ import asyncio
 import atexit
 import functools
 import logging
-import os
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +27,13 @@ from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
 from workbench.cluster.doctor_net import NetworkReport
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.grow import grow as grow_engines
-from workbench.cluster.keep import DEFAULT_LEASE_S, KeptClusters, foreign_setting, keep_settings
+from workbench.cluster.keep import (
+    DEFAULT_LEASE_S,
+    KeptCluster,
+    KeptClusters,
+    foreign_setting,
+    keep_settings,
+)
 from workbench.cluster.launch import launchers
 from workbench.cluster.loop import OneAtATime, async_first, run_sync, sync_twin
 from workbench.cluster.ranks import RankAssignment
@@ -189,13 +194,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
         state, key) and current, with its engines' variables as they were. Its lease is
         whole again while this kernel holds it. Another live kernel holding it is an
         error naming that kernel's pid (detach or stop it there first)."""
-        kept, _ = KeptClusters().find(name)
-        if kept.holder() is not None and kept.holder() != os.getpid():
-            raise ClusterError(
-                f"kept cluster {kept.name!r} is attached to another kernel (pid "
-                f"{kept.holder()}): run `wb.Cluster.current().detach_sync()` or `%wb stop` "
-                "there, or restart that kernel, then attach here"
-            )
+        kept = KeptClusters().take(name)
         for ref in _current:  # already attached (or started) in this kernel
             cluster = ref()
             if cluster is not None and cluster.kept == kept.name and cluster.state != "stopped":
@@ -213,10 +212,16 @@ class Cluster(ScriptRuns, ClusterDoctor):
         )
         return run_sync(cluster._attach(kept))
 
-    async def _attach(self, kept: Any) -> Cluster:
+    async def _attach(self, kept: KeptCluster) -> Cluster:
         async with self._lifecycle.hold("Cluster.attach()"):
+            try:
+                client = await asyncio.to_thread(ipp.Client, dict(kept.data["connection"]))
+            except (OSError, TimeoutError) as exc:  # e.g. its controller just died
+                raise ClusterError(
+                    f"kept cluster {kept.name!r}: its controller does not answer ({exc}); "
+                    "`%wb list` shows whether it still runs"
+                ) from exc
             self.ranks = [RankAssignment(**r) for r in kept.data["ranks"]]
-            client = await asyncio.to_thread(ipp.Client, dict(kept.data["connection"]))
             self.engines.adopt(kept, client, self._ranks)
             # an engine that died while no kernel held the cluster: `%wb restart`
             lost = [r.rank for r in self.ranks if r.engine_id not in client.ids]
@@ -376,6 +381,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
         ``RecoveryReport``. See ``workbench.cluster.recovery``. ``shrink=True`` drops the
         dead ranks instead (and the survivors in ``drop``) and renumbers the rest."""
         async with self._lifecycle.hold("cluster.recover()"):
+            self.engines.refuse_if_adopted("recover (replace engines)")
             stuck = self.dispatch.stuck
             report = await recover_engines(
                 self.engines, self._ranks, (stuck.held, stuck.given_up), shrink=shrink, drop=drop
@@ -390,6 +396,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
         slurm) and re-create the process group at the bigger world size (after a shrink:
         back to the size it had). Returns a ``RecoveryReport``."""
         async with self._lifecycle.hold("cluster.grow()"):
+            self.engines.refuse_if_adopted("grow")
             report = await grow_engines(self.engines, self._ranks, n, hosts)
             self._regrouped()
             return report

@@ -286,6 +286,15 @@ class EngineSet:
             for r in local_ranks(ranks):
                 self.watch.watch(r.engine_id, r.pid)
 
+    def refuse_if_adopted(self, action: str) -> None:
+        """An attached kept cluster has no launchers here to start engines with."""
+        if self.adopted is not None:
+            raise ClusterError(
+                f"cannot {action} on a kept cluster this kernel attached (its launchers "
+                "live in the kernel that started it); `%wb restart --full` "
+                "(cluster.restart_sync()) starts it afresh, still kept"
+            )
+
     def forget_kept(self) -> KeptCluster | None:
         """The kept cluster's connection file, no longer this cluster's (it stopped)."""
         kept, self.kept = self.kept, None

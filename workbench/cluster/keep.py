@@ -325,6 +325,27 @@ class KeptClusters:
             "`%wb list` shows them"
         )
 
+    def take(self, name: str | None) -> KeptCluster:
+        """The kept cluster ``name`` for this kernel to attach (see ``find``), or one clear
+        error: another live kernel holds it; its controller died while no kernel held it
+        (then it is ended, file and all: nothing could reach its engines any more)."""
+        kept, _ = self.find(name)
+        holder = kept.holder()
+        if holder is not None and holder != os.getpid():
+            raise ClusterError(
+                f"kept cluster {kept.name!r} is attached to another kernel (pid {holder}): "
+                "run `wb.Cluster.current().detach_sync()` or `%wb stop` there, or restart "
+                "that kernel, then attach here"
+            )
+        if kept.data.get("controller") and kept.controller() is None:
+            kept.end()
+            raise ClusterError(
+                f"kept cluster {kept.name!r} had lost its ipyparallel controller (pid "
+                f"{kept.data['controller']['pid']}), so nothing could reach its engines: "
+                "its processes were ended and its file removed; start a new one"
+            )
+        return kept
+
     def free_name(self, wanted: str | None) -> str:
         """``wanted`` if no live kept cluster has it (else an error), or the first free
         default name."""
