@@ -182,6 +182,12 @@ def test_kept_cluster_survives_a_restart_and_is_attached(kernel: Kernel) -> None
     kernel.run("%load_ext workbench")
     kernel.run("%wb start -n 2 --keep --name t44")
     kernel.run("%%wb\nz = rank*10+7")
+    report = "print(len(s.events), s.session.step_index, s.spec.batch_size)"
+    before = kernel.run(
+        "import workbench as wb\n"
+        "s = wb.Stepper(model='gpt-tiny', strategy='dp', batch_size=8)\n"
+        f"s.step()\n{report}"
+    )
     pids = _cluster_pids(kernel)
     record = KeptClusters().path_of("t44")
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
@@ -196,6 +202,10 @@ def test_kept_cluster_survives_a_restart_and_is_attached(kernel: Kernel) -> None
         seconds = float(re.search(r"attached to kept cluster 't44' in ([0-9.]+) s", said)[1])
         print(f"attach took {seconds:.3f} s")
         assert kernel.run("%%wb\nprint(z)") == "[rank 0]\n7\n[rank 1]\n17\n"
+        # the stepper's run, taken up from the engines: its events and step index
+        assert kernel.run(f"import workbench as wb\ns = wb.Stepper.attach()\n{report}") == before
+        assert before.split()[1:] == ["1", "8"]
+        assert kernel.run("s.step()\nprint(s.session.step_index)").strip() == "2"
         assert "this kernel" in kernel.run("%wb list")
         # this test process is a second kernel of the same user: refused, named
         with pytest.raises(ClusterError, match=r"attached to another kernel \(pid \d+\)"):
@@ -236,7 +246,7 @@ def test_detach_attach_in_python_and_a_lost_controller() -> None:
     cluster whose controller died meanwhile is ended when attach finds it."""
     cluster = Cluster(n=2, keep=True, lease=60).start_sync()
     name = cluster.kept
-    pids = cluster.pids() + [cluster.engines.watchdog.pid]  # type: ignore[union-attr]
+    pids = [*cluster.pids(), cluster.engines.watchdog.pid]  # type: ignore[union-attr]
     try:
         cluster.execute("z = rank * 10 + 7")
         cluster.detach_sync()
