@@ -266,6 +266,7 @@ def test_detach_attach_in_python_and_a_lost_controller() -> None:
         controller = again.engines.controller_process()
         assert controller is not None
         controller.kill()
+        psutil.wait_procs([controller], timeout=10)  # dead (a loaded machine is slow to)
         again.detach_sync()
         with pytest.raises(ClusterError, match="lost its ipyparallel controller"):
             Cluster.attach(name)
