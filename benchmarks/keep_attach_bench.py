@@ -32,7 +32,8 @@ TITLE = "kept cluster: %wb attach after a kernel restart vs a new %wb start"
 LEASE_S, ALIVE_AT_S, GONE_BY_S = 20.0, 10.0, 45.0  # the lease check
 _PIDS = (
     "import json, workbench as wb\nc = wb.Cluster.current()\n"
-    "print(json.dumps(c.pids() + [c.engines.watchdog.pid]))"
+    "print(json.dumps([p.pid for p in c.engines.process_tree(c.ranks)]"
+    " + [c.engines.watchdog.pid]))"
 )
 
 

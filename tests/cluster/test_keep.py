@@ -161,11 +161,13 @@ def kernel() -> Iterator[Kernel]:
 
 
 def _cluster_pids(kernel: Kernel) -> list[int]:
-    """Controller, engines and the watchdog of the kernel's current cluster."""
+    """Controller (with its schedulers), engines and the watchdog of the kernel's current
+    cluster: what a failed test kills by pid."""
     line = kernel.run(
         "import json, workbench as wb\n"
         "c = wb.Cluster.current()\n"
-        "print(json.dumps(c.pids() + [c.engines.watchdog.pid]))"
+        "tree = [p.pid for p in c.engines.process_tree(c.ranks)]  # the schedulers too\n"
+        "print(json.dumps(tree + [c.engines.watchdog.pid]))"
     )
     return list(json.loads(line.strip().splitlines()[-1]))
 
@@ -246,7 +248,8 @@ def test_detach_attach_in_python_and_a_lost_controller() -> None:
     cluster whose controller died meanwhile is ended when attach finds it."""
     cluster = Cluster(n=2, keep=True, lease=60).start_sync()
     name = cluster.kept
-    pids = [*cluster.pids(), cluster.engines.watchdog.pid]  # type: ignore[union-attr]
+    tree = [p.pid for p in cluster.engines.process_tree(cluster.ranks)]
+    pids = [*tree, cluster.engines.watchdog.pid]  # type: ignore[union-attr]
     try:
         cluster.execute("z = rank * 10 + 7")
         cluster.detach_sync()

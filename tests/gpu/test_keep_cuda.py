@@ -43,7 +43,8 @@ def test_kept_cluster_keeps_its_cuda_tensors_across_a_kernel_restart(
         pids = json.loads(
             kernel.run(
                 "import json, workbench as wb\nc = wb.Cluster.current()\n"
-                "print(json.dumps(c.pids() + [c.engines.watchdog.pid]))"
+                "tree = [p.pid for p in c.engines.process_tree(c.ranks)]\n"
+                "print(json.dumps(tree + [c.engines.watchdog.pid]))"
             )
             .strip()
             .splitlines()[-1]
