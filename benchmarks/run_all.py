@@ -53,6 +53,8 @@ BENCHMARKS: dict[str, str] = {
     "peers": "benchmarks.peers_bench",
     # fresh kernels: %wb start after an idle spell, the workbench kernel vs the plain one
     "kernel_start": "benchmarks.kernel_start_bench",
+    # a kept cluster: %wb attach after a kernel restart; the lease after a SIGKILL (issue 44)
+    "keep_attach": "benchmarks.keep_attach_bench",
 }
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from workbench import validate
 from workbench.errors import ConfigError
@@ -14,7 +17,9 @@ __all__ = [
     "LAUNCHERS",
     "MAX_ENGINES",
     "ClusterConfig",
+    "not_private",
     "parse_hosts",
+    "state_dir",
 ]
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -78,6 +83,29 @@ class ClusterConfig:
             none_means="auto: the host's cores shared by its engines",
             what="a number of threads",
         )
+
+
+def state_dir() -> Path:
+    """Where the workbench keeps per-user state (the checkpoint key, kept clusters):
+    ``$WORKBENCH_STATE_DIR``, else ``$XDG_STATE_HOME/workbench``, else
+    ``~/.local/state/workbench``."""
+    explicit = os.environ.get("WORKBENCH_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "workbench"
+
+
+def not_private(path: Path) -> str | None:
+    """Why a secret's file (or directory) is not this user's alone, as ssh checks its
+    private keys: ``"owner"`` (another user owns it), ``"mode NNN"`` (others may read or
+    write it), or None."""
+    info = path.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return "owner"
+    mode = stat.S_IMODE(info.st_mode)
+    return f"mode {mode:o}" if mode & 0o077 else None
 
 
 def parse_hosts(name: str, value: object) -> tuple[str, ...]:

@@ -200,9 +200,37 @@ def _failed_load(cluster: Any, out: dict[str, Any], home: Path) -> None:
         out["recover_error"] = f"{type(exc).__name__}: {exc}"
 
 
+def _attach_kept(cfg: dict[str, Any], out_path: str) -> None:
+    """Scenario "attach": a new "kernel" takes up the kept cluster that a "keep" driver
+    started before it was SIGKILLed (tests/multinode/test_keep.py), then stops it."""
+    from workbench.cluster import Cluster
+
+    out: dict[str, Any] = {"scenario": cfg["scenario"]}
+    stopping = time.perf_counter()
+    try:
+        cluster = Cluster.attach(cfg["name"])
+        out["attach_s"] = time.perf_counter() - stopping
+        out["ranks"] = _ranks(cluster)
+        out["kept"] = [r.stdout for r in cluster.execute("print(z)")]
+        out["all_reduce"] = cluster.run(_all_reduce)
+        stopping = time.perf_counter()
+        cluster.stop_sync()
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        out["traceback"] = traceback.format_exc()
+    while (left := _mine()) and time.perf_counter() - stopping < 20:
+        time.sleep(0.25)
+    out["left"] = left
+    out["gone_s"] = time.perf_counter() - stopping
+    Path(out_path).write_text(json.dumps(out, indent=1))
+
+
 def main(cfg: dict[str, Any], out_path: str) -> None:
     from workbench.cluster import Cluster
 
+    if cfg["scenario"] == "attach":
+        _attach_kept(cfg, out_path)
+        return
     out: dict[str, Any] = {"scenario": cfg["scenario"]}
     home = Path(os.environ["HOME"])
     cluster = Cluster(
@@ -214,6 +242,9 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
         start_timeout=cfg.get("start_timeout", 120),
         init_timeout=60,
         spare_hosts=cfg.get("spare_hosts", ()),
+        keep=cfg["scenario"] == "keep",  # outlives this driver's SIGKILL (test_keep.py)
+        lease=cfg.get("lease", 3600.0),
+        name=cfg.get("name"),
     )
     started = time.perf_counter()
     try:
@@ -238,7 +269,9 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
             import partition_scenario
 
             partition_scenario.cut_off_and_go_on(cluster, out, home)
-        if cfg["scenario"] == "orphan":  # the test SIGKILLs this process (the "kernel")
+        if cfg["scenario"] == "keep":  # kept: what the next "kernel" must find again
+            cluster.execute("z = rank * 10 + 7")
+        if cfg["scenario"] in ("orphan", "keep"):  # the test SIGKILLs this process (the "kernel")
             out["pid"] = os.getpid()
             tmp = Path(f"{out_path}.tmp")
             tmp.write_text(json.dumps(out, indent=1))

@@ -8,6 +8,7 @@ Control is async-first (``start``/``stop``) with ``*_sync`` twins, like ipyparal
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import logging
@@ -26,8 +27,15 @@ from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
 from workbench.cluster.doctor_net import NetworkReport
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.grow import grow as grow_engines
+from workbench.cluster.keep import (
+    DEFAULT_LEASE_S,
+    KeptCluster,
+    KeptClusters,
+    foreign_setting,
+    keep_settings,
+)
 from workbench.cluster.launch import launchers
-from workbench.cluster.loop import OneAtATime, async_first, sync_twin
+from workbench.cluster.loop import OneAtATime, async_first, run_sync, sync_twin
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.recovery import RecoveryReport, lost_ranks
 from workbench.cluster.recovery import recover as recover_engines
@@ -55,12 +63,28 @@ _current: list[weakref.ref[Cluster]] = []
 
 @atexit.register
 def _stop_all_at_exit() -> None:
-    """Stop every cluster this process started (a normal kernel shutdown or restart)."""
+    """Stop every cluster this process started (a normal kernel shutdown or restart); a
+    kept one is only let go of (it runs on until its lease ends: keep.py)."""
     for cluster in list(_live):
         try:
-            cluster.stop_sync()
+            if cluster.kept:
+                cluster.detach_sync()
+            else:
+                cluster.stop_sync()
         except Exception:  # exit path: never mask the interpreter's own shutdown
             log.debug("atexit stop failed for %r", cluster, exc_info=True)
+
+
+def _gpu_notice(config: ClusterConfig) -> str | None:
+    """More local engines than GPUs: refused for NCCL, said (and warned) for auto, before
+    any process starts (the engines inherit this environment, so this count is theirs:
+    gpus.py)."""
+    if config.launcher != "local" or config.profile is not None or config.cluster_id is not None:
+        return None
+    notice = gpus.gpu_choice(config.n, config.backend, gpus.visible_gpu_count())
+    if notice is not None:
+        warnings.warn(notice, UserWarning, stacklevel=3)  # the caller of Cluster(...)
+    return notice
 
 
 def _forwarded(method: Callable[Concatenate[RankDispatch, P], R]) -> Callable[..., R]:
@@ -97,7 +121,12 @@ class Cluster(ScriptRuns, ClusterDoctor):
         launcher_options: Mapping[str, Any] | None = None,
         check_packages: Sequence[str] | str = (),
         spare_hosts: Sequence[str] | str = (),
+        keep: bool = False,
+        lease: float = DEFAULT_LEASE_S,
+        name: str | None = None,
     ) -> None:
+        # keep=True: it outlives this kernel until `lease` s after none holds it (keep.py)
+        keep_as = keep_settings(keep, lease, name, foreign=foreign_setting(profile, cluster_id))
         self.config = ClusterConfig(
             n=n,
             backend=backend,
@@ -117,22 +146,14 @@ class Cluster(ScriptRuns, ClusterDoctor):
         self.network: NetworkReport | None = None  # the last doctor("net")
         if profile is not None or cluster_id is not None:  # fail now, not at start
             find_connection_file(profile, cluster_id)
-        # More local engines than GPUs: refused for NCCL, said for auto, before any process
-        # starts (the engines inherit this environment, so this count is theirs: gpus.py).
-        self.gpu_notice = (
-            gpus.gpu_choice(self.config.n, backend, gpus.visible_gpu_count())
-            if launcher == "local" and profile is None and cluster_id is None
-            else None
-        )
-        if self.gpu_notice is not None:
-            warnings.warn(self.gpu_notice, UserWarning, stacklevel=2)
+        self.gpu_notice = _gpu_notice(self.config)
         self.progress = progress
         self.timings: dict[str, float] = {}
         self.startup = StartupProfile()  # where the last start's time went (startup.py)
         # One owner each: the engines, their processes and the state (EngineSet); the
         # ranks (this list, shared with the dispatcher; a recovery renumbers it in place);
         # running code on them, their views, cell sockets and blocked ranks (RankDispatch).
-        self.engines = EngineSet(self.config, self.launcher_options, self.check_packages)
+        self.engines = EngineSet(self.config, self.launcher_options, self.check_packages, keep_as)
         self._ranks: list[RankAssignment] = []
         self.dispatch = RankDispatch(self.engines, self._ranks)
         # Set when a failing rank closed the process group on every rank (a session's
@@ -165,6 +186,70 @@ class Cluster(ScriptRuns, ClusterDoctor):
                 "`workbench.Cluster(n=2).start_sync()`"
             )
         return cluster
+
+    @classmethod
+    def attach(cls, name: str | None = None) -> Cluster:
+        """The kept cluster ``name`` (None: the only one no kernel holds), started with
+        ``keep=True`` by a kernel of this user on this machine, rebuilt here (ranks, hosts,
+        state, key) and current, with its engines' variables as they were. Its lease is
+        whole again while this kernel holds it. Another live kernel holding it is an
+        error naming that kernel's pid (detach or stop it there first)."""
+        kept = KeptClusters().take(name)
+        for ref in _current:  # already attached (or started) in this kernel
+            cluster = ref()
+            if cluster is not None and cluster.kept == kept.name and cluster.state != "stopped":
+                return cluster
+        config = dict(kept.data["config"])
+        options = config.pop("launcher_options")
+        packages = config.pop("check_packages")
+        cluster = cls(
+            **config,
+            launcher_options=options,
+            check_packages=packages,
+            keep=True,
+            lease=float(kept.data["lease_s"]),
+            name=kept.name,
+        )
+        return run_sync(cluster._attach(kept))
+
+    async def _attach(self, kept: KeptCluster) -> Cluster:
+        async with self._lifecycle.hold("Cluster.attach()"):
+            try:
+                client = await asyncio.to_thread(ipp.Client, dict(kept.data["connection"]))
+            except (OSError, TimeoutError) as exc:  # e.g. its controller just died
+                raise ClusterError(
+                    f"kept cluster {kept.name!r}: its controller does not answer ({exc}); "
+                    "`%wb list` shows whether it still runs"
+                ) from exc
+            self.ranks = [RankAssignment(**r) for r in kept.data["ranks"]]
+            self.engines.adopt(kept, client, self._ranks)
+            # an engine that died while no kernel held the cluster: `%wb restart`
+            lost = [r.rank for r in self.ranks if r.engine_id not in client.ids]
+            self.state = "degraded" if lost else "running"
+            _live.add(self)
+            _current[:] = [r for r in _current if r() not in (None, self)] + [weakref.ref(self)]
+            return self
+
+    @property
+    def kept(self) -> str | None:
+        """A kept cluster's name (``keep=True``, or attached); None for an ordinary one."""
+        return self.engines.kept.name if self.engines.kept is not None else None
+
+    @async_first
+    async def detach(self) -> None:
+        """Let go of a kept cluster without stopping it: its processes and the engines'
+        variables stay, its lease starts now, and ``Cluster.attach`` (here or in another
+        kernel of this user) takes it up again. Kernel exit and restart detach too."""
+        async with self._lifecycle.hold("cluster.detach()"):
+            if self.engines.kept is None:
+                raise ClusterError(
+                    "only a kept cluster can be detached (start it with keep=True); "
+                    "stop this one with stop_sync()"
+                )
+            self.dispatch.forget()
+            self.engines.release()
+            self._ranks.clear()
+            _live.discard(self)
 
     # ----------------------------------------------------------------- state
     @property
@@ -296,6 +381,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
         ``RecoveryReport``. See ``workbench.cluster.recovery``. ``shrink=True`` drops the
         dead ranks instead (and the survivors in ``drop``) and renumbers the rest."""
         async with self._lifecycle.hold("cluster.recover()"):
+            self.engines.refuse_if_adopted("recover (replace engines)")
             stuck = self.dispatch.stuck
             report = await recover_engines(
                 self.engines, self._ranks, (stuck.held, stuck.given_up), shrink=shrink, drop=drop
@@ -310,6 +396,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
         slurm) and re-create the process group at the bigger world size (after a shrink:
         back to the size it had). Returns a ``RecoveryReport``."""
         async with self._lifecycle.hold("cluster.grow()"):
+            self.engines.refuse_if_adopted("grow")
             report = await grow_engines(self.engines, self._ranks, n, hosts)
             self._regrouped()
             return report
@@ -330,6 +417,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     restart_sync = sync_twin(restart)
     recover_sync = sync_twin(recover)
     grow_sync = sync_twin(grow)
+    detach_sync = sync_twin(detach)
 
     async def _start(self) -> Cluster:
         if self.state in ("running", "degraded"):

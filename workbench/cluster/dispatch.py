@@ -387,7 +387,7 @@ class RankDispatch:
 
     def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Send SIGINT to the engines of ``ranks`` (default: all) to stop running code."""
-        if self.engines.ipp is None:
+        if self.engines.ipp is None and self.engines.adopted is None:  # not ours to signal
             return
         targets = self._targets(ranks, blocked_ok=True)
         for r in targets:  # on the engine's own host (signals.py)

@@ -19,8 +19,11 @@ never by its pid here; the pid file also carries the commands that end them ther
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import subprocess
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +33,7 @@ import psutil
 from workbench.cluster import watchdog
 from workbench.cluster.doctor_env import EnvironmentReport
 from workbench.cluster.engine_watch import EngineWatch
+from workbench.cluster.keep import KeepSettings, KeptCluster, KeptClusters, process_info
 from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.cluster.processes import is_local, running
 from workbench.cluster.ranks import RankAssignment
@@ -66,6 +70,7 @@ class EngineSet:
         config: ClusterConfig,
         launcher_options: LauncherOptions,
         check_packages: tuple[str, ...],
+        keep: KeepSettings | None = None,
     ) -> None:
         self.config = config
         self.launcher_options = launcher_options
@@ -93,6 +98,12 @@ class EngineSet:
         self.spare: Spare | None = None  # where a forker's spare waits for a replacement
         # Every process this cluster started, remembered from the moment it is seen.
         self.known: dict[int, psutil.Process] = {}
+        # keep=True: the processes outlive the kernel (keep.py); ``kept`` is its connection
+        # file once written, ``adopted`` the controller of a cluster attached (not started)
+        # by this kernel: no ipyparallel Cluster here, its watchdog ends it.
+        self.keep = keep
+        self.kept: KeptCluster | None = None
+        self.adopted: psutil.Process | None = None
         self._state = "stopped"
 
     # ----------------------------------------------------------------- state
@@ -139,6 +150,8 @@ class EngineSet:
         return not running(proc)
 
     def controller_process(self) -> psutil.Process | None:
+        if self.adopted is not None:
+            return self.adopted
         if not self.owns or self.ipp is None:
             return None
         proc = getattr(getattr(self.ipp, "controller", None), "process", None)
@@ -187,6 +200,8 @@ class EngineSet:
         """Process ids (on this host) of the controller, engines and their nannies started
         by this cluster."""
         pids: list[int] = []
+        if self.adopted is not None:  # attached: the controller and the local engines
+            return [self.adopted.pid] + [r.pid for r in local_ranks(ranks)]
         if self.ipp is None:
             return pids
         proc = getattr(getattr(self.ipp, "controller", None), "process", None)
@@ -211,7 +226,97 @@ class EngineSet:
         if not self.owns or self.run_dir is None:
             return
         watchdog.write_pidfile(self.run_dir, [])
-        self.watchdog = watchdog.spawn(self.run_dir)
+        if self.keep is None:
+            self.watchdog = watchdog.spawn(self.run_dir)
+            return
+        # kept: it follows the kernel that holds the cluster (this one, for now) and ends it
+        # a lease after none does; the name is claimed here, before any process starts
+        files = KeptClusters()
+        name = files.free_name(self.keep.name)
+        watchdog.write_holder(self.run_dir, os.getpid())
+        self.watchdog = watchdog.spawn(self.run_dir, self.keep.lease, str(files.path_of(name)))
+        self.kept = KeptCluster(files.path_of(name), {"name": name, "run_dir": self.run_dir})
+
+    async def publish_kept(self, ranks: Sequence[RankAssignment]) -> None:
+        """Write a started kept cluster's connection file (keep.py): what ``attach`` needs
+        to rebuild this cluster in another kernel."""
+        if self.kept is None or self.keep is None or self.ipp is None or self.run_dir is None:
+            return
+        info = await self.ipp.controller.get_connection_info()
+        controller, dog = self.controller_process(), self.watchdog
+        defaults = dataclasses.asdict(type(self.launcher_options)())
+        options = {
+            k: v for k, v in dataclasses.asdict(self.launcher_options).items() if v != defaults[k]
+        }
+        c = self.config
+        self.kept = KeptClusters().write(
+            self.kept.name,
+            {
+                "created": time.time(),
+                "lease_s": self.keep.lease,
+                "run_dir": self.run_dir,
+                "cluster_id": self.ipp.cluster_id,
+                "connection": info["client"],
+                "watchdog": process_info(psutil.Process(dog.pid)) if dog else None,
+                "controller": process_info(controller) if controller else None,
+                "config": {
+                    "n": c.n,
+                    "backend": c.backend,
+                    "launcher": c.launcher,
+                    "hosts": list(c.hosts),
+                    "init_timeout": c.init_timeout,
+                    "start_timeout": c.start_timeout,
+                    "threads_per_engine": c.threads_per_engine,
+                    "spare_hosts": list(c.spare_hosts),
+                    "check_packages": list(self.check_packages),
+                    "launcher_options": options,
+                },
+                "ranks": [r.as_dict() for r in ranks],
+            },
+        )
+
+    def adopt(self, kept: KeptCluster, client: ipp.Client, ranks: Sequence[RankAssignment]) -> None:
+        """This kernel holds the kept cluster ``kept`` now, through ``client`` (attach)."""
+        self.kept, self.client, self.run_dir = kept, client, kept.run_dir
+        self.adopted = kept.controller()
+        self.controller_address = (kept.data.get("connection") or {}).get("location")
+        watchdog.write_holder(kept.run_dir, os.getpid())  # its lease is whole again
+        if self.config.launcher == "local":  # no nannies: this kernel reports their deaths
+            self.watch = EngineWatch.for_client(client)
+            for r in local_ranks(ranks):
+                self.watch.watch(r.engine_id, r.pid)
+
+    def refuse_if_adopted(self, action: str) -> None:
+        """An attached kept cluster has no launchers here to start engines with."""
+        if self.adopted is not None:
+            raise ClusterError(
+                f"cannot {action} on a kept cluster this kernel attached (its launchers "
+                "live in the kernel that started it); `%wb restart --full` "
+                "(cluster.restart_sync()) starts it afresh, still kept"
+            )
+
+    def forget_kept(self) -> KeptCluster | None:
+        """The kept cluster's connection file, no longer this cluster's (it stopped)."""
+        kept, self.kept = self.kept, None
+        return kept
+
+    def release(self) -> None:
+        """Let go of a kept cluster without ending it (detach): its watchdog's lease runs
+        from now; a later ``attach`` takes it up again."""
+        if self.run_dir is not None and self.kept is not None:
+            watchdog.write_holder(self.run_dir, 0)
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.close()
+        client, self.client = self.client, None
+        if client is not None:
+            client.close()
+        # dropped, not stopped (its shutdown_atexit is off): the processes run on
+        self.ipp = self.watchdog = self.adopted = self.kept = None
+        self.run_dir = self.ssh_dir = None
+        self.spare = None
+        self.known = {}
+        self._state = "stopped"
 
     async def track_start(self, ranks: Sequence[RankAssignment]) -> None:
         """While starting, tell the watchdog about each process within ``_TRACK_S`` of its

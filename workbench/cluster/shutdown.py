@@ -32,6 +32,12 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
     """Stop every process of ``engines`` (see the module docstring); ``ranks`` is emptied.
     What the cluster holds per rank besides (views, stuck cells, cell sockets) is its
     dispatcher's to forget."""
+    kept = engines.kept
+    if engines.adopted is not None and kept is not None:  # attached here: its watchdog ends it
+        engines.release()
+        await asyncio.to_thread(kept.end)
+        ranks.clear()
+        return
     spare, engines.spare = engines.spare, None
     spare_forker.end(spare)  # not yet taken: nothing else would end it
     # Snapshot every process first: once engines exit, their nannies are orphans.
@@ -75,6 +81,9 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
     run_dir, engines.run_dir = engines.run_dir, None
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)
+    if kept is not None:  # a kept cluster stopped in the kernel that started it
+        engines.forget_kept()
+        kept.remove()
 
 
 async def _ask_engines_to_exit(

@@ -104,7 +104,8 @@ def make_ipp_cluster(engines: EngineSet) -> ipp.Cluster:
         "n": c.n,
         "log_level": logging.ERROR,
         "controller_args": controller_args(c.launcher),
-        "shutdown_atexit": True,
+        # a kept cluster outlives this process (keep.py): never stopped at its exit
+        "shutdown_atexit": engines.keep is None,
     }
     # Loopback unless the user asked for a multi-node launcher; then only the address
     # that reaches the other hosts (see launchers.py).
@@ -155,6 +156,7 @@ async def start(
         if tracker is not None:
             tracker.cancel()
     engines.write_pidfile(ranks)
+    await engines.publish_kept(ranks)  # keep=True: how another kernel finds it (keep.py)
     return {
         "engines_s": t1 - t0,
         "process_group_s": time.perf_counter() - t1,

@@ -15,6 +15,13 @@ children are re-parented and cannot be found from the kernel any more. When the 
 gone it sends SIGTERM to all of them, SIGKILL after ``GRACE_S``, removes ``DIR`` and exits.
 When the cluster stops normally, it is told to exit (SIGTERM) and touches nothing.
 
+A kept cluster (``--lease SECONDS``, keep.py) outlives its kernel: the watchdog then watches
+whichever kernel ``DIR/holder.json`` names (a kernel that attaches writes its pid there;
+0 when none holds it), and ends the cluster only once no kernel has held it for the lease
+(``DIR/lease.json`` says since when, for ``%wb list``), or at once on SIGUSR1 (``%wb stop``
+from a kernel that attached). Then it also removes the cluster's connection file
+(``--record``) if that file still names this run directory.
+
 Engines on other hosts are never signalled from here by pid (a pid of another host means
 nothing here). ``pids.json`` also carries commands that end them through their own host
 (an ssh to the host, ``scancel``; see remote_ends.py): run at once, beside the local
@@ -36,12 +43,24 @@ from typing import Any
 
 import psutil
 
-__all__ = ["GRACE_S", "POLL_S", "main", "spawn", "stop", "write_pidfile"]
+__all__ = [
+    "GRACE_S",
+    "HOLDER",
+    "LEASE",
+    "POLL_S",
+    "main",
+    "spawn",
+    "stop",
+    "write_holder",
+    "write_pidfile",
+]
 
 POLL_S = 0.25
 GRACE_S = 1.0
 REMOTE_S = 8.0  # an ssh / scancel that takes longer is abandoned (killed)
 _PIDFILE = "pids.json"
+HOLDER = "holder.json"  # a kept cluster: the kernel that holds it ({"pid": 0}: none)
+LEASE = "lease.json"  # a kept cluster: {"detached_at": wall-clock time, or null}
 
 
 def write_pidfile(run_dir: str, pids: list[int], remote: dict[str, Any] | None = None) -> None:
@@ -53,8 +72,24 @@ def write_pidfile(run_dir: str, pids: list[int], remote: dict[str, Any] | None =
     os.replace(tmp, path)
 
 
-def spawn(run_dir: str) -> subprocess.Popen[bytes]:
-    """Start the watchdog for this process's cluster, detached in its own session."""
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp-" + str(os.getpid()))
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def write_holder(run_dir: str, pid: int) -> None:
+    """A kept cluster: the kernel ``pid`` holds it now (0: none; the lease runs)."""
+    started = psutil.Process(pid).create_time() if pid else 0.0
+    _write_json(Path(run_dir) / HOLDER, {"pid": pid, "started": started})
+
+
+def spawn(
+    run_dir: str, lease: float | None = None, record: str | None = None
+) -> subprocess.Popen[bytes]:
+    """Start the watchdog for this process's cluster, detached in its own session.
+    ``lease``: a kept cluster, ended ``lease`` seconds after no kernel holds it."""
+    kept = [] if lease is None else ["--lease", repr(float(lease)), "--record", str(record)]
     return subprocess.Popen(
         [
             sys.executable,
@@ -64,6 +99,7 @@ def spawn(run_dir: str) -> subprocess.Popen[bytes]:
             str(os.getpid()),
             "--run-dir",
             run_dir,
+            *kept,
         ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -172,32 +208,81 @@ def _gone(parent: psutil.Process | None) -> bool:
         return True
 
 
+def _holder(run_dir: Path, current: psutil.Process | None) -> psutil.Process | None:
+    """The kernel that holds a kept cluster now (None: none, or it is gone)."""
+    try:
+        data = json.loads((run_dir / HOLDER).read_text())
+        pid, started = int(data["pid"]), float(data["started"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return current  # being replaced, or not written yet: nothing changed
+    if not pid:
+        return None
+    if current is not None and current.pid == pid:
+        return current
+    try:
+        proc = psutil.Process(pid)
+        return proc if abs(proc.create_time() - started) < 1.0 else None  # never a reused pid
+    except psutil.Error:
+        return None
+
+
+def _remove_record(record: str | None, run_dir: Path) -> None:
+    """The kept cluster's connection file, if it is still this cluster's."""
+    if not record:
+        return
+    try:
+        if json.loads(Path(record).read_text()).get("run_dir") == str(run_dir):
+            os.remove(record)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _end(run_dir: Path, known: dict[int, psutil.Process], remote: dict[str, Any]) -> None:
+    # the other hosts' engines first (an ssh round trip), the local ones meanwhile
+    phases = list(remote.get("phases") or [])
+    first = _start_phase(phases[0]) if phases else []
+    _terminate(known)
+    _end_remote(remote, first)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workbench/cluster/watchdog.py")
     parser.add_argument("--parent", type=int, required=True, help="the kernel's pid")
     parser.add_argument("--run-dir", required=True, help="directory holding pids.json")
+    parser.add_argument("--lease", type=float, default=None, help="kept: seconds unheld")
+    parser.add_argument("--record", default=None, help="kept: its connection file")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
     try:
         parent = psutil.Process(args.parent)
     except psutil.Error:
         parent = None
-    stopping = []
+    stopping, ending = [], []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGUSR1, lambda *_: ending.append(True))  # a kept cluster's stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook's interrupt is not for us
     known: dict[int, psutil.Process] = {}
     remote: dict[str, Any] = {}
+    detached: float | None = None  # monotonic time since no kernel holds a kept cluster
     while not stopping:
         pids, ends = _read(run_dir)
         _remember(known, pids)
         remote = remote if ends is None else ends
-        if _gone(parent):
-            # the other hosts' engines first (an ssh round trip), the local ones meanwhile
-            phases = list(remote.get("phases") or [])
-            first = _start_phase(phases[0]) if phases else []
-            _terminate(known)
-            _end_remote(remote, first)
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if args.lease is not None:
+            parent = _holder(run_dir, parent)
+        gone = _gone(parent)
+        if gone and args.lease is not None and not ending:
+            if detached is None:  # the lease starts now: said for `%wb list`
+                detached = time.monotonic()
+                _write_json(run_dir / LEASE, {"detached_at": time.time()})
+            gone = time.monotonic() - detached >= args.lease
+        elif not gone and detached is not None:  # a kernel attached: the lease is whole again
+            detached = None
+            _write_json(run_dir / LEASE, {"detached_at": None})
+        if gone or ending:
+            _end(run_dir, known, remote)
+            _remove_record(args.record, run_dir)
             return 0
         time.sleep(POLL_S)
     return 0

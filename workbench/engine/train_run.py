@@ -27,6 +27,7 @@ from workbench.errors import CheckpointError
 __all__ = [
     "build_run",
     "close_run",
+    "describe_run",
     "list_run_checkpoints",
     "load_run",
     "pull_events",
@@ -149,6 +150,18 @@ def list_run_checkpoints(root: str) -> list[dict[str, Any]]:
 
 def pull_events(cursor: int) -> dict[str, Any]:
     return summary(cursor)
+
+
+def describe_run() -> dict[str, Any] | None:
+    """This rank's run as a new kernel's stepper takes it up (``Stepper.attach``): its
+    ``RunSpec`` fields (None for a run of the user's own model), its phases, where it stands
+    and every event recorded since it was built; None when this rank holds no run."""
+    train_step = engine_state().get(RUN)
+    if train_step is None:
+        return None
+    spec = getattr(train_step, "spec", None)
+    fields = asdict(spec) if spec is not None else None
+    return {"spec": fields, "phases": train_step.phases, **summary(0)}
 
 
 def sample_ids() -> dict[int, list[int]]:

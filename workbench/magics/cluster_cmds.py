@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
 from workbench.cluster.connection import find_connection_file
+from workbench.cluster.keep import DEFAULT_LEASE_S, foreign_setting, keep_settings
 from workbench.cluster.loop import submit, wait
 from workbench.config import (
     BACKENDS,
@@ -71,6 +72,18 @@ def _start_args(p: MagicParser) -> None:
         help="comma-separated packages whose versions must match on every host",
     )
     add_launcher_args(p)
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="the cluster outlives this kernel (restart, exit, kill); `%%wb attach` takes it up",
+    )
+    p.add_argument(
+        "--lease",
+        type=seconds_option("--lease"),
+        default=None,
+        help=f"--keep: end it this many s after no kernel holds it ({DEFAULT_LEASE_S:.0f})",
+    )
+    p.add_argument("--name", default=None, help="--keep: its name for `%%wb attach NAME`")
 
 
 @command("start", "start engines and join them into a process group", _start_args)
@@ -102,6 +115,11 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
         cluster.progress = None
     magics.started.append(cluster)  # and it is now the current cluster (Cluster.latest)
     print(start_banner(cluster.ranks))
+    if cluster.kept is not None:
+        print(
+            f"workbench: kept as {cluster.kept!r}: it outlives this kernel; "
+            f"`%wb attach {cluster.kept}` from a new one, `%wb stop` ends it"
+        )
     if args.profile_startup:
         print(cluster.startup.table())
 
@@ -122,6 +140,13 @@ def make_cluster(args: Any) -> Cluster:
                 "place engines on named hosts; use --launcher ssh, mpi or slurm with --hosts, "
                 "or leave --hosts out"
             )
+        if not args.keep and (args.lease is not None or args.name is not None):
+            given = "--lease" if args.lease is not None else "--name"
+            raise UsageError(f"{given} is for a kept cluster: add --keep, or leave {given} out")
+        foreign = foreign_setting(args.profile, args.cluster_id, ("--profile", "--cluster-id"))
+        lease = DEFAULT_LEASE_S if args.lease is None else args.lease
+        names = ("--keep", "--lease", "--name")
+        keep_settings(args.keep, lease, args.name, foreign=foreign, names=names)
         if args.profile is not None or args.cluster_id is not None:
             find_connection_file(args.profile, args.cluster_id, names=("--profile", "--cluster-id"))
         return Cluster(
@@ -136,6 +161,9 @@ def make_cluster(args: Any) -> Cluster:
             launcher_options=launcher_options_from(args),
             check_packages=args.check_packages,
             spare_hosts=parse_hosts("--spare-hosts", args.spare_hosts),
+            keep=args.keep,
+            lease=lease,
+            name=args.name,
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

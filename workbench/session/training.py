@@ -168,6 +168,13 @@ class TrainingSession:
     def _regroup(self, value: bool) -> None:
         self.cluster.group_closed = value
 
+    def adopt(self, results: list[dict[str, Any]]) -> None:
+        """Take up the run the engines already hold (``train_run.describe_run`` of each
+        run rank, in rank order): its phases, where each rank stands and every event it
+        recorded, as if this session had built it (``Stepper.attach``)."""
+        self._state = RunState(spec=self._state.spec)
+        self._built(results, keep_events=True)
+
     def _built(self, results: list[dict[str, Any]], *, keep_events: bool) -> None:
         """Once every rank built: phases, cursors, baseline events, the engines holding it."""
         self._state.phases = list(results[0]["phases"])

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from workbench import validate
 from workbench.cluster import Cluster
-from workbench.errors import ConfigError
+from workbench.errors import ClusterError, ConfigError
 from workbench.parallel.run_spec import RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
 from workbench.session.run_state import RankStatus
@@ -136,6 +136,34 @@ class Stepper:
                 "no stepper yet; create one with "
                 "`stepper = workbench.Stepper(model='gpt-tiny', strategy='dp')`"
             )
+        return stepper
+
+    @classmethod
+    def attach(cls, cluster: Cluster | None = None, **settings: Any) -> Stepper:
+        """The run the engines of ``cluster`` (default: the current one, e.g. a kept cluster
+        just attached with ``%wb attach``) still hold, taken up by a new stepper: the same
+        options, its step index and phase, and every event it recorded. ``settings`` are
+        the stepper's own (``timeout``, ``checkpoint_dir``, ``checkpoint_every``,
+        ``keep_last``, ``capacity``...), which the engines do not hold. A run of your own
+        model is not taken up (its factories lived in the kernel that built it): build it
+        again."""
+        from workbench.engine.train_run import describe_run
+
+        cluster = cluster if cluster is not None else Cluster.current()
+        found = cluster.run(describe_run)
+        if found[0] is None:
+            raise ClusterError(
+                "no training run on this cluster's engines to take up; create one with "
+                "`stepper = wb.Stepper(model='gpt-tiny', strategy='dp')`"
+            )
+        if found[0]["spec"] is None:
+            raise ClusterError(
+                "the engines hold a run of your own model, which cannot be taken up (its "
+                "model, data and loss factories lived in the kernel that built it); build "
+                "it again with wb.Stepper(model=make_model, ...) and load its checkpoint"
+            )
+        stepper = cls(cluster=cluster, **found[0]["spec"], **settings)
+        stepper.session.adopt([r for r in found if r is not None])
         return stepper
 
     def __repr__(self) -> str:

@@ -17,11 +17,11 @@ import hmac
 import json
 import os
 import secrets
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from workbench.config import not_private, state_dir  # the checkpoint key lives there
 from workbench.errors import CheckpointError
 
 __all__ = [
@@ -49,32 +49,22 @@ _CHUNK = 1024 * 1024
 SMALL_FILE_BYTES = 16 * 1024 * 1024
 
 
-def state_dir() -> Path:
-    """Where the workbench keeps per-user state (the checkpoint key)."""
-    explicit = os.environ.get("WORKBENCH_STATE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_STATE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
-    return base / "workbench"
-
-
 def key_path() -> Path:
     return state_dir() / _KEY_FILE
 
 
 def _check_private(path: Path) -> None:
     """Refuse a key others could read or replace (as ssh does with private keys)."""
-    info = path.stat()
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+    problem = not_private(path)
+    if problem == "owner":
         raise CheckpointError(
             f"the checkpoint key {str(path)!r} belongs to another user; remove it (a new one "
             "is created) or point WORKBENCH_STATE_DIR at a directory of your own"
         )
-    if stat.S_IMODE(info.st_mode) & 0o077:
+    if problem is not None:
         raise CheckpointError(
-            f"the checkpoint key {str(path)!r} is readable or writable by others (mode "
-            f"{stat.S_IMODE(info.st_mode):o}); run `chmod 600 {path}`"
+            f"the checkpoint key {str(path)!r} is readable or writable by others "
+            f"({problem}); run `chmod 600 {path}`"
         )
 
 
