@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +33,11 @@ class Ran:
     error: str | None = None
 
 
-def _run(kc: Any, code: str, answers: Sequence[str] = (), *, stdin: bool = True) -> Ran:
-    """Execute ``code``; answer each input_request with the next of ``answers``."""
+def _run(
+    kc: Any, code: str, answers: Sequence[str] = (), *, stdin: bool = True, pause: float = 0.0
+) -> Ran:
+    """Execute ``code``; answer each input_request with the next of ``answers``, each
+    after ``pause`` seconds (a person thinking)."""
     left = list(answers)
     ran = Ran()
     msg_id = kc.execute(code, allow_stdin=stdin)
@@ -49,6 +53,7 @@ def _run(kc: Any, code: str, answers: Sequence[str] = (), *, stdin: bool = True)
             if msg["msg_type"] == "input_request":
                 ran.prompts.append(msg["content"]["prompt"])
                 assert left, f"an unexpected prompt {msg['content']['prompt']!r}: {ran}"
+                time.sleep(pause)
                 kc.input(left.pop(0))
         try:
             msg = kc.iopub_channel.get_msg(timeout=0.02)
@@ -110,8 +115,10 @@ def test_post_mortem_on_the_rank_that_failed_then_every_rank_runs_on(kc: Any) ->
     assert "UsageError: no rank has a failed cell to debug" in gone.text, gone
 
 
-def test_a_breakpoint_pauses_its_rank_and_continues(kc: Any) -> None:
-    ran = _run(kc, "%%wb --ranks 1\ny = 41\nbreakpoint()\ny += 1\nprint(y)", ["p y", "c"])
+@pytest.mark.parametrize("path", ["", "--via-controller"])
+def test_a_breakpoint_pauses_its_rank_and_continues(kc: Any, path: str) -> None:
+    code = f"%%wb --ranks 1 {path}\ny = 41\nbreakpoint()\ny += 1\nprint(y)"
+    ran = _run(kc, code, ["p y", "c"])
     assert ran.error is None, ran
     assert ran.prompts == ["[rank 1] (Pdb) "] * 2, ran
     assert "41" in ran.text.splitlines(), ran
@@ -131,3 +138,64 @@ def test_without_stdin_a_breakpoint_is_one_clear_error(kc: Any) -> None:
     assert "DebuggerUnavailable" in ran.error and "no stdin" in ran.error, ran
     assert "%wb debug --rank 1" in ran.error, ran
     assert "after 41" not in ran.text, ran
+
+
+def test_two_ranks_at_a_breakpoint_prompt_one_at_a_time(kc: Any) -> None:
+    code = "%%wb\nimport torch.distributed as dist\nv = 10 + dist.get_rank()\nbreakpoint()\nprint('v', v)"
+    ran = _run(kc, code, ["p v", "c", "p v", "c"])
+    assert ran.error is None, ran
+    first, second = ran.prompts[0], ran.prompts[2]
+    assert ran.prompts == [first, first, second, second], ran
+    assert {first, second} == {"[rank 0] (Pdb) ", "[rank 1] (Pdb) "}, ran
+    assert "10" in ran.text.splitlines() and "11" in ran.text.splitlines(), ran
+
+
+def test_the_timeout_does_not_run_out_while_a_rank_waits_at_its_prompt(kc: Any) -> None:
+    ran = _run(kc, "%%wb --ranks 1 --timeout 1\nbreakpoint()\nprint('went on')", ["c"], pause=2)
+    assert ran.error is None, ran
+    assert "went on" in ran.text, ran
+
+
+def test_a_script_stops_at_its_breakpoint_and_is_debugged_after_it_failed(
+    kc: Any, tmp_path: Path
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "z = 5 * dist.get_rank()\n"
+        "breakpoint()\n"
+        "z += 1\n"
+        "print('z', z)\n"
+        "def load(shard):\n"
+        "    path = f'shard-{shard}.bin'\n"
+        "    raise FileNotFoundError(path)\n"
+        "load(z)\n"
+    )
+    ran = _run(kc, f"%wb run --ranks 1 {script}", ["p z", "c"])
+    assert ran.prompts == ["[rank 1] (Pdb) "] * 2, ran
+    assert "5" in ran.text.splitlines() and "z 6" in ran.text, ran
+    assert ran.error is not None and "shard-6.bin" in ran.error, ran
+    mortem = _run(kc, "%wb debug --rank 1", ["p path", "q"])
+    assert mortem.prompts == ["[rank 1] (Pdb) "] * 2, mortem
+    assert "'shard-6.bin'" in mortem.text.splitlines(), mortem
+
+
+def test_code_sent_from_python_raises_at_a_breakpoint_saying_how_to_debug(kc: Any) -> None:
+    """``Cluster.execute`` from a script and ``Cluster.run`` have no one to answer."""
+    ran = _run(
+        kc,
+        "from workbench import Cluster\n"
+        "cluster = Cluster.latest()\n"
+        "[r] = cluster.execute('breakpoint()', ranks=1)\n"
+        "print(r.ename, '|', r.evalue)\n"
+        "try:\n"
+        "    cluster.run(breakpoint, ranks=0)\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, '|', exc)",
+    )
+    assert ran.error is None, ran
+    lines = ran.text.splitlines()
+    assert lines[0].startswith("DebuggerUnavailable | breakpoint() on rank 1 cannot stop"), ran
+    assert "RankError" in lines[1] and "breakpoint() on rank 0 cannot stop" in ran.text, ran
+    assert ran.text.count("%wb debug --rank") == 2, ran
