@@ -21,6 +21,7 @@ import pytest
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+INTERRUPT = object()  # an "answer": the person presses the notebook's stop button instead
 _BOUND_S = 180.0
 
 
@@ -34,7 +35,7 @@ class Ran:
 
 
 def _run(
-    kc: Any, code: str, answers: Sequence[str] = (), *, stdin: bool = True, pause: float = 0.0
+    kc: Any, code: str, answers: Sequence[object] = (), *, stdin: bool = True, pause: float = 0.0
 ) -> Ran:
     """Execute ``code``; answer each input_request with the next of ``answers``, each
     after ``pause`` seconds (a person thinking)."""
@@ -54,7 +55,11 @@ def _run(
                 ran.prompts.append(msg["content"]["prompt"])
                 assert left, f"an unexpected prompt {msg['content']['prompt']!r}: {ran}"
                 time.sleep(pause)
-                kc.input(left.pop(0))
+                answer = left.pop(0)
+                if answer is INTERRUPT:
+                    kc.parent.interrupt_kernel()  # (the client's parent: its KernelManager)
+                else:
+                    kc.input(answer)
         try:
             msg = kc.iopub_channel.get_msg(timeout=0.02)
         except queue.Empty:
@@ -141,7 +146,10 @@ def test_without_stdin_a_breakpoint_is_one_clear_error(kc: Any) -> None:
 
 
 def test_two_ranks_at_a_breakpoint_prompt_one_at_a_time(kc: Any) -> None:
-    code = "%%wb\nimport torch.distributed as dist\nv = 10 + dist.get_rank()\nbreakpoint()\nprint('v', v)"
+    code = (
+        "%%wb\nimport torch.distributed as dist\n"
+        "v = 10 + dist.get_rank()\nbreakpoint()\nprint('v', v)"
+    )
     ran = _run(kc, code, ["p v", "c", "p v", "c"])
     assert ran.error is None, ran
     first, second = ran.prompts[0], ran.prompts[2]
@@ -199,3 +207,11 @@ def test_code_sent_from_python_raises_at_a_breakpoint_saying_how_to_debug(kc: An
     assert lines[0].startswith("DebuggerUnavailable | breakpoint() on rank 1 cannot stop"), ran
     assert "RankError" in lines[1] and "breakpoint() on rank 0 cannot stop" in ran.text, ran
     assert ran.text.count("%wb debug --rank") == 2, ran
+
+
+def test_the_stop_button_at_a_prompt_ends_the_cell_and_the_ranks_run_on(kc: Any) -> None:
+    ran = _run(kc, "%%wb --ranks 1\nbreakpoint()\nprint('not reached')", [INTERRUPT])
+    assert ran.prompts == ["[rank 1] (Pdb) "], ran
+    assert ran.error is not None and "KeyboardInterrupt" in ran.error, ran
+    after = _run(kc, "%%wb\nimport torch.distributed as dist\nprint('still here', dist.get_rank())")
+    assert after.error is None and "still here 1" in after.text, after

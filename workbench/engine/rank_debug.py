@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import pdb
 import sys
-import time
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -55,6 +54,7 @@ REQUEST_TYPE = "wb_debug_request"  # engine -> kernel: content {"kind", "text"}
 ANSWER_TYPE = "wb_debug_answer"  # kernel -> engine: {"line": ...} or {"refused": why}
 RANK_FIELD = "wb_rank"  # the request header's field naming the rank (signed)
 _POLL_MS = 100  # how often a wait for the person's line looks for SIGINT
+_CONNECT_S = 10  # a kernel's debug socket that no TCP connection reaches in this long
 
 
 def _rank() -> int:
@@ -88,7 +88,22 @@ class KernelLine:
         self.rank = rank
         self.socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.linger = 1000  # a last ``resume`` still goes out after close
+        # The kernel may be waiting for a person at another rank's prompt, so an answer can
+        # take any time; whether its socket is reachable at all is known at once.
+        monitor = self.socket.get_monitor_socket(zmq.EVENT_CONNECTED)
         self.socket.connect(address)
+        reached = monitor.poll(_CONNECT_S * 1000)
+        self.socket.disable_monitor()
+        monitor.close(linger=0)
+        if not reached:
+            self.socket.close(linger=0)
+            raise DebuggerUnavailable(
+                _how_to_debug(
+                    rank,
+                    f"the kernel's debug socket at {address} cannot be reached from this "
+                    f"host within {_CONNECT_S} s",
+                )
+            )
         self._out: list[str] = []
         self.interrupted = False
 
@@ -303,9 +318,8 @@ def post_mortem(address: str) -> str:
     debugger = RankPdb(line)
     debugger.reset()
     tb: TracebackType | None = error.__traceback__
-    started = time.monotonic()
     try:
         debugger.interaction(None, tb)
     finally:
         line.close()
-    return f"left the debugger on rank {rank} after {time.monotonic() - started:.0f} s"
+    return f"left the debugger on rank {rank}"
