@@ -21,7 +21,7 @@ from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.live_output import LiveWatch, OnOutput
 from workbench.cluster.ranks import RankAssignment
-from workbench.engine.rank_debug import arm_next_cell
+from workbench.engine.rank_debug import debug_label
 from workbench.errors import ConfigError, RankError
 
 __all__ = ["CellRoutes", "DebugAddresses", "live_watch", "send_cell", "top_level_await"]
@@ -56,8 +56,8 @@ def send_cell(
     """Send ``code`` to every target rank, through ``cells`` where it can (None: through
     the controller only); one future-like reply per rank, in order. With ``live`` a direct
     cell also streams its output while it runs; with ``debug`` its ``breakpoint()`` stops
-    with the kernel answering (``engine/rank_debug.py``: the direct request carries the
-    address, a cell through the controller is armed by a request just before it)."""
+    with the kernel answering (``engine/rank_debug.py``: the address travels in the direct
+    request, or as the label of the controller's execute request: no extra message)."""
     via_controller = [r.rank for r in targets if cells is None or cells.port(r.engine_id) is None]
     if via_controller and top_level_await(code):
         raise ConfigError(
@@ -75,9 +75,8 @@ def send_cell(
             None if cells is None else cells.send(r.engine_id, code, live=live, debug=direct_debug)
         )
         if future is None:
-            if debug is not None:  # queued before the cell on the engine (its reply unread)
-                view(r.engine_id).apply_async(arm_next_cell, debug.controller)
-            future = view(r.engine_id).execute(code, silent=False, block=False)
+            label = None if debug is None else debug_label(debug.controller)
+            future = view(r.engine_id).execute(code, silent=False, block=False, label=label)
         futures.append(future)
     return futures
 

@@ -14,12 +14,13 @@ cluster's key and carries JSON only, as the direct cell path's do:
 - ``resume``: pdb's output after a command that lets the rank run on (``c``, ``n``, ``q``):
   nothing to answer.
 
-Where a cell can be debugged is said by the kernel per cell (``arm``): the direct path's
-request carries the address, a cell through the controller gets it from ``arm_next_cell``
-sent just before it; ``post_run_cell`` disarms. Code that was not armed (a function run by
-``Cluster.run``, a cell from ``Cluster.execute`` in a script) raises ``DebuggerUnavailable``
-at ``breakpoint()``: never skipped without a word. ``PYTHONBREAKPOINT=0`` on the engines
-still skips breakpoints, as Python documents.
+Where a cell can be debugged is said by the kernel per cell: the direct path's request
+carries the address (``arm_next_cell``), a cell through the controller carries it as its
+execute request's label (``debug_label``: ipyparallel hands the label to the engine in the
+request's metadata, so no extra message travels); ``post_run_cell`` disarms. Code that
+was not armed (a function run by ``Cluster.run``, a cell from ``Cluster.execute`` in a
+script) raises ``DebuggerUnavailable`` at ``breakpoint()``: never skipped without a word.
+``PYTHONBREAKPOINT=0`` on the engines still skips breakpoints, as Python documents.
 
 Post-mortem: the exception of the last cell that failed on this rank (a ``%%wb`` cell or a
 ``%wb run`` script) is kept until the next cell starts; ``post_mortem`` opens pdb at its
@@ -44,6 +45,7 @@ __all__ = [
     "KernelLine",
     "RankPdb",
     "arm_next_cell",
+    "debug_label",
     "debug_state",
     "failed_cell",
     "install",
@@ -54,6 +56,7 @@ REQUEST_TYPE = "wb_debug_request"  # engine -> kernel: content {"kind", "text"}
 ANSWER_TYPE = "wb_debug_answer"  # kernel -> engine: {"line": ...} or {"refused": why}
 RANK_FIELD = "wb_rank"  # the request header's field naming the rank (signed)
 _POLL_MS = 100  # how often a wait for the person's line looks for SIGINT
+_LABEL = "wb-debug "  # an execute request's label that carries the kernel's debug address
 _CONNECT_S = 10  # a kernel's debug socket that no TCP connection reaches in this long
 
 
@@ -213,8 +216,7 @@ class EngineDebug:
 
     def before_cell(self, info: Any = None) -> None:
         self.failure = None  # a new cell: the old failed frame is let go
-        if self.armed_next is not None:
-            self.address, self.armed_next = self.armed_next, None
+        self.address, self.armed_next = self.armed_next or _labelled_address(), None
 
     def after_cell(self, result: Any) -> None:
         error = getattr(result, "error_in_exec", None)
@@ -287,10 +289,26 @@ def install() -> None:
     state.installed = True
 
 
+def debug_label(address: str) -> str:
+    """The execute request's label that arms a cell sent through the controller."""
+    return _LABEL + address
+
+
+def _labelled_address() -> str | None:
+    """The address a controller's execute request carries in its label, if any."""
+    try:
+        parent = _kernel().get_parent("shell") or {}
+    except Exception:  # no kernel (a plain IPython): nothing was sent through the controller
+        return None
+    label = (parent.get("metadata") or {}).get("label")
+    if isinstance(label, str) and label.startswith(_LABEL):
+        return label[len(_LABEL) :]
+    return None
+
+
 def arm_next_cell(address: str | None) -> None:
-    """Runs on an engine before a cell (sent just before it through the controller, or
-    from the direct path's request): that cell's breakpoints stop with the kernel at
-    ``address`` answering (None: they raise ``DebuggerUnavailable``)."""
+    """Runs on an engine before a direct path's cell: that cell's breakpoints stop with
+    the kernel at ``address`` answering (None: they raise ``DebuggerUnavailable``)."""
     install()
     debug_state().armed_next = address
 
