@@ -13,12 +13,13 @@ the seconds from one ``[rank 1] (Pdb)`` prompt to the next when a prompter answe
 
 from __future__ import annotations
 
+import functools
 import io
 import pdb
 import time
 from collections.abc import Callable
 
-from benchmarks.common import BenchResult, Row, Target, interleaved, median, run_main
+from benchmarks.common import BenchResult, Row, Target, interleaved, median, run_main, timed
 
 __all__ = ["NAME", "TITLE", "run"]
 
@@ -51,12 +52,7 @@ class _Answers:
 
 
 def _timer(fn: Callable[[], object]) -> Callable[[], float]:
-    def call() -> float:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-
-    return call
+    return functools.partial(timed, fn)
 
 
 def _local_pdb_s(n: int) -> float:
