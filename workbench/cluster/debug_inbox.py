@@ -131,11 +131,14 @@ def _split_prompt(text: str) -> tuple[str, str]:
     return (head + "\n" if head else ""), prompt
 
 
-def choose_failed_rank(failed: dict[int, str | None], rank: int | None) -> int:
+def choose_failed_rank(failed: dict[int, tuple[str, float] | None], rank: int | None) -> int:
     """The rank ``%wb debug`` opens: ``rank`` if its last cell failed, else (None) the
-    lowest rank whose last cell failed; one clear error when there is none."""
-    ranks = sorted(r for r, f in failed.items() if f is not None)
-    listed = ", ".join(f"rank {r} ({failed[r]})" for r in ranks)
+    rank whose failed cell ended first (a peer that failed because of it, in a collective,
+    ends later; ties: the lowest rank); one clear error when there is none. ``failed``:
+    each rank's (error, when its cell ended) or None (``rank_debug.failed_cell``)."""
+    found = {r: f for r, f in failed.items() if f is not None}
+    ranks = sorted(found)
+    listed = ", ".join(f"rank {r} ({found[r][0]})" for r in ranks)
     if rank is None:
         if not ranks:
             raise ClusterError(
@@ -143,7 +146,7 @@ def choose_failed_rank(failed: dict[int, str | None], rank: int | None) -> int:
                 "%%wb cell or %wb run script failed, and the frame is kept only until the "
                 "next cell runs on that rank"
             )
-        return ranks[0]
+        return min(ranks, key=lambda r: (found[r][1], r))
     if rank not in ranks:
         raise ClusterError(
             f"rank {rank}'s last cell did not fail, so there is no frame to debug; "

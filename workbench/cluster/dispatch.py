@@ -422,13 +422,15 @@ class RankDispatch:
         return out
 
     def debug(self, rank: int | None = None, *, on_prompt: Prompter) -> str:
-        """Post-mortem: pdb on ``rank`` (default: the lowest rank whose last cell failed) at
+        """Post-mortem: pdb on ``rank`` (default: the rank whose last cell failed first) at
         the failing frame of its last failed cell or script, its prompts answered by
         ``on_prompt``; returns when the person types ``q`` or ``c``."""
         from workbench.engine.rank_debug import failed_cell, post_mortem
 
         size = len(self.ranks)
-        if rank is not None and (isinstance(rank, bool) or rank not in range(size)):
+        if rank is not None and (
+            isinstance(rank, bool) or not isinstance(rank, int) or rank not in range(size)
+        ):
             raise validate.invalid("rank", rank, "not a rank of this cluster", f"0..{size - 1}")
         targets = self._targets(None)
         failed = self.collect(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import pdb
 import sys
+import time
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -212,6 +213,7 @@ class EngineDebug:
         self.address: str | None = None  # where this cell's prompts go; None: not armed
         self.armed_next: str | None = None  # armed by arm_next_cell for the next cell
         self.failure: BaseException | None = None
+        self.failed_at = 0.0  # wall clock when that cell ended: which rank failed first
         self.installed = False  # install() ran: the hooks and cell events are in place
 
     def before_cell(self, info: Any = None) -> None:
@@ -222,7 +224,7 @@ class EngineDebug:
         error = getattr(result, "error_in_exec", None)
         debugger_ended = isinstance(error, (DebuggerQuit, DebuggerUnavailable))
         if error is not None and error.__traceback__ is not None and not debugger_ended:
-            self.failure = error
+            self.failure, self.failed_at = error, time.time()
         self.address = None
 
     def stop_here(self, frame: FrameType) -> None:
@@ -313,11 +315,12 @@ def arm_next_cell(address: str | None) -> None:
     debug_state().armed_next = address
 
 
-def failed_cell() -> str | None:
-    """Runs on an engine: ``"ValueError: ..."`` when this rank's last cell failed and its
-    frame is kept for ``post_mortem``; else None."""
-    error = debug_state().failure
-    return None if error is None else f"{type(error).__name__}: {error}"
+def failed_cell() -> tuple[str, float] | None:
+    """Runs on an engine: (``"ValueError: ..."``, when that cell ended: wall clock) when
+    this rank's last cell failed and its frame is kept for ``post_mortem``; else None."""
+    state = debug_state()
+    error = state.failure
+    return None if error is None else (f"{type(error).__name__}: {error}", state.failed_at)
 
 
 def post_mortem(address: str) -> str:

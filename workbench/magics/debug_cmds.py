@@ -56,7 +56,7 @@ def _debug_args(p: MagicParser) -> None:
         "--rank",
         type=whole_number("--rank", 0, "a rank number"),
         default=None,
-        help="the rank to debug (default: the lowest rank whose last cell failed)",
+        help="the rank to debug (default: the rank whose cell failed first)",
     )
 
 
