@@ -215,3 +215,12 @@ def test_the_stop_button_at_a_prompt_ends_the_cell_and_the_ranks_run_on(kc: Any)
     assert ran.error is not None and "KeyboardInterrupt" in ran.error, ran
     after = _run(kc, "%%wb\nimport torch.distributed as dist\nprint('still here', dist.get_rank())")
     assert after.error is None and "still here 1" in after.text, after
+
+
+def test_each_breakpoint_of_a_loop_stops_again_after_c(kc: Any) -> None:
+    code = "%%wb --ranks 0\nfor i in range(2):\n    breakpoint()\n    print('i is', i)"
+    ran = _run(kc, code, ["p i", "c", "p i", "c"])
+    assert ran.error is None, ran
+    assert ran.prompts == ["[rank 0] (Pdb) "] * 4, ran
+    lines = ran.text.splitlines()
+    assert "0" in lines and "1" in lines and "i is 1" in ran.text, ran

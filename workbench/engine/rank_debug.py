@@ -196,7 +196,6 @@ class RankPdb(pdb.Pdb):
 
             if not isinstance(exc, bdb.BdbQuit):
                 raise
-            self.line.close()
             if self.line.interrupted:
                 raise KeyboardInterrupt from None
             raise DebuggerQuit(
@@ -215,6 +214,7 @@ class EngineDebug:
         self.failure: BaseException | None = None
         self.failed_at = 0.0  # wall clock when that cell ended: which rank failed first
         self.installed = False  # install() ran: the hooks and cell events are in place
+        self.line: KernelLine | None = None  # this cell's connection to the kernel, if opened
 
     def before_cell(self, info: Any = None) -> None:
         self.failure = None  # a new cell: the old failed frame is let go
@@ -226,6 +226,9 @@ class EngineDebug:
         if error is not None and error.__traceback__ is not None and not debugger_ended:
             self.failure, self.failed_at = error, time.time()
         self.address = None
+        if self.line is not None:  # every breakpoint of the cell used it; the cell is over
+            self.line.close()
+            self.line = None
 
     def stop_here(self, frame: FrameType) -> None:
         """``breakpoint()``: pdb at ``frame`` with the kernel answering, or one clear
@@ -240,12 +243,14 @@ class EngineDebug:
                     "Cluster.run)",
                 )
             )
-        line = KernelLine(self.address, rank)
-        why = line.open()
-        if why is not None:
-            line.close()
-            raise DebuggerUnavailable(_how_to_debug(rank, why))
-        RankPdb(line).set_trace(frame)
+        if self.line is None:  # the cell's first breakpoint: may this rank stop at all?
+            line = KernelLine(self.address, rank)
+            why = line.open()
+            if why is not None:
+                line.close()
+                raise DebuggerUnavailable(_how_to_debug(rank, why))
+            self.line = line
+        RankPdb(self.line).set_trace(frame)
 
 
 _STATE: list[EngineDebug] = []  # one per engine process, made by install()
