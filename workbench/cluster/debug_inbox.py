@@ -31,6 +31,10 @@ from workbench.errors import ClusterError
 
 __all__ = ["DebugInbox", "Prompter", "choose_failed_rank"]
 
+# While a rank runs a pdb command, the dispatcher looks for its next prompt this often (its
+# usual 20 ms made each command take ~22 ms prompt to prompt: benchmarks/debug_bench.py).
+_TALKING_POLL_S = 0.001
+
 
 class Prompter(Protocol):
     """Who answers a rank's pdb: the notebook's stdin (``magics/debug_cmds.py``)."""
@@ -57,6 +61,9 @@ class DebugInbox:
         self.remote_address: str | None = None  # bound on the controller's address too
         self.prompter: Prompter | None = None
         self._waiting: dict[int, tuple[list[bytes], dict[str, Any]]] = {}  # rank -> prompt
+        # The rank that holds the prompt: answered, and not yet run on (``resume``); no
+        # other rank is asked meanwhile, whichever prompt arrives first.
+        self._current: int | None = None
 
     def address(self, controller_ip: str | None = None) -> str:
         """Where engines connect: 127.0.0.1, or ``controller_ip`` (engines elsewhere)."""
@@ -77,17 +84,24 @@ class DebugInbox:
             self.poll()  # a last ``resume``'s output, refusals of late ``open``s
             self.prompter = None
             self._waiting.clear()
+            self._current = None
 
     def poll(self) -> float:
-        """Read what arrived; answer the lowest rank's prompt if one waits. Returns the
-        seconds spent waiting for the person."""
+        """Read what arrived; answer one prompt: the rank holding the prompt's (waiting for
+        it if it is on its way), else the lowest waiting rank's. Returns the seconds spent
+        waiting for the person."""
         if self.socket.closed:
             return 0.0
-        for msg in signed_messages(self.socket, self.session):
-            self._take(msg)
+        # Read only when something arrived: a receive that finds nothing raises (zmq.Again),
+        # ~25 us, and the dispatcher polls several times per cell.
+        if self.socket.get(zmq.EVENTS) & zmq.POLLIN:
+            for msg in signed_messages(self.socket, self.session):
+                self._take(msg)
         if not self._waiting or self.prompter is None:
             return 0.0
-        rank = min(self._waiting)
+        if self._current is not None and self._current not in self._waiting:
+            return 0.0  # its next prompt is on its way
+        rank = min(self._waiting) if self._current is None else self._current
         idents, msg = self._waiting.pop(rank)
         started = time.monotonic()
         line = self.prompter.ask(rank, *_split_prompt(str(msg["content"].get("text", ""))))
@@ -96,7 +110,13 @@ class DebugInbox:
             self._answer(idents, msg, {"refused": "no one can type at the prompt (no stdin)"})
         else:
             self._answer(idents, msg, {"line": line})
+            self._current = rank
         return spent
+
+    def wait_s(self, idle_s: float) -> float:
+        """How long the dispatcher may wait before the next ``poll``: short while a rank
+        runs a pdb command (its next prompt follows in a millisecond or so), else ``idle_s``."""
+        return _TALKING_POLL_S if self._current is not None else idle_s
 
     def _take(self, msg: dict[str, Any]) -> None:
         header, content = msg["header"], msg["content"]
@@ -115,8 +135,11 @@ class DebugInbox:
             self._answer(idents, msg, {"refused": why} if why else {})
         elif kind == "prompt":
             self._waiting[rank] = (idents, msg)
-        elif kind == "resume" and text and self.prompter is not None:
-            self.prompter.show(rank, text)
+        elif kind == "resume":
+            if rank == self._current:  # it runs on: the next waiting rank may be asked
+                self._current = None
+            if text and self.prompter is not None:
+                self.prompter.show(rank, text)
 
     def _answer(self, idents: list[bytes], msg: dict[str, Any], content: dict[str, Any]) -> None:
         self.session.send(self.socket, ANSWER_TYPE, content, parent=msg, ident=idents)

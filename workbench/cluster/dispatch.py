@@ -293,7 +293,7 @@ class RankDispatch:
                     spent = debug.poll()
                     if deadline is not None:
                         deadline += spent
-                futures[pending[0]].wait(POLL_S)
+                futures[pending[0]].wait(POLL_S if debug is None else debug.wait_s(POLL_S))
         except KeyboardInterrupt:
             self._give_up(targets, futures)
             raise
