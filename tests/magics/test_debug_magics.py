@@ -118,6 +118,8 @@ def test_post_mortem_on_the_rank_that_failed_then_every_rank_runs_on(kc: Any) ->
     # the next cell let the failed frame go: nothing left to debug
     gone = _run(kc, "%wb debug")  # (a UsageError: IPython prints it, no error message)
     assert "UsageError: no rank has a failed cell to debug" in gone.text, gone
+    bad = _run(kc, "%wb debug --rank 7")
+    assert "UsageError: --rank 7 is not valid: this cluster has ranks 0..1" in bad.text, bad
 
 
 @pytest.mark.parametrize("path", ["", "--via-controller"])
