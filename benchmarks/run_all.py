@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, str] = {
     "traced_loop": "benchmarks.traced_loop_bench",
     "allreduce": "benchmarks.allreduce_bench",
     "dispatch": "benchmarks.dispatch_bench",
+    "debug": "benchmarks.debug_bench",  # a cell ready for breakpoint(); a pdb round trip
     "live_plot": "benchmarks.live_plot_bench",
     "scaling": "benchmarks.scaling_bench",
     "fault_timing": "benchmarks.fault_timing_bench",

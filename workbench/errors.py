@@ -15,7 +15,9 @@ The tree (as httpx draws its own)::
     │   ├── RankError                       code raised on ranks (``failures``)
     │   ├── CollectiveTimeout               no finish in time (``report``: who waited where)
     │   ├── RankFailed                      on an engine: this rank failed part-way
-    │   └── PeerFailed                      on an engine: stopped because another failed
+    │   ├── PeerFailed                      on an engine: stopped because another failed
+    │   └── DebuggerUnavailable             on an engine: breakpoint() with no one to answer
+    ├── DebuggerQuit                        on an engine: ``q`` at a rank's pdb prompt
     ├── CheckpointError                     missing, incomplete, untrusted or mismatched
     └── UserCodeError                       the user's model, data or loss failed
 """
@@ -30,6 +32,8 @@ __all__ = [
     "ClusterError",
     "CollectiveTimeout",
     "ConfigError",
+    "DebuggerQuit",
+    "DebuggerUnavailable",
     "EngineDied",
     "EngineUnresponsive",
     "HostLost",
@@ -154,6 +158,24 @@ class RankFailed(ClusterError):
 class PeerFailed(ClusterError):
     """Raised on an engine: this rank stopped because another rank failed (the process
     group was closed under it)."""
+
+
+class DebuggerUnavailable(ClusterError):
+    """Raised on an engine: ``breakpoint()`` / ``pdb.set_trace()`` ran where no one can
+    answer pdb's prompts (no stdin: nbclient, nbval, ``Cluster.execute`` from a script);
+    the message says how to debug instead (``workbench.engine.rank_debug``)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return _message_only(self)
+
+
+class DebuggerQuit(WorkbenchError):
+    """Raised on an engine: the person typed ``q`` at a rank's pdb prompt, which stops
+    that rank's cell (``workbench.engine.rank_debug``). Not a ``bdb.BdbQuit``: IPython
+    ends a cell on that without a word, and the cell's error must say why it stopped."""
+
+    def _render_traceback_(self) -> list[str]:
+        return _message_only(self)
 
 
 class CheckpointError(WorkbenchError):

@@ -399,6 +399,72 @@ for step, (a, b) in enumerate(zip(shrunk, never_shrunk, strict=True), start=1):
 print("max |Δloss| <= 1e-5:", max(abs(a - b) for a, b in zip(shrunk, never_shrunk)) <= 1e-5)
 
 # %% [markdown]
+# ## 6. Debug the rank that failed
+#
+# A traceback says where a rank failed; a debugger lets you look around there. In
+# JupyterLab, after a `%%wb` cell failed on rank 1, type `%wb debug` (or
+# `%wb debug --rank 1`): pdb opens on rank 1 at the failing frame, and you type its
+# commands (`p scale`, `up`, `q`) into the input box under a `[rank 1] (Pdb)` prompt.
+# `breakpoint()` in a `%%wb` cell pauses its rank at the same kind of prompt.
+#
+# This notebook runs under nbclient as a regression test, where no one can type: so the
+# failing cell is sent with `cluster.execute` (it returns each rank's error instead of
+# stopping the notebook), and the pdb commands come from a list, through the same channel
+# the notebook's input box answers (`cluster.debug(on_prompt=...)`).
+
+# %%
+results = cluster.execute(
+    "import torch.distributed as dist\n"
+    "rank = dist.get_rank()\n"
+    "def step(batch):\n"
+    "    scale = 7 * (rank + 1)\n"
+    "    if rank == 1:\n"
+    "        raise ValueError(f'bad batch {batch}')\n"
+    "    return scale\n"
+    "step(3)\n"
+)
+for r in results:
+    print(f"rank {r.rank}:", "ok" if r.ok else f"{r.ename}: {r.evalue}")
+
+
+# %%
+class Typed:
+    """Answers pdb's prompts from a list, as a person would type them."""
+
+    def __init__(self, lines):
+        self.lines = list(lines)
+
+    def why_not(self):
+        return None  # someone can "type": the list
+
+    def ask(self, rank, output, prompt):
+        self.show(rank, output)
+        line = self.lines.pop(0)
+        print(prompt + line)
+        return line
+
+    def show(self, rank, output):
+        for text in output.splitlines():
+            if not text.startswith("> "):  # the frame's file: a temporary name per run
+                print(text)
+
+
+print(cluster.debug(on_prompt=Typed(["p rank", "p scale", "p batch", "q"])))
+
+# %% [markdown]
+# The failed frame is kept on rank 1 until the next cell runs there. In JupyterLab,
+# `breakpoint()` in a `%%wb` cell stops its rank at a `[rank 1] (Pdb)` prompt (`c`
+# continues). Here, under nbclient, no one can type: the breakpoint is never skipped
+# silently, it fails that rank's cell and says how to debug instead (the cell is expected
+# to fail).
+
+# %% tags=["raises-exception"]
+%%wb --ranks 1
+y = 41
+breakpoint()
+print(y + 1)
+
+# %% [markdown]
 # **What we saw.** A killed engine is detected at once and reported with the rank and what
 # the run was doing; a rank that never joins a collective is caught by a timeout, and the
 # report names the waiting rank, the operation, its size and the rank that never came.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.session import browser_missing
+from tests.browser.session import BrowserSession, browser_missing, open_notebook
 
 __all__ = [
     "CELLS",
@@ -17,6 +18,7 @@ __all__ = [
     "STOPPED",
     "USER_CELLS",
     "figures",
+    "started",
     "status_rows",
     "wait_figures",
     "wait_status",
@@ -163,3 +165,17 @@ def fresh_notebook(name: str, cells: list[str] | None = None) -> Iterator[Path]:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="wb-browser-") as root:
         yield write_notebook(Path(root) / name, cells)
+
+
+@contextlib.contextmanager
+def started(notebook: Path, failure_shot: str) -> Iterator[BrowserSession]:
+    """``notebook`` open in the browser with its first two cells run (the extension
+    loaded, 2 ranks started) and the processes so far tracked."""
+    with open_notebook(
+        notebook, viewport=VIEWPORT, failure_shot=ARTIFACTS / failure_shot
+    ) as session:
+        session.run_cell(0)
+        session.run_cell(1)
+        session.page.get_by_text(STARTED).wait_for()
+        session.track()
+        yield session

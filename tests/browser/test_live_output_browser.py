@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests.browser import stepper_page as sp
-from tests.browser.session import open_notebook
 
 pytestmark = pytest.mark.browser
 
@@ -43,14 +42,8 @@ def notebook() -> Iterator[Path]:
 
 @pytest.mark.timeout(240)
 def test_each_ranks_first_line_shows_before_the_cell_finishes(notebook: Path) -> None:
-    with open_notebook(
-        notebook, viewport=sp.VIEWPORT, failure_shot=sp.ARTIFACTS / "live-failure.png"
-    ) as session:
+    with sp.started(notebook, "live-failure.png") as session:
         page = session.page
-        session.run_cell(0)
-        session.run_cell(1)
-        page.get_by_text(sp.STARTED).wait_for()
-        session.track()
         session.run_cell(2)
         # Both ranks' first line, while the cell still runs and before its last line.
         page.wait_for_function(

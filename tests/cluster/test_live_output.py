@@ -132,9 +132,9 @@ def test_without_on_output_nothing_streams(cluster: Cluster, tmp_path: Path) -> 
     requests = []
     original = type(pending).send
 
-    def spy(self: Any, engine_id: int, code: str, *, live: bool = False) -> Any:
+    def spy(self: Any, engine_id: int, code: str, *, live: bool = False, **more: Any) -> Any:
         requests.append(live)
-        return original(self, engine_id, code, live=live)
+        return original(self, engine_id, code, live=live, **more)
 
     type(pending).send = spy  # type: ignore[method-assign]
     try:

@@ -130,6 +130,44 @@ def _interrupt(cluster: Any, rank: int, out: dict[str, Any]) -> None:
         }
 
 
+class _Typed:
+    """Answers a rank's pdb prompts from a list (``debug_inbox.Prompter``), keeping what
+    was asked and shown."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.seen: list[str] = []
+
+    def why_not(self) -> str | None:
+        return None
+
+    def ask(self, rank: int, output: str, prompt: str) -> str:
+        self.seen += [output, prompt]
+        return self.lines.pop(0)
+
+    def show(self, rank: int, output: str) -> None:
+        self.seen.append(output)
+
+
+def _debug_remote(cluster: Any, out: dict[str, Any]) -> None:
+    """pdb on the last rank (another host): a breakpoint, then post-mortem (issue 45)."""
+    rank = cluster.world_size - 1
+    typed = _Typed(["p y", "c"])
+    [cell] = cluster.execute("y = 41\nbreakpoint()\ny += 1\nprint(y)", ranks=rank, on_prompt=typed)
+    failed = cluster.execute("def f(k):\n    local = k * 3\n    raise ValueError(local)\nf(5)")
+    mortem = _Typed(["p local", "q"])
+    left = cluster.debug(rank, on_prompt=mortem)
+    out["debug"] = {
+        "rank": rank,
+        "host": cluster.ranks[rank].host,
+        "breakpoint": typed.seen,
+        "stdout": cell.stdout,
+        "failed": [r.ename for r in failed],
+        "post_mortem": mortem.seen,
+        "left": left,
+    }
+
+
 def _training(cluster: Any, out: dict[str, Any], home: Path) -> None:
     from workbench.errors import EngineDied
     from workbench.parallel import RunSpec, reference_losses_and_params
@@ -257,6 +295,7 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
         out["all_reduce"] = cluster.run(_all_reduce)
         if cfg["scenario"] in ("full", "train"):
             _interrupt(cluster, cluster.world_size - 2, out)
+            _debug_remote(cluster, out)
             _training(cluster, out, home)
         if cfg["scenario"] == "failed_load":
             _failed_load(cluster, out, home)

@@ -37,6 +37,20 @@ def test_killed_remote_engine_is_replaced_on_its_host(run: dict[str, Any]) -> No
     replaced_only_the_dead_engine(run)
 
 
+def test_pdb_on_a_rank_of_another_host_is_answered_from_the_kernel(run: dict[str, Any]) -> None:
+    """Issue 45 through the cluster's own channels: the remote engine connects to the
+    kernel's debug socket on the controller's address."""
+    debug = ok(run)["debug"]
+    assert debug["host"] != run["ranks"][0]["host"]
+    prompt = f"[rank {debug['rank']}] (Pdb) "
+    assert debug["breakpoint"][1::2][:2] == [prompt, prompt], debug
+    assert "41" in debug["breakpoint"][2].splitlines(), debug
+    assert debug["stdout"] == "42\n", debug
+    assert debug["failed"] == ["ValueError"] * 4, debug
+    assert "15" in debug["post_mortem"][2].splitlines(), debug
+    assert debug["left"] == f"left the debugger on rank {debug['rank']}", debug
+
+
 def test_debian_hosts_file_still_gives_a_reachable_master_addr(bed: Bed) -> None:
     """Stock Debian maps each hostname to 127.0.1.1: the address must come from the route."""
     try:

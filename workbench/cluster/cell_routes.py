@@ -14,15 +14,27 @@ import ast
 import inspect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.live_output import LiveWatch, OnOutput
 from workbench.cluster.ranks import RankAssignment
+from workbench.engine.rank_debug import debug_label
 from workbench.errors import ConfigError, RankError
 
-__all__ = ["CellRoutes", "live_watch", "send_cell", "top_level_await"]
+__all__ = ["CellRoutes", "DebugAddresses", "live_watch", "send_cell", "top_level_await"]
+
+
+@dataclass(frozen=True)
+class DebugAddresses:
+    """The kernel's debug socket (``debug_inbox.py``) as engines reach it: on loopback
+    (direct cells), and as an engine reached through the controller does."""
+
+    loopback: str
+    controller: str
+
 
 # engine id -> its DirectView (RankDispatch.view)
 View = Callable[[int], Any]
@@ -39,10 +51,13 @@ def send_cell(
     targets: list[RankAssignment],
     *,
     live: bool = False,
+    debug: DebugAddresses | None = None,
 ) -> list[Any]:
     """Send ``code`` to every target rank, through ``cells`` where it can (None: through
     the controller only); one future-like reply per rank, in order. With ``live`` a direct
-    cell also streams its output while it runs."""
+    cell also streams its output while it runs; with ``debug`` its ``breakpoint()`` stops
+    with the kernel answering (``engine/rank_debug.py``: the address travels in the direct
+    request, or as the label of the controller's execute request: no extra message)."""
     via_controller = [r.rank for r in targets if cells is None or cells.port(r.engine_id) is None]
     if via_controller and top_level_await(code):
         raise ConfigError(
@@ -55,9 +70,13 @@ def send_cell(
         )
     futures: list[Any] = []
     for r in targets:
-        future = None if cells is None else cells.send(r.engine_id, code, live=live)
+        direct_debug = None if debug is None else debug.loopback
+        future = (
+            None if cells is None else cells.send(r.engine_id, code, live=live, debug=direct_debug)
+        )
         if future is None:
-            future = view(r.engine_id).execute(code, silent=False, block=False)
+            label = None if debug is None else debug_label(debug.controller)
+            future = view(r.engine_id).execute(code, silent=False, block=False, label=label)
         futures.append(future)
     return futures
 

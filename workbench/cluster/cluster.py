@@ -460,6 +460,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     run = _forwarded(RankDispatch.run)
     run_each = _forwarded(RankDispatch.run_each)
     execute = _forwarded(RankDispatch.execute)
+    debug = _forwarded(RankDispatch.debug)  # post-mortem pdb on a rank (%wb debug)
     interrupt = _forwarded(RankDispatch.interrupt)
     status = _forwarded(RankDispatch.status)
     ensure_alive = _forwarded(RankDispatch.ensure_alive)

@@ -108,12 +108,16 @@ class _Channel:
         self.pending: dict[str, DirectReply] = {}
         self._lock = lock
 
-    def send(self, code: str, engine_id: int, live_port: int | None) -> DirectReply | None:
+    def send(
+        self, code: str, engine_id: int, live_port: int | None, debug: str | None = None
+    ) -> DirectReply | None:
         header = self.session.msg_header(REQUEST_TYPE)
         header[TARGET] = engine_id  # signed: the request runs on this engine only
         content: dict[str, Any] = {"code": code}
         if live_port is not None:
             content["live"] = live_port
+        if debug is not None:  # the kernel's debug socket (engine/rank_debug.py)
+            content["debug"] = debug
         with self._lock:
             if self.socket.closed:  # stopped meanwhile: the controller path says so
                 return None
@@ -204,9 +208,12 @@ class DirectCells:
         channel = self._channels.get(engine_id)
         return None if channel is None else channel.port
 
-    def send(self, engine_id: int, code: str, *, live: bool = False) -> DirectReply | None:
+    def send(
+        self, engine_id: int, code: str, *, live: bool = False, debug: str | None = None
+    ) -> DirectReply | None:
         """Send ``code``; None when this engine has no direct channel (use the controller).
-        With ``live`` the engine also sends what the cell prints while it runs."""
+        With ``live`` the engine also sends what the cell prints while it runs; ``debug``:
+        where its pdb prompts go (None: ``breakpoint()`` raises there)."""
         channel = self._channels.get(engine_id)
         if channel is None:
             return None
@@ -214,7 +221,7 @@ class DirectCells:
             with self._lock:
                 self._inbox = LiveInbox(self._context, self.session, self._pending)
         port = self._inbox.port if live and self._inbox is not None else None
-        return channel.send(code, engine_id, port)
+        return channel.send(code, engine_id, port, debug)
 
     def keep_only(self, engine_ids: set[int]) -> None:
         """Close the channels of engines that left (replaced, stopped)."""

@@ -19,7 +19,8 @@ import ipyparallel as ipp
 
 from workbench import validate
 from workbench.cluster import fail_wait, hang
-from workbench.cluster.cell_routes import CellRoutes, live_watch, send_cell
+from workbench.cluster.cell_routes import CellRoutes, DebugAddresses, live_watch, send_cell
+from workbench.cluster.debug_inbox import DebugInbox, Prompter, choose_failed_rank
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.health import status_rows
 from workbench.cluster.live_output import LiveWatch, OnOutput
@@ -60,12 +61,29 @@ class RankDispatch:
         self.views: dict[int, Any] = {}  # engine id -> its DirectView (see view)
         self.cells = CellRoutes(engines, ranks)  # the pool of cells straight to local engines
         self.stuck = StuckRanks()
+        self.debug_inbox: DebugInbox | None = None  # opened by the first debuggable call
 
     def forget(self) -> None:
         """The engines stopped: drop views, blocked ranks and the cell sockets."""
         self.stuck.forget()
         self.views = {}
         self.cells.forget()
+        inbox, self.debug_inbox = self.debug_inbox, None
+        if inbox is not None:
+            inbox.close()
+
+    def _inbox(self) -> DebugInbox:
+        """The kernel's debug socket (``debug_inbox.py``), signing with the cluster's key."""
+        client = self.engines.client_unchecked()
+        if self.debug_inbox is None or self.debug_inbox.client is not client:
+            if self.debug_inbox is not None:
+                self.debug_inbox.close()
+            self.debug_inbox = DebugInbox(client)
+        return self.debug_inbox
+
+    def _debug_addresses(self) -> DebugAddresses:
+        inbox = self._inbox()
+        return DebugAddresses(inbox.address(), inbox.address(self.engines.controller_address))
 
     def _targets(
         self, ranks: int | Sequence[int] | None, *, blocked_ok: bool = False
@@ -229,9 +247,12 @@ class RankDispatch:
         futures: list[Any],
         timeout: float | None,
         live: LiveWatch | None = None,
+        debug: DebugInbox | None = None,
     ) -> None:
         """Wait for every rank; returns early (within ``_DEATH_GRACE_S``) once an engine
-        died; raises ``CollectiveTimeout`` with the hang report at ``timeout``."""
+        died; raises ``CollectiveTimeout`` with the hang report at ``timeout``. With
+        ``debug``, ranks' pdb prompts are answered meanwhile; the time a person takes to
+        answer does not count against ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         death_deadline: float | None = None
         seen = fail_wait.Seen()  # after a death: survivors seen waiting in a collective
@@ -268,7 +289,11 @@ class RankDispatch:
                     break
                 if live is not None:
                     live.poll()
-                futures[pending[0]].wait(POLL_S)
+                if debug is not None:
+                    spent = debug.poll()
+                    if deadline is not None:
+                        deadline += spent
+                futures[pending[0]].wait(POLL_S if debug is None else debug.wait_s(POLL_S))
         except KeyboardInterrupt:
             self._give_up(targets, futures)
             raise
@@ -350,9 +375,12 @@ class RankDispatch:
         timeout: float | None = None,
         direct: bool = True,
         on_output: OnOutput | None = None,
+        on_prompt: Prompter | None = None,
     ) -> list[CellResult]:
         """Run cell source in each chosen rank's namespace; per-rank outputs in rank order.
         ``on_output([(rank, "stdout" | "stderr", text), ...])`` gets output as printed.
+        ``on_prompt`` answers a rank's ``breakpoint()`` (``debug_inbox.Prompter``; the
+        notebook's stdin for ``%%wb``); without it ``breakpoint()`` raises on the rank.
 
         Failures are returned in the results (``CellResult.ename``), not raised, so the caller
         can show every rank's output before failing; a dead engine raises ``EngineDied``.
@@ -363,9 +391,17 @@ class RankDispatch:
         validate.seconds("timeout", timeout, none_means="no limit")  # before any work is sent
         targets = self._targets(ranks)
         cells = self.cells.opened(targets, self.view, self.collect, timeout) if direct else None
-        futures = send_cell(cells, self.view, code, targets, live=on_output is not None)
+        debug = None if on_prompt is None else self._debug_addresses()
+        futures = send_cell(
+            cells, self.view, code, targets, live=on_output is not None, debug=debug
+        )
         live = live_watch(cells, targets, futures, on_output)
-        self._wait_all(targets, futures, timeout, live)
+        if on_prompt is None:
+            self._wait_all(targets, futures, timeout, live)
+        else:
+            inbox = self._inbox()
+            with inbox.attended(on_prompt):
+                self._wait_all(targets, futures, timeout, live, inbox)
         for r, future in zip(targets, futures, strict=True):
             # A reply can arrive before the engine's last stdout/display messages.
             if future.ready() and not self._lost(r, future):
@@ -384,6 +420,30 @@ class RankDispatch:
             self.engines.state = "degraded"
             raise self._lost_error(dead)
         return out
+
+    def debug(self, rank: int | None = None, *, on_prompt: Prompter) -> str:
+        """Post-mortem: pdb on ``rank`` (default: the rank whose last cell failed first) at
+        the failing frame of its last failed cell or script, its prompts answered by
+        ``on_prompt``; returns when the person types ``q`` or ``c``."""
+        from workbench.engine.rank_debug import failed_cell, post_mortem
+
+        size = len(self.ranks)
+        if rank is not None and (
+            isinstance(rank, bool) or not isinstance(rank, int) or rank not in range(size)
+        ):
+            raise validate.invalid("rank", rank, "not a rank of this cluster", f"0..{size - 1}")
+        targets = self._targets(None)
+        failed = self.collect(
+            targets, [self.view(r.engine_id).apply_async(failed_cell) for r in targets], 60.0
+        )
+        by_rank = {r.rank: f for r, f in zip(targets, failed, strict=True)}
+        chosen = self.ranks[choose_failed_rank(by_rank, rank)]
+        inbox = self._inbox()
+        address = inbox.address(self.engines.controller_address)
+        future = self.view(chosen.engine_id).apply_async(post_mortem, address)
+        with inbox.attended(on_prompt):
+            self._wait_all([chosen], [future], None, debug=inbox)
+        return str(self.collect([chosen], [future], None)[0])
 
     def interrupt(self, ranks: Sequence[int] | None = None) -> None:
         """Send SIGINT to the engines of ``ranks`` (default: all) to stop running code."""

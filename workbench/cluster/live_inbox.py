@@ -70,10 +70,11 @@ def signed_messages(socket: zmq.Socket, session: Any) -> Iterator[dict[str, Any]
         except zmq.Again:
             return
         try:
-            _, body = session.feed_identities(frames)
+            idents, body = session.feed_identities(frames)
             msg = session.deserialize(body, content=True)
         except Exception:  # malformed or not signed with our key: not from our engine
             continue
+        msg["idents"] = idents  # where a ROUTER socket sends its answer (debug_inbox)
         yield msg
 
 

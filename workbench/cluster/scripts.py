@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from workbench import validate
 
 if TYPE_CHECKING:
+    from workbench.cluster.debug_inbox import Prompter
     from workbench.cluster.live_output import OnOutput
     from workbench.cluster.results import CellResult
 
@@ -63,6 +64,7 @@ class ScriptRuns:
         direct: bool = True,
         trace: bool = False,
         on_output: OnOutput | None = None,
+        on_prompt: Prompter | None = None,
     ) -> list[CellResult]:
         """Run the script at ``path`` as ``__main__`` on the chosen ranks (default all),
         with ``sys.argv = [path, *args]`` and torchrun's environment; per-rank outputs in
@@ -81,6 +83,8 @@ class ScriptRuns:
         script) and the memory of the model it wraps in DDP where ``wb.traced`` records:
         ``%wb trace pull`` / ``plot`` / ``export`` and ``TraceLog`` draw them with the
         traced loops' events (``engine/script_trace.py``).
+
+        ``on_prompt`` answers the script's ``breakpoint()`` as for ``execute``.
         """
         full = script_path(path)
         argv = script_args(args)
@@ -91,4 +95,11 @@ class ScriptRuns:
             "__import__('workbench.engine.script_run', fromlist=['run_script']).run_script("
             f"{full!r}, {argv!r}, {os.getcwd()!r}, {run_id!r}, {trace!r})"
         )
-        return self.execute(code, ranks=ranks, timeout=timeout, direct=direct, on_output=on_output)
+        return self.execute(
+            code,
+            ranks=ranks,
+            timeout=timeout,
+            direct=direct,
+            on_output=on_output,
+            on_prompt=on_prompt,
+        )

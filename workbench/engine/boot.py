@@ -69,6 +69,9 @@ def timed_engine_info(
         "torch_import_s": torch_s,
     }
     info["environment"] = environment_facts(check_packages)
+    from workbench.engine import rank_debug
+
+    rank_debug.install()  # breakpoint() stops through the kernel; failed frames are kept
     if fence_after_s > 0:
         from workbench.engine import fence
 

@@ -40,6 +40,7 @@ from typing import Any
 from workbench.engine.await_cells import execute_cell
 from workbench.engine.hosts import net_space
 from workbench.engine.live_push import LivePusher, LiveText
+from workbench.engine.rank_debug import arm_next_cell
 
 __all__ = [
     "REPLY_TYPE",
@@ -228,6 +229,8 @@ async def run_captured(
     sys.stdout, sys.stderr = out, err
     if live is not None:
         live[0].begin(live[1], msg, {"stdout": out, "stderr": err})  # type: ignore[dict-item]
+    debug = msg["content"].get("debug")  # where this cell's pdb prompts go (rank_debug)
+    arm_next_cell(debug if isinstance(debug, str) else None)
     kernel.pre_handler_hook()  # SIGINT interrupts the cell (the kernel ignores it in between)
     try:
         reply = await execute_cell(kernel, code)

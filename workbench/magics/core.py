@@ -28,6 +28,7 @@ from workbench.magics import checkpoint_cmds  # noqa: F401  # isort: skip
 from workbench.magics import script_cmds  # noqa: F401  # isort: skip
 from workbench.magics import doctor_cmds  # noqa: F401  # isort: skip
 from workbench.magics import keep_cmds  # noqa: F401  # isort: skip
+from workbench.magics import debug_cmds  # isort: skip
 from workbench.magics.live_view import live_view
 from workbench.magics.registry import COMMANDS, usage
 from workbench.magics.render import show_results
@@ -115,6 +116,7 @@ class WorkbenchMagics(Magics):
             timeout=args.timeout,
             direct=not args.via_controller,
             on_output=view,
+            on_prompt=debug_cmds.NotebookPrompter(),  # breakpoint() asks in the notebook
         )
         log = getattr(self, "trace_log", None)  # %wb trace on: the cell is one traced span
         if log is not None and log.cells and log.cluster is cluster:

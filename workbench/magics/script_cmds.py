@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 from workbench.cluster.scripts import script_path
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, add_cell_options, parse_ranks
+from workbench.magics.debug_cmds import NotebookPrompter
 from workbench.magics.live_view import live_view
 from workbench.magics.registry import command
 from workbench.magics.render import show_results
@@ -63,6 +64,7 @@ def run(magics: WorkbenchMagics, args: Any) -> None:
             direct=not args.via_controller,
             trace=traced,
             on_output=view,
+            on_prompt=NotebookPrompter(),  # the script's breakpoint() asks in the notebook
         )
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
