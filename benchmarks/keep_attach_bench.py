@@ -30,10 +30,12 @@ __all__ = ["NAME", "TITLE", "run"]
 NAME = "keep_attach"
 TITLE = "kept cluster: %wb attach after a kernel restart vs a new %wb start"
 LEASE_S, ALIVE_AT_S, GONE_BY_S = 20.0, 10.0, 45.0  # the issue's lease check
+# [the processes that must outlive the kernel, every process of the cluster (the
+# controller's schedulers, the forker's spare that ends with its kernel)]: kill on failure
 _PIDS = (
     "import json, workbench as wb\nc = wb.Cluster.current()\n"
-    "print(json.dumps([p.pid for p in c.engines.process_tree(c.ranks)]"
-    " + [c.engines.watchdog.pid]))"
+    "vital = c.pids() + [c.engines.watchdog.pid]\n"
+    "print(json.dumps([vital, vital + [p.pid for p in c.engines.process_tree(c.ranks)]]))"
 )
 
 
@@ -56,10 +58,10 @@ def _sample(n: int, name: str) -> dict[str, float]:
         kernel.run("%load_ext workbench")
         start_s, _ = kernel.timed(f"%wb start -n {n} --keep --name {name}")
         kernel.run("%%wb\nz = rank*10+7")
-        pids = json.loads(kernel.run(_PIDS).strip().splitlines()[-1])
+        vital, pids = json.loads(kernel.run(_PIDS).strip().splitlines()[-1])
         kernel.restart()
-        if _alive(pids) != pids:
-            raise RuntimeError(f"the restart ended {sorted(set(pids) - set(_alive(pids)))}")
+        if _alive(vital) != vital:
+            raise RuntimeError(f"the restart ended {sorted(set(vital) - set(_alive(vital)))}")
         kernel.run("%load_ext workbench")
         attach_s, said = kernel.timed(f"%wb attach {name}")
         own = re.search(r"attached to kept cluster '[^']+' in ([0-9.]+) s", said)
@@ -88,11 +90,11 @@ def _lease_check(n: int) -> dict[str, Any]:
     try:
         kernel.run("%load_ext workbench")
         kernel.run(f"%wb start -n {n} --keep --lease {LEASE_S:g} --name lease-bench")
-        pids = json.loads(kernel.run(_PIDS).strip().splitlines()[-1])
+        vital, pids = json.loads(kernel.run(_PIDS).strip().splitlines()[-1])
         kernel.kill()
         killed = time.monotonic()
         time.sleep(ALIVE_AT_S)
-        alive_then = len(_alive(pids)) == len(pids)
+        alive_then = _alive(vital) == vital
         while _alive(pids) and time.monotonic() - killed < GONE_BY_S:
             time.sleep(0.2)
         return {

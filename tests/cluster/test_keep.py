@@ -160,16 +160,19 @@ def kernel() -> Iterator[Kernel]:
     k.close()
 
 
-def _cluster_pids(kernel: Kernel) -> list[int]:
-    """Controller (with its schedulers), engines and the watchdog of the kernel's current
-    cluster: what a failed test kills by pid."""
+def _cluster_pids(kernel: Kernel) -> tuple[list[int], list[int]]:
+    """Of the kernel's current cluster: the processes that must outlive the kernel (the
+    controller, engines, watchdog), and every process of it (the controller's schedulers
+    too, and the forker's spare, which ends with the kernel): what a failed test kills."""
     line = kernel.run(
         "import json, workbench as wb\n"
         "c = wb.Cluster.current()\n"
-        "tree = [p.pid for p in c.engines.process_tree(c.ranks)]  # the schedulers too\n"
-        "print(json.dumps(tree + [c.engines.watchdog.pid]))"
+        "vital = c.pids() + [c.engines.watchdog.pid]\n"
+        "tree = [p.pid for p in c.engines.process_tree(c.ranks)]\n"
+        "print(json.dumps([vital, vital + tree]))"
     )
-    return list(json.loads(line.strip().splitlines()[-1]))
+    vital, everything = json.loads(line.strip().splitlines()[-1])
+    return list(vital), sorted(set(everything))
 
 
 def _gone_within(pids: list[int], seconds: float) -> list[int]:
@@ -190,13 +193,13 @@ def test_kept_cluster_survives_a_restart_and_is_attached(kernel: Kernel) -> None
         "s = wb.Stepper(model='gpt-tiny', strategy='dp', batch_size=8)\n"
         f"s.step()\n{report}"
     )
-    pids = _cluster_pids(kernel)
+    vital, pids = _cluster_pids(kernel)
     record = KeptClusters().path_of("t44")
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
     assert "key" in json.loads(record.read_text())["connection"]
     try:
         kernel.restart()
-        assert alive(pids) == pids  # engines, controller and watchdog outlived the kernel
+        assert alive(vital) == vital  # engines, controller and watchdog outlived the kernel
         kernel.run("%load_ext workbench")
         listed = kernel.run("%wb list")
         assert re.search(r"t44\s+2\s+\S+\s+local\s+.*\bno\s*$", listed, re.M), listed
@@ -227,12 +230,12 @@ def test_lease_ends_a_kept_cluster_after_its_kernel_is_killed(kernel: Kernel) ->
     lease = 4.0
     kernel.run("%load_ext workbench")
     kernel.run(f"%wb start -n 2 --keep --lease {lease} --name lease44")
-    pids = _cluster_pids(kernel)
+    vital, pids = _cluster_pids(kernel)
     try:
         kernel.kill()  # SIGKILL to the kernel's whole process group
         killed = time.monotonic()
         time.sleep(lease / 2)
-        assert alive(pids) == pids
+        assert alive(vital) == vital
         assert _gone_within(pids, lease + 10 - (time.monotonic() - killed)) == []
         print(f"ended {time.monotonic() - killed:.1f} s after the kill (lease {lease} s)")
         assert not KeptClusters().path_of("lease44").exists()
@@ -248,12 +251,13 @@ def test_detach_attach_in_python_and_a_lost_controller() -> None:
     cluster whose controller died meanwhile is ended when attach finds it."""
     cluster = Cluster(n=2, keep=True, lease=60).start_sync()
     name = cluster.kept
+    vital = [*cluster.pids(), cluster.engines.watchdog.pid]  # type: ignore[union-attr]
     tree = [p.pid for p in cluster.engines.process_tree(cluster.ranks)]
-    pids = [*tree, cluster.engines.watchdog.pid]  # type: ignore[union-attr]
+    pids = sorted({*vital, *tree})  # what a failure kills: the schedulers too
     try:
         cluster.execute("z = rank * 10 + 7")
         cluster.detach_sync()
-        assert cluster.state == "stopped" and alive(pids) == pids
+        assert cluster.state == "stopped" and alive(vital) == vital
         row = next(k.row() for k in KeptClusters().scan().live if k.name == name)
         assert row["attached"] == "no"
         deadline = time.monotonic() + 5  # the watchdog notices the detach within a poll
