@@ -374,6 +374,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     execute = _forwarded(RankDispatch.execute)
     interrupt = _forwarded(RankDispatch.interrupt)
     status = _forwarded(RankDispatch.status)
+    stacks = _forwarded(RankDispatch.stacks)
     ensure_alive = _forwarded(RankDispatch.ensure_alive)
     view = _forwarded(RankDispatch.view)
     collect = _forwarded(RankDispatch.collect)

@@ -24,12 +24,14 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.autopsy import Ledger
 from workbench.trace.events import Event
 from workbench.trace.recorder import Recorder
 
 __all__ = [
     "INTERVAL_S",
     "FlightRecorder",
+    "ledger",
     "pause_cell_tracer",
     "resume_cell_tracer",
     "start_monitor",
@@ -47,10 +49,40 @@ def status_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
 
 
 class FlightRecorder(Recorder):
-    """A recorder that keeps only the in-flight record (no event log that would grow)."""
+    """A recorder that keeps only the in-flight record (no event log that would grow), and
+    this rank's ledger of collectives issued (``autopsy.Ledger``, written before each one
+    reaches the backend: it survives an engine the backend aborts)."""
+
+    def __init__(self, rank: int = 0) -> None:
+        super().__init__(rank)
+        self.ledger: Ledger | None = None
+
+    def keep_ledger(self, run_dir: str, rank: int) -> None:
+        """A fresh ledger for this rank's new process group (the old one is closed)."""
+        if self.ledger is not None:
+            self.ledger.close()
+        self.rank = rank
+        self.ledger = Ledger(run_dir, rank)
 
     def emit(self, event: Event) -> None:
         return None
+
+    def begin_flight(self, **info: Any) -> int:
+        token = super().begin_flight(**info)
+        if self.ledger is not None:
+            op, size = str(info.get("op", "?")), int(info.get("group_size") or 0)
+            self.ledger.begin(op, int(info.get("bytes") or 0), size)
+        return token
+
+    def end_flight(self, token: int) -> None:
+        super().end_flight(token)
+        if self.ledger is not None:
+            self.ledger.end()
+
+    def fail_flight(self, token: int) -> None:
+        super().fail_flight(token)
+        if self.ledger is not None:
+            self.ledger.end(failed=True)
 
 
 class _Monitor(threading.Thread):
@@ -122,8 +154,35 @@ def start_monitor(run_dir: str, rank: int) -> None:
         recorder = FlightRecorder(rank)
         _cell["recorder"] = recorder
         watch(recorder)
-    recorder.rank = rank
+        _count_cells()
+    recorder.keep_ledger(run_dir, rank)
     resume_cell_tracer()
+
+
+def ledger() -> Ledger | None:
+    """This rank's ledger of collectives (None before its first group with a run dir)."""
+    recorder = _cell.get("recorder")
+    return recorder.ledger if isinstance(recorder, FlightRecorder) else None
+
+
+def _count_cells() -> None:
+    """Start the ledger's per-cell count as each cell starts (both cell paths run it
+    through the shell, which fires ``pre_run_cell``); registered once per engine."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return
+    if shell is None:
+        return
+
+    def new_cell(*_: Any) -> None:
+        current = ledger()
+        if current is not None:
+            current.new_cell()
+
+    shell.events.register("pre_run_cell", new_cell)
 
 
 def stop_monitor() -> None:

@@ -13,7 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from workbench.engine import cell_fds, control_sever, group_guard, group_sockets
+from workbench.engine import autopsy, cell_fds, control_sever, group_guard, group_sockets
 from workbench.engine.state import engine_state, user_namespace
 
 __all__ = [
@@ -167,6 +167,7 @@ def setup_rank(
     # what this engine had before its first group (the controller) is never cut by recovery
     group_sockets.remember_engine_connections(set() if pending is None else {pending.port})
     _export_rank_environment(assignment)
+    autopsy.enable_flight_recorder()  # torch records this group's collectives (hang autopsy)
     torch.set_num_threads(int(assignment["threads"]))
     device = torch.device(assignment["device"])
     if device.type == "cuda":
@@ -190,6 +191,9 @@ def setup_rank(
         from workbench.engine import flight
 
         flight.start_monitor(run_dir, int(assignment["rank"]))
+        autopsy.install(flight.ledger)  # stacks and flight recorder, from the control thread
+    else:
+        autopsy.install()
     user_namespace().update(
         rank=int(assignment["rank"]),
         world_size=int(assignment["world_size"]),
