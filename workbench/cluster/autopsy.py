@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.cluster import hang
 from workbench.cluster.ranks import RankAssignment
-from workbench.engine.autopsy import REQUEST, ledger_path
+from workbench.engine.autopsy import REQUEST
+from workbench.engine.flight import ledger_path
 
 __all__ = [
     "ASK_S",
@@ -307,33 +309,80 @@ def _in(where: str) -> str:
 
 
 # ------------------------------------------------------------------------------ taking
-def _collective(
-    ledger: Mapping[str, Any] | None, fr: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """The collective a rank is in: the ledger's last one while it is "in", with the flight
-    recorder's details of its latest entry of that op (sizes, dtype, group, seq)."""
-    if not ledger or ledger.get("state") != "in":
-        return None
-    last = dict(ledger.get("last") or {})
-    collective = {
-        "op": last.get("op", "?"),
-        "nth": last.get("nth"),
-        "position": last.get("in_cell"),
-        "bytes": last.get("bytes"),
+def _current_group(fr: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The flight recorder's entries of the process group that exists now: a recovery makes
+    a new one whose sequence numbers start again at 1 (the older entries stay in the ring)."""
+    entries = [e for e in (fr or {}).get("entries") or [] if isinstance(e, dict)]
+    start = 0
+    for i in range(1, len(entries)):
+        if int(entries[i].get("collective_seq_id") or 0) <= int(
+            entries[i - 1].get("collective_seq_id") or 0
+        ):
+            start = i
+    return entries[start:]
+
+
+def _op(entry: Mapping[str, Any]) -> str:
+    return str(entry.get("profiling_name", "")).split(":")[-1]  # "gloo:all_reduce"
+
+
+def _details(entry: Mapping[str, Any]) -> dict[str, Any]:
+    pg = entry.get("process_group") or []
+    return {
+        "sizes": entry.get("input_sizes"),
+        "dtype": ",".join(entry.get("input_dtypes") or []),
+        "group": pg[1] if len(pg) > 1 and pg[1] else (pg[0] if pg else None),
+        "seq": entry.get("collective_seq_id"),
     }
-    entries = (fr or {}).get("entries") or []
-    if entries:
-        entry = entries[-1]
-        name = str(entry.get("profiling_name", "")).split(":")[-1]
-        if name == collective["op"]:
-            pg = entry.get("process_group") or []
-            collective.update(
-                sizes=entry.get("input_sizes"),
-                dtype=",".join(entry.get("input_dtypes") or []),
-                group=pg[1] if len(pg) > 1 else (pg[0] if pg else None),
-                seq=entry.get("collective_seq_id"),
-            )
+
+
+def _collective(
+    ledger: Mapping[str, Any] | None,
+    fr: Mapping[str, Any] | None,
+    status: Mapping[str, Any] | None,
+) -> dict[str, Any] | None:
+    """The collective a rank is in: the ledger's last one while it is "in" (a cell's: its
+    numbers count this cell), else the status file's in-flight one (a training run's:
+    numbered by the flight recorder, since the group was made); with the flight recorder's
+    details of its latest entry of that op (sizes, dtype, group, sequence number)."""
+    entries = _current_group(fr)
+    if ledger and ledger.get("state") == "in":
+        last = dict(ledger.get("last") or {})
+        collective = {
+            "op": last.get("op", "?"),
+            "nth": last.get("nth"),
+            "position": last.get("in_cell"),
+            "bytes": last.get("bytes"),
+        }
+    else:
+        flights = (status or {}).get("in_flight") or []
+        if not flights:
+            return None
+        flight = flights[0]
+        same = [e for e in entries if _op(e) == flight.get("op")]
+        seq = same[-1].get("collective_seq_id") if same else None
+        collective = {
+            "op": flight.get("op", "?"),
+            "nth": len(same) or "?",
+            "position": seq,
+            "bytes": flight.get("bytes"),
+            "step": flight.get("step"),
+            "phase": flight.get("phase"),
+        }
+    if entries and _op(entries[-1]) == collective["op"]:
+        collective.update(_details(entries[-1]))
     return collective
+
+
+def _issued(ledger: Mapping[str, Any] | None, fr: Mapping[str, Any] | None) -> dict[str, int]:
+    """Collectives issued, by op: this cell's (the ledger), or, while the cell tracer is
+    off (a training run records its own), the current group's in the flight recorder."""
+    if ledger and ledger.get("state") != "untracked":
+        return dict(ledger.get("counts") or {})
+    counts: dict[str, int] = {}
+    for entry in _current_group(fr):
+        counts[_op(entry)] = counts.get(_op(entry), 0) + 1
+    return counts
 
 
 def _named_groups(fr: Mapping[str, Any], world_size: int) -> dict[str, Any]:
@@ -391,7 +440,8 @@ def take(
         if fr and fr_dir is not None:
             with contextlib.suppress(OSError):  # a full run dir must not hide the verdict
                 _keep_dump(fr_dir, t.rank, fr, world)
-        collective = _collective(ledger, fr) if t.rank in pending else None
+        status = hang.read_status(run_dir, t.rank) if t.rank in pending else None
+        collective = _collective(ledger, fr, status) if t.rank in pending else None
         if t.rank in dead:
             state = RankState.DEAD
         elif t.rank not in pending:
@@ -409,7 +459,7 @@ def take(
             where="idle" if state is RankState.FINISHED else where,
             stack=stacks_text(answer) if answer else "",
             collective=collective,
-            issued=dict((ledger or {}).get("counts") or {}),
+            issued=_issued(ledger, fr),
         )
     verdict, culprits = judge(ranks)
     return Autopsy(

@@ -274,6 +274,13 @@ class RankDispatch:
             raise
         if any(self._lost(r, f) for r, f in zip(targets, futures, strict=True)):
             return
+        self._timed_out(targets, futures, timeout)
+
+    def _timed_out(
+        self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
+    ) -> None:
+        """Raise ``CollectiveTimeout`` with the autopsy and the hang report, after giving
+        up on the ranks still busy (``_give_up``)."""
         pending_ranks = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
         done = [r.rank for r in targets if r.rank not in pending_ranks]
         # The report first: it shows where the ranks were when time ran out (the autopsy

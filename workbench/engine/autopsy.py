@@ -13,11 +13,7 @@ collective, or busy in the user's code):
   before the process group exists (torch 2.13 records gloo as well as NCCL). Its pickled
   dump (``_dump_fr_trace()``) takes seconds to symbolize here, so the JSON one is sent and
   the kernel writes the file ``fr_trace`` reads;
-- a **ledger** of the collectives this rank issued (per cell: how many of each op, and the
-  last one's op, bytes and state), written with one ``pwrite`` before each collective
-  reaches gloo (~10 µs, see ``benchmarks/autopsy_bench.py``). It outlives an engine that
-  gloo aborts (a collective whose sizes differ kills the rank that reads too much), so the
-  kernel can say why the engine died: ``cluster/autopsy.py`` compares the ranks' ledgers.
+- the rank's **ledger** of collectives issued (``flight.Ledger``), sent with the stacks.
 """
 
 from __future__ import annotations
@@ -29,26 +25,24 @@ import sys
 import threading
 import traceback
 from collections.abc import Mapping
-from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from workbench.engine import flight
 
 __all__ = [
     "FR_BUFFER_SIZE",
     "REPLY",
     "REQUEST",
-    "Ledger",
     "enable_flight_recorder",
     "flight_entries",
     "format_stack",
     "install",
-    "ledger_path",
 ]
 
 REQUEST = "workbench_autopsy_request"
 REPLY = "workbench_autopsy_reply"
 FR_BUFFER_SIZE = "512"  # entries torch's flight recorder keeps (a ring: the latest ones)
-_RECORD = 2048  # the ledger's fixed record size: a shorter write leaves no stale tail
 
 # Frames of the machinery a cell runs under (kernel, event loop, ipyparallel, workbench's
 # own dispatch and tracing): dropped from a stack that has no cell frame, so it starts at
@@ -68,91 +62,10 @@ _MACHINERY = (
 )
 
 
-def ledger_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
-    return Path(run_dir) / f"ledger-{rank:05d}.json"
-
-
 def enable_flight_recorder() -> None:
     """Turn torch's flight recorder on for the process group about to be created (a
     user's own ``TORCH_FR_BUFFER_SIZE``, 0 included, is kept)."""
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER_SIZE)
-
-
-class Ledger:
-    """This rank's record of the collectives it issued since its group was created, and in
-    the current cell. One owner (the engine's cell recorder, ``flight.FlightRecorder``)
-    calls ``begin`` / ``end`` around each collective and ``new_cell`` as a cell starts."""
-
-    def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
-        self.rank = rank
-        self.cell = 0  # cells started since the group was created
-        self.issued = 0  # collectives since then (the same count on every rank in step)
-        self.in_cell = 0  # collectives in this cell
-        self.counts: dict[str, int] = {}  # op -> issued in this cell
-        self.last: dict[str, Any] = {}  # the latest collective: op, bytes, group_size
-        self.state = "idle"  # "in" (issued, not returned), "done", "failed", "idle"
-        self._lock = threading.Lock()
-        path = ledger_path(run_dir, rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        self._write()
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "cell": self.cell,
-            "issued": self.issued,
-            "in_cell": self.in_cell,
-            "counts": dict(self.counts),
-            "last": dict(self.last),
-            "state": self.state,
-        }
-
-    def new_cell(self) -> None:
-        with self._lock:
-            self.cell += 1
-            self.in_cell = 0
-            self.counts = {}
-            self.state = "idle"
-            self._write()
-
-    def begin(self, op: str, nbytes: int, group_size: int) -> None:
-        with self._lock:
-            self.issued += 1
-            self.in_cell += 1
-            self.counts[op] = self.counts.get(op, 0) + 1
-            self.last = {
-                "op": op,
-                "bytes": int(nbytes),
-                "group_size": int(group_size),
-                "issued": self.issued,
-                "in_cell": self.in_cell,
-                "nth": self.counts[op],
-            }
-            self.state = "in"
-            self._write()
-
-    def end(self, failed: bool = False) -> None:
-        with self._lock:
-            if self.state == "in":
-                self.state = "failed" if failed else "done"
-                self._write()
-
-    def _write(self) -> None:
-        data = json.dumps(self.record(), separators=(",", ":")).encode()
-        if len(data) > _RECORD:  # hundreds of distinct ops: keep the record readable
-            self.counts = {self.last.get("op", "?"): self.last.get("nth", 0)}
-            data = json.dumps(self.record(), separators=(",", ":")).encode()
-        try:
-            os.pwrite(self._fd, data.ljust(_RECORD, b" "), 0)  # one syscall, no fsync:
-        except OSError:  # the page cache outlives an aborted process; the run dir may not
-            return
-
-    def close(self) -> None:
-        try:
-            os.close(self._fd)
-        except OSError:
-            return
 
 
 # ------------------------------------------------------------------------------- stacks
@@ -249,9 +162,8 @@ def flight_entries() -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------ control thread
-def install(ledger: Any = None) -> bool:
-    """Register the handler on this engine's kernel (idempotent); False outside one.
-    ``ledger``: a callable giving this rank's current ``Ledger`` (or None)."""
+def install() -> bool:
+    """Register the handler on this engine's kernel (idempotent); False outside one."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -261,28 +173,28 @@ def install(ledger: Any = None) -> bool:
     handlers = getattr(kernel, "control_handlers", None)
     if not isinstance(handlers, dict):
         return False
-    handlers[REQUEST] = lambda stream, ident, parent: _answer(kernel, stream, ident, parent, ledger)
+    handlers[REQUEST] = lambda stream, ident, parent: _answer(kernel, stream, ident, parent)
     return True
 
 
-def answer(content: Mapping[str, Any], ledger: Any = None) -> dict[str, Any]:
+def answer(content: Mapping[str, Any]) -> dict[str, Any]:
     """The reply to an autopsy request: stacks always, the flight recorder with ``fr``."""
     from workbench.engine.state import engine_state
 
     assignment = engine_state().get("assignment") or {}
     reply: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "rank": assignment.get("rank")}
     reply.update(stacks(exclude=threading.get_ident()))
-    current = ledger() if callable(ledger) else None
+    current = flight.ledger()
     reply["ledger"] = None if current is None else current.record()
     if content.get("fr"):
         reply["fr"] = flight_entries()
     return reply
 
 
-def _answer(kernel: Any, stream: Any, ident: Any, parent: Any, ledger: Any) -> None:
+def _answer(kernel: Any, stream: Any, ident: Any, parent: Any) -> None:
     """On the control thread: a reply either way (the kernel waits for one)."""
     try:
-        content = answer(parent.get("content") or {}, ledger)
+        content = answer(parent.get("content") or {})
     except Exception as exc:
         content = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc)}
     kernel.session.send(stream, REPLY, content, parent=parent, ident=ident)

@@ -13,6 +13,12 @@ For plain ``%%wb`` cells a *cell tracer* (a ``CommTracer`` on a recorder that ke
 events, only the in-flight record) stays active on every engine, so a user's own
 ``dist.all_reduce`` shows up in a hang report too. While a traced training run exists its
 own ``CommTracer`` records instead (two stacked tracers would double the per-op cost).
+
+The cell recorder also keeps this rank's ``Ledger`` of collectives issued (per cell: how
+many of each op; the last one's op, bytes and state), written with one ``pwrite`` before
+each collective reaches the backend (~10 µs: ``benchmarks/autopsy_bench.py``). It outlives
+an engine that gloo aborts (a collective whose sizes differ kills the rank that reads too
+much), so the kernel can say why it died (``cluster/autopsy.py``).
 """
 
 from __future__ import annotations
@@ -24,14 +30,15 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from workbench.engine.autopsy import Ledger
 from workbench.trace.events import Event
 from workbench.trace.recorder import Recorder
 
 __all__ = [
     "INTERVAL_S",
     "FlightRecorder",
+    "Ledger",
     "ledger",
+    "ledger_path",
     "pause_cell_tracer",
     "resume_cell_tracer",
     "start_monitor",
@@ -42,6 +49,106 @@ __all__ = [
 ]
 
 INTERVAL_S = 0.05
+
+
+def ledger_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"ledger-{rank:05d}.json"
+
+
+_RECORD = 2048  # the ledger's fixed record size: a shorter write leaves no stale tail
+
+
+class Ledger:
+    """This rank's record of the collectives it issued since its group was created, and in
+    the current cell. One owner (the engine's cell recorder, ``flight.FlightRecorder``)
+    calls ``begin`` / ``end`` around each collective and ``new_cell`` as a cell starts."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
+        self.rank = rank
+        self.cell = 0  # cells started since the group was created
+        self.issued = 0  # collectives since then (the same count on every rank in step)
+        self.in_cell = 0  # collectives in this cell
+        self.counts: dict[str, int] = {}  # op -> issued in this cell
+        self.last: dict[str, Any] = {}  # the latest collective: op, bytes, group_size
+        # "in" (issued, not returned), "done", "failed", "idle", "untracked" (tracer off)
+        self.state = "idle"
+        self._lock = threading.Lock()
+        path = ledger_path(run_dir, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._write()
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "cell": self.cell,
+            "issued": self.issued,
+            "in_cell": self.in_cell,
+            "counts": dict(self.counts),
+            "last": dict(self.last),
+            "state": self.state,
+        }
+
+    def new_cell(self) -> None:
+        with self._lock:
+            self.cell += 1
+            self.in_cell = 0
+            self.counts = {}
+            if self.state != "untracked":  # (while a training run records, it stays so)
+                self.state = "idle"
+            self._write()
+
+    def tracked(self) -> None:
+        """The cell tracer is on again: counting starts afresh."""
+        with self._lock:
+            self.counts = {}
+            self.state = "idle"
+            self._write()
+
+    def untracked(self) -> None:
+        """The cell tracer is off (a training run's own tracer records): counts unknown."""
+        with self._lock:
+            self.counts = {}
+            self.state = "untracked"
+            self._write()
+
+    def begin(self, op: str, nbytes: int, group_size: int) -> None:
+        with self._lock:
+            self.issued += 1
+            self.in_cell += 1
+            self.counts[op] = self.counts.get(op, 0) + 1
+            self.last = {
+                "op": op,
+                "bytes": int(nbytes),
+                "group_size": int(group_size),
+                "issued": self.issued,
+                "in_cell": self.in_cell,
+                "nth": self.counts[op],
+            }
+            self.state = "in"
+            self._write()
+
+    def end(self, failed: bool = False) -> None:
+        with self._lock:
+            if self.state == "in":
+                self.state = "failed" if failed else "done"
+                self._write()
+
+    def _write(self) -> None:
+        data = json.dumps(self.record(), separators=(",", ":")).encode()
+        if len(data) > _RECORD:  # hundreds of distinct ops: keep the record readable
+            self.counts = {self.last.get("op", "?"): self.last.get("nth", 0)}
+            data = json.dumps(self.record(), separators=(",", ":")).encode()
+        try:
+            os.pwrite(self._fd, data.ljust(_RECORD, b" "), 0)  # one syscall, no fsync:
+        except OSError:  # the page cache outlives an aborted process; the run dir may not
+            return
+
+    def close(self) -> None:
+        try:
+            os.close(self._fd)
+        except OSError:
+            return
 
 
 def status_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -221,6 +328,9 @@ def unwatch(recorder: Recorder) -> None:
 def pause_cell_tracer() -> None:
     """Stop the cell tracer (a traced training run records its own collectives)."""
     tracer = _cell.pop("tracer", None)
+    current = ledger()
+    if current is not None:  # what it counted is not this run's: say so (autopsy)
+        current.untracked()
     if tracer is not None:
         try:
             tracer.stop()
@@ -232,6 +342,8 @@ def resume_cell_tracer() -> None:
     recorder = _cell.get("recorder")
     if recorder is None or "tracer" in _cell:
         return
+    if isinstance(recorder, FlightRecorder) and recorder.ledger is not None:
+        recorder.ledger.tracked()
     from workbench.trace.comm import CommTracer
 
     _cell["tracer"] = CommTracer(recorder).start()

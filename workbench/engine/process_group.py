@@ -183,6 +183,7 @@ def setup_rank(
     )
     group_guard.install()  # the user's init_process_group adopts this group from now on
     control_sever.install()  # a lost host's survivors can be freed while blocked
+    autopsy.install()  # stacks and the flight recorder, read from the control thread
     cell_fds.install()  # C-level output of a cell joins its stdout/stderr (both paths)
     state = engine_state()
     state.clear()
@@ -191,9 +192,6 @@ def setup_rank(
         from workbench.engine import flight
 
         flight.start_monitor(run_dir, int(assignment["rank"]))
-        autopsy.install(flight.ledger)  # stacks and flight recorder, from the control thread
-    else:
-        autopsy.install()
     user_namespace().update(
         rank=int(assignment["rank"]),
         world_size=int(assignment["world_size"]),
