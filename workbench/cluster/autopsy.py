@@ -25,7 +25,6 @@ import concurrent.futures
 import contextlib
 import enum
 import html
-import json
 import os
 import pickle
 import time
@@ -36,8 +35,9 @@ from typing import Any
 
 from workbench.cluster import hang
 from workbench.cluster.ranks import RankAssignment
+from workbench.engine import flight
 from workbench.engine.autopsy import REQUEST
-from workbench.engine.flight import ledger_path
+from workbench.engine.flight import LedgerState
 
 __all__ = [
     "ASK_S",
@@ -217,13 +217,7 @@ def stacks(client: Any, targets: Sequence[RankAssignment]) -> dict[int, str]:
 
 def read_ledger(run_dir: str | os.PathLike[str] | None, rank: int) -> dict[str, Any] | None:
     """A rank's ledger file (on this host), or None."""
-    if run_dir is None:
-        return None
-    try:
-        record = json.loads(ledger_path(run_dir, rank).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    return None if run_dir is None else flight.read_ledger(run_dir, rank)
 
 
 # ----------------------------------------------------------------------------- judging
@@ -346,7 +340,7 @@ def _collective(
     numbered by the flight recorder, since the group was made); with the flight recorder's
     details of its latest entry of that op (sizes, dtype, group, sequence number)."""
     entries = _current_group(fr)
-    if ledger and ledger.get("state") == "in":
+    if ledger and ledger.get("state") == LedgerState.IN.value:
         last = dict(ledger.get("last") or {})
         collective = {
             "op": last.get("op", "?"),
@@ -377,7 +371,7 @@ def _collective(
 def _issued(ledger: Mapping[str, Any] | None, fr: Mapping[str, Any] | None) -> dict[str, int]:
     """Collectives issued, by op: this cell's (the ledger), or, while the cell tracer is
     off (a training run records its own), the current group's in the flight recorder."""
-    if ledger and ledger.get("state") != "untracked":
+    if ledger and ledger.get("state") != LedgerState.UNTRACKED.value:
         return dict(ledger.get("counts") or {})
     counts: dict[str, int] = {}
     for entry in _current_group(fr):
@@ -478,7 +472,7 @@ def explain_death(run_dir: str | None, size: int, lost: Sequence[int]) -> str | 
     ledgers = {r: read_ledger(run_dir, r) for r in range(size)}
     lasts = {r: (led or {}).get("last") or {} for r, led in ledgers.items()}
     at = {r: last.get("issued") for r, last in lasts.items()}
-    dying = [r for r in lost if (ledgers[r] or {}).get("state") == "in"]
+    dying = [r for r in lost if (ledgers[r] or {}).get("state") == LedgerState.IN.value]
     if not dying or None in at.values() or len(set(at.values())) != 1:
         return None  # not every rank's latest collective is the same one
     ops = {r: lasts[r].get("op") for r in lasts}

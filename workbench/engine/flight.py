@@ -23,6 +23,7 @@ much), so the kernel can say why it died (``cluster/autopsy.py``).
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import threading
@@ -37,9 +38,11 @@ __all__ = [
     "INTERVAL_S",
     "FlightRecorder",
     "Ledger",
+    "LedgerState",
     "ledger",
     "ledger_path",
     "pause_cell_tracer",
+    "read_ledger",
     "resume_cell_tracer",
     "start_monitor",
     "status_path",
@@ -56,6 +59,28 @@ def ledger_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
 
 
 _RECORD = 2048  # the ledger's fixed record size: a shorter write leaves no stale tail
+_STATE = 10  # its first bytes: the state, rewritten alone as a collective returns
+
+
+class LedgerState(enum.Enum):
+    IN = "in"  # a collective issued, not returned
+    DONE = "done"
+    FAILED = "failed"
+    IDLE = "idle"  # no collective yet in this cell
+    UNTRACKED = "untracked"  # the cell tracer is off (a training run's tracer records)
+
+
+def read_ledger(run_dir: str | os.PathLike[str], rank: int) -> dict[str, Any] | None:
+    """A rank's ledger file as its ``Ledger.record()`` (None: none, or unreadable)."""
+    try:
+        text = ledger_path(run_dir, rank).read_text()
+        record = json.loads(text[_STATE:])
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    record["state"] = text[:_STATE].strip()
+    return record
 
 
 class Ledger:
@@ -70,8 +95,7 @@ class Ledger:
         self.in_cell = 0  # collectives in this cell
         self.counts: dict[str, int] = {}  # op -> issued in this cell
         self.last: dict[str, Any] = {}  # the latest collective: op, bytes, group_size
-        # "in" (issued, not returned), "done", "failed", "idle", "untracked" (tracer off)
-        self.state = "idle"
+        self.state = LedgerState.IDLE
         self._lock = threading.Lock()
         path = ledger_path(run_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +110,7 @@ class Ledger:
             "in_cell": self.in_cell,
             "counts": dict(self.counts),
             "last": dict(self.last),
-            "state": self.state,
+            "state": self.state.value,
         }
 
     def new_cell(self) -> None:
@@ -94,22 +118,22 @@ class Ledger:
             self.cell += 1
             self.in_cell = 0
             self.counts = {}
-            if self.state != "untracked":  # (while a training run records, it stays so)
-                self.state = "idle"
+            if self.state is not LedgerState.UNTRACKED:  # (stays so while a run records)
+                self.state = LedgerState.IDLE
             self._write()
 
     def tracked(self) -> None:
         """The cell tracer is on again: counting starts afresh."""
         with self._lock:
             self.counts = {}
-            self.state = "idle"
+            self.state = LedgerState.IDLE
             self._write()
 
     def untracked(self) -> None:
         """The cell tracer is off (a training run's own tracer records): counts unknown."""
         with self._lock:
             self.counts = {}
-            self.state = "untracked"
+            self.state = LedgerState.UNTRACKED
             self._write()
 
     def begin(self, op: str, nbytes: int, group_size: int) -> None:
@@ -125,23 +149,42 @@ class Ledger:
                 "in_cell": self.in_cell,
                 "nth": self.counts[op],
             }
-            self.state = "in"
+            self.state = LedgerState.IN
             self._write()
 
     def end(self, failed: bool = False) -> None:
         with self._lock:
-            if self.state == "in":
-                self.state = "failed" if failed else "done"
-                self._write()
+            if self.state is LedgerState.IN:
+                self.state = LedgerState.FAILED if failed else LedgerState.DONE
+                self._write_state()  # the state field alone: one small pwrite, no JSON
+
+    def _write_state(self) -> None:
+        try:
+            os.pwrite(self._fd, self.state.value.ljust(_STATE).encode(), 0)
+        except OSError:  # the run dir went away: the in-memory record still answers
+            return
 
     def _write(self) -> None:
-        data = json.dumps(self.record(), separators=(",", ":")).encode()
-        if len(data) > _RECORD:  # hundreds of distinct ops: keep the record readable
-            self.counts = {self.last.get("op", "?"): self.last.get("nth", 0)}
-            data = json.dumps(self.record(), separators=(",", ":")).encode()
-        try:
-            os.pwrite(self._fd, data.ljust(_RECORD, b" "), 0)  # one syscall, no fsync:
-        except OSError:  # the page cache outlives an aborted process; the run dir may not
+        """The file: ``_STATE`` bytes of state, then the rank, cell and last collective as
+        JSON (the per-op counts are answered from memory: the file is for a dead rank),
+        padded to ``_RECORD`` so that a shorter record leaves no stale tail. Formatted by
+        hand: ``json.dumps`` of the record was most of the per-collective cost."""
+        last = self.last
+        text = (
+            f'{self.state.value:<{_STATE}}{{"rank":{self.rank},"cell":{self.cell},'
+            f'"issued":{self.issued},"in_cell":{self.in_cell},"last":'
+        )
+        if last:
+            text += (
+                f'{{"op":{json.dumps(last["op"])},"bytes":{last["bytes"]},'
+                f'"group_size":{last["group_size"]},"issued":{last["issued"]},'
+                f'"in_cell":{last["in_cell"]},"nth":{last["nth"]}}}}}'
+            )
+        else:
+            text += "{}}"
+        try:  # one syscall, no fsync: the page cache outlives an aborted process
+            os.pwrite(self._fd, text.encode()[:_RECORD].ljust(_RECORD, b" "), 0)
+        except OSError:
             return
 
     def close(self) -> None:
