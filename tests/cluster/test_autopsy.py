@@ -7,6 +7,7 @@ One cluster for the module: each fault leaves ranks blocked (or an engine dead),
 from __future__ import annotations
 
 import os
+import re
 import stat
 import threading
 import time
@@ -157,3 +158,47 @@ def test_wb_stacks_magic(healthy: Cluster, ipython_shell: Any, capsys: Any) -> N
     ipython_shell.run_line_magic("wb", "stacks --ranks 1")
     out = capsys.readouterr().out
     assert out.startswith("[rank 1]\nmain thread") and "[rank 0]" not in out
+
+
+SCRIPT = """import os, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+def load_batch():
+    if int(os.environ["RANK"]) == 1:
+        time.sleep(600)
+    return torch.ones(4)
+dist.all_reduce(load_batch())
+"""
+
+
+def test_a_script_run_with_a_timeout_gets_the_autopsy(healthy: Cluster, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    with pytest.raises(CollectiveTimeout) as info:  # what `%wb run --timeout 2 train.py` runs
+        healthy.run_script(script, timeout=TIMEOUT)
+    assert info.value.verdict == (
+        f"rank 1 never reached all_reduce #1: it is in {script}:6 in load_batch"
+    )
+
+
+TRACED = """import time
+def load_batch():
+    if rank == 1:
+        time.sleep(600)
+    return torch.ones(4)
+with wb.traced():
+    t = load_batch()
+    dist.all_reduce(t)
+"""
+
+
+def test_a_traced_run_gets_the_autopsy(healthy: Cluster) -> None:
+    """What a stepper's timeout sees: a run's own tracer records (the cell's is paused),
+    so the collective comes from the status file and is numbered by the flight recorder."""
+    error = _timeout(healthy, TRACED)
+    assert error.culprits == [1]
+    assert re.fullmatch(
+        r"rank 1 never reached all_reduce #\d+: it is in load_batch \(cell line 4\)",
+        error.verdict,
+    )
+    assert error.autopsy.ranks[0].collective["seq"] is not None

@@ -98,8 +98,8 @@ def test_ledger_records_per_cell_and_survives_in_its_file(tmp_path: Path) -> Non
     ledger.new_cell()
     assert ledger.record()["counts"] == {} and read_ledger(tmp_path, 1)["cell"] == 2
     ledger.begin("all_reduce", 16, 2)
-    ledger.end()
-    assert read_ledger(tmp_path, 1)["state"] == "done"
+    ledger.end()  # in memory: one write per collective
+    assert ledger.record()["state"] == "done" and read_ledger(tmp_path, 1)["state"] == "in"
     ledger.close()
 
 
@@ -128,3 +128,11 @@ def test_flight_recorder_dump_names_its_groups(tmp_path: Path) -> None:
 def test_stacks_of_a_stopped_cluster_is_one_clear_error() -> None:
     with pytest.raises(ClusterError, match="not running; start it"):
         Cluster(n=2).stacks()
+
+
+def test_a_session_keeps_the_autopsy_when_it_adds_where_the_run_was() -> None:
+    from workbench.session.rank_failures import error_fields
+
+    autopsy = Autopsy(verdict="v", culprits=[1], ranks={})
+    again = CollectiveTimeout("more", **error_fields(CollectiveTimeout("m", autopsy=autopsy)))
+    assert again.autopsy is autopsy and again.verdict == "v"

@@ -429,7 +429,9 @@ def take(
     ranks: dict[int, RankAutopsy] = {}
     for t in targets:
         answer = answers.get(t.rank)
-        ledger = (answer or {}).get("ledger") or read_ledger(run_dir, t.rank)
+        # (a rank that did not answer: its status file says whether it waits; its ledger
+        # file only which collective it began last)
+        ledger = (answer or {}).get("ledger")
         fr = (answer or {}).get("fr")
         if fr and fr_dir is not None:
             with contextlib.suppress(OSError):  # a full run dir must not hide the verdict

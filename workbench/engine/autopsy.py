@@ -22,6 +22,7 @@ import json
 import linecache
 import os
 import sys
+import sysconfig
 import threading
 import traceback
 from collections.abc import Mapping
@@ -55,8 +56,7 @@ _MACHINERY = (
     f"{os.sep}asyncio{os.sep}",
     f"{os.sep}zmq{os.sep}",
     f"{os.sep}traitlets{os.sep}",
-    f"{os.sep}workbench{os.sep}engine{os.sep}",
-    f"{os.sep}workbench{os.sep}trace{os.sep}",
+    f"{os.sep}workbench{os.sep}",
     "<frozen runpy>",
     f"{os.sep}threading.py",
 )
@@ -91,6 +91,17 @@ def _machinery(filename: str) -> bool:
     return any(part in filename for part in _MACHINERY)
 
 
+_LIBRARIES = tuple(
+    {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def _user_file(filename: str) -> bool:
+    """The user's own code: a script, a module of theirs (cells are told apart by name):
+    not the standard library, an installed package, the kernel or the workbench."""
+    return not (filename.startswith(_LIBRARIES) or filename.startswith("<") or _machinery(filename))
+
+
 def _frame_line(frame: traceback.FrameSummary, cells: Mapping[str, int]) -> str:
     """``cell line 4, in load_batch`` for cell code, else ``file:line in function``."""
     if frame.filename in cells:
@@ -105,9 +116,10 @@ def format_stack(frame: FrameType, cells: Mapping[str, int] | None = None) -> tu
     """(the stack's lines, outermost first; where it is) for one thread's ``frame``.
 
     With cell frames, the stack starts at the outermost one (what is below it is the
-    kernel); ``where`` is the innermost cell frame, else the innermost frame that is not
-    the kernel's or the workbench's own (a collective's torch frames are shown, but the
-    rank *is* at the cell line that called it)."""
+    kernel); ``where`` is the innermost frame of the user's own code (a cell, a script run
+    by ``%wb run``, a module of theirs), else the innermost one that is not the kernel's or
+    the workbench's (a collective's torch frames are shown, but the rank *is* at the line
+    of the user's that called it)."""
     cells = _cell_files() if cells is None else cells
     frames = traceback.extract_stack(frame)
     first_cell = next((i for i, f in enumerate(frames) if f.filename in cells), None)
@@ -117,9 +129,9 @@ def format_stack(frame: FrameType, cells: Mapping[str, int] | None = None) -> tu
         outer = next((i for i, f in enumerate(frames) if not _machinery(f.filename)), 0)
         shown = frames[outer:]
     lines = [_frame_line(f, cells) for f in shown]
-    in_cell = [f for f in shown if f.filename in cells]
-    user = [f for f in shown if not _machinery(f.filename)]
-    anchor = in_cell[-1] if in_cell else user[-1] if user else shown[-1] if shown else None
+    user = [f for f in shown if f.filename in cells or _user_file(f.filename)]
+    other = [f for f in shown if not _machinery(f.filename)]
+    anchor = (user or other or shown or [None])[-1]
     where = _frame_line(anchor, cells).split(": ", 1)[0] if anchor is not None else "?"
     return lines, where
 

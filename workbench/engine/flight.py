@@ -16,7 +16,7 @@ own ``CommTracer`` records instead (two stacked tracers would double the per-op 
 
 The cell recorder also keeps this rank's ``Ledger`` of collectives issued (per cell: how
 many of each op; the last one's op, bytes and state), written with one ``pwrite`` before
-each collective reaches the backend (~10 µs: ``benchmarks/autopsy_bench.py``). It outlives
+each collective reaches the backend (µs: ``benchmarks/autopsy_bench.py``). It outlives
 an engine that gloo aborts (a collective whose sizes differ kills the rank that reads too
 much), so the kernel can say why it died (``cluster/autopsy.py``).
 """
@@ -59,7 +59,7 @@ def ledger_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
 
 
 _RECORD = 2048  # the ledger's fixed record size: a shorter write leaves no stale tail
-_STATE = 10  # its first bytes: the state, rewritten alone as a collective returns
+_STATE = 10  # its first bytes: the state as last written (a collective's end is not)
 
 
 class LedgerState(enum.Enum):
@@ -71,7 +71,8 @@ class LedgerState(enum.Enum):
 
 
 def read_ledger(run_dir: str | os.PathLike[str], rank: int) -> dict[str, Any] | None:
-    """A rank's ledger file as its ``Ledger.record()`` (None: none, or unreadable)."""
+    """A rank's ledger file as its ``Ledger.record()`` (None: none, or unreadable); its
+    state "in" means "the last collective begun", which may have returned since."""
     try:
         text = ledger_path(run_dir, rank).read_text()
         record = json.loads(text[_STATE:])
@@ -153,16 +154,11 @@ class Ledger:
             self._write()
 
     def end(self, failed: bool = False) -> None:
+        """In memory only (what the engine answers the kernel with): the file keeps the
+        last collective *begun*, all a dead rank's explanation needs, at one write each."""
         with self._lock:
             if self.state is LedgerState.IN:
                 self.state = LedgerState.FAILED if failed else LedgerState.DONE
-                self._write_state()  # the state field alone: one small pwrite, no JSON
-
-    def _write_state(self) -> None:
-        try:
-            os.pwrite(self._fd, self.state.value.ljust(_STATE).encode(), 0)
-        except OSError:  # the run dir went away: the in-memory record still answers
-            return
 
     def _write(self) -> None:
         """The file: ``_STATE`` bytes of state, then the rank, cell and last collective as
