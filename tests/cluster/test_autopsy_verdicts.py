@@ -136,3 +136,14 @@ def test_a_session_keeps_the_autopsy_when_it_adds_where_the_run_was() -> None:
     autopsy = Autopsy(verdict="v", culprits=[1], ranks={})
     again = CollectiveTimeout("more", **error_fields(CollectiveTimeout("m", autopsy=autopsy)))
     assert again.autopsy is autopsy and again.verdict == "v"
+
+
+def test_a_rank_that_does_not_answer_is_read_from_its_files() -> None:
+    from workbench.cluster.autopsy import _collective
+
+    began = {"state": "untracked", "last": {"op": "all_reduce", "nth": 3, "in_cell": 5}}
+    status = {"in_flight": [{"op": "all_reduce", "bytes": 16, "step": 0, "phase": ""}]}
+    collective = _collective(began, None, status)
+    assert collective is not None
+    assert (collective["nth"], collective["position"], collective["bytes"]) == (3, 5, 16)
+    assert _collective(began, None, {"in_flight": []}) is None  # began, but not waiting now

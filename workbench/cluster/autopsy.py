@@ -54,7 +54,7 @@ __all__ = [
 
 # How long the autopsy waits for the engines' answers (the control round trip is a few
 # ms; a rank that does not answer in time is described from its ledger file).
-ASK_S = 0.4
+ASK_S = 0.5
 # ``cluster.stacks()``: a busy engine answers within milliseconds; one that does not in
 # this long is said not to answer.
 STACKS_S = 3.0
@@ -221,7 +221,9 @@ def read_ledger(run_dir: str | os.PathLike[str] | None, rank: int) -> dict[str, 
 
 
 # ----------------------------------------------------------------------------- judging
-def _ordinal(n: int) -> str:
+def _ordinal(n: object) -> str:
+    if not isinstance(n, int):
+        return f"#{n}"
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
 
@@ -272,7 +274,7 @@ def judge(ranks: Mapping[int, RankAutopsy]) -> tuple[str, list[int]]:
         return disagree
     first = waiting[min(waiting)]
     c = first.collective or {}
-    op, nth = c.get("op", "?"), int(c.get("nth") or 0)
+    op, nth = c.get("op", "?"), c.get("nth") or "?"
     waiters = ", ".join(f"rank {r}" for r in sorted(waiting))
     parts = []
     for a in others:
@@ -355,10 +357,12 @@ def _collective(
         flight = flights[0]
         same = [e for e in entries if _op(e) == flight.get("op")]
         seq = same[-1].get("collective_seq_id") if same else None
+        began = dict((ledger or {}).get("last") or {})  # a file's: the last one begun
+        counted = began.get("op") == flight.get("op")
         collective = {
             "op": flight.get("op", "?"),
-            "nth": len(same) or "?",
-            "position": seq,
+            "nth": began.get("nth") if counted else len(same) or "?",
+            "position": began.get("in_cell") if counted else seq,
             "bytes": flight.get("bytes"),
             "step": flight.get("step"),
             "phase": flight.get("phase"),
@@ -429,9 +433,11 @@ def take(
     ranks: dict[int, RankAutopsy] = {}
     for t in targets:
         answer = answers.get(t.rank)
-        # (a rank that did not answer: its status file says whether it waits; its ledger
-        # file only which collective it began last)
+        # (a rank that did not answer: its status file says whether it waits, its ledger
+        # file only which collective it began last: "in" there is not trusted)
         ledger = (answer or {}).get("ledger")
+        if answer is None and (began := read_ledger(run_dir, t.rank)) is not None:
+            ledger = {**began, "state": LedgerState.UNTRACKED.value}
         fr = (answer or {}).get("fr")
         if fr and fr_dir is not None:
             with contextlib.suppress(OSError):  # a full run dir must not hide the verdict
