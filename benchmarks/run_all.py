@@ -40,6 +40,8 @@ BENCHMARKS: dict[str, str] = {
     "fault_timing": "benchmarks.fault_timing_bench",
     "fault_paths": "benchmarks.fault_paths_bench",
     "recovery_profile": "benchmarks.recovery_profile",
+    # the hang autopsy (issue 43): stacks on demand, its time in the error, per-op costs
+    "autopsy": "benchmarks.autopsy_bench",
     # torchrun'd gloo jobs' exit: torch's abort at finalization, and process_exit against it
     "gloo_exit_race": "benchmarks.gloo_exit_race",
     # fresh kernels through nbclient: the peers' workbench fault samples, step by step

@@ -140,14 +140,35 @@ class RankError(ClusterError):
 
 
 class CollectiveTimeout(ClusterError):
-    """A cell or step did not finish in time; ``report`` says who waited where."""
+    """A cell or step did not finish in time; ``report`` says who waited where.
 
-    def __init__(self, message: str, *, report: object | None = None) -> None:
+    ``autopsy`` (``workbench.cluster.autopsy.Autopsy``, None where none was taken) holds
+    the ``verdict``, the ``culprits`` and each rank's location, stack and collective."""
+
+    def __init__(
+        self, message: str, *, report: object | None = None, autopsy: object | None = None
+    ) -> None:
         super().__init__(message)
         self.report = report
+        self.autopsy = autopsy
+
+    @property
+    def verdict(self) -> str | None:
+        return getattr(self.autopsy, "verdict", None)
+
+    @property
+    def culprits(self) -> list[int]:
+        return list(getattr(self.autopsy, "culprits", None) or [])
 
     def _render_traceback_(self) -> list[str]:
         return _message_only(self)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        table = getattr(self.autopsy, "_repr_html_", None)
+        text = f"<pre>{html.escape(str(self))}</pre>"
+        return text + (table() if callable(table) else "")
 
 
 class RankFailed(ClusterError):

@@ -463,6 +463,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     debug = _forwarded(RankDispatch.debug)  # post-mortem pdb on a rank (%wb debug)
     interrupt = _forwarded(RankDispatch.interrupt)
     status = _forwarded(RankDispatch.status)
+    stacks = _forwarded(RankDispatch.stacks)
     ensure_alive = _forwarded(RankDispatch.ensure_alive)
     view = _forwarded(RankDispatch.view)
     collect = _forwarded(RankDispatch.collect)

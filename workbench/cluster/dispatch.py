@@ -18,7 +18,7 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench import validate
-from workbench.cluster import fail_wait, hang
+from workbench.cluster import autopsy, fail_wait, hang
 from workbench.cluster.cell_routes import CellRoutes, DebugAddresses, live_watch, send_cell
 from workbench.cluster.debug_inbox import DebugInbox, Prompter, choose_failed_rank
 from workbench.cluster.engines import EngineSet
@@ -299,13 +299,28 @@ class RankDispatch:
             raise
         if any(self._lost(r, f) for r, f in zip(targets, futures, strict=True)):
             return
+        self._timed_out(targets, futures, timeout)
+
+    def _timed_out(
+        self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
+    ) -> None:
+        """Raise ``CollectiveTimeout`` with the autopsy and the hang report, after giving
+        up on the ranks still busy (``_give_up``)."""
         pending_ranks = [r.rank for r, f in zip(targets, futures, strict=True) if not f.ready()]
         done = [r.rank for r in targets if r.rank not in pending_ranks]
-        # The report first: it shows where the ranks were when time ran out.
+        # The report first: it shows where the ranks were when time ran out (the autopsy
+        # asks every rank for its stack and flight recorder, ~0.5 s at most).
+        found = autopsy.take(
+            self.engines.client_unchecked(),
+            targets,
+            pending_ranks,
+            self.engines.run_dir,
+            world_size=len(self.ranks),
+        )
         message, report = hang.hang_report(self.engines.run_dir, pending_ranks, done, timeout)
         blocked = self._give_up(targets, futures, in_collective=set(report.get("waiting", ())))
         message += hang.after_interrupt([r for r in pending_ranks if r not in blocked], blocked)
-        raise CollectiveTimeout(message, report=report)
+        raise CollectiveTimeout(found.message(message), report=report, autopsy=found)
 
     def _give_up(
         self, targets: list[RankAssignment], futures: list[Any], in_collective: Iterable[int] = ()
@@ -365,7 +380,11 @@ class RankDispatch:
 
     def _lost_error(self, lost: list[int]) -> EngineDied:
         e = self.engines  # under Slurm, a node out of service is lost too (slurm_nodes.py)
-        return hang.lost_engines_error(self.ranks, lost, e.run_dir, e.client, e.config.launcher)
+        error = hang.lost_engines_error(self.ranks, lost, e.run_dir, e.client, e.config.launcher)
+        cause = autopsy.explain_death(e.run_dir, len(self.ranks), lost)
+        if cause is not None:  # a collective the ranks disagreed on: gloo aborted the engine
+            error.args = (f"{cause} (gloo aborted the engine on this mismatch): {error}",)
+        return error
 
     def execute(
         self,
@@ -452,6 +471,13 @@ class RankDispatch:
         targets = self._targets(ranks, blocked_ok=True)
         for r in targets:  # on the engine's own host (signals.py)
             run_anywhere(signal_rank(self.engines.client_unchecked(), r, signal.SIGINT))
+
+    def stacks(self, ranks: int | Sequence[int] | None = None) -> dict[int, str]:
+        """Each chosen rank's Python stack now (the main thread's, innermost last, cell code
+        as ``cell line N``; other threads folded to one line), read by its engine's control
+        thread while the cell goes on: nothing is interrupted (``cluster/autopsy.py``)."""
+        targets = self._targets(ranks, blocked_ok=True)
+        return autopsy.stacks(self.engines.client_unchecked(), targets)
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""

@@ -113,7 +113,7 @@ def hang_report(
                 f"  rank {rank}: busy at {_where(status)}, not in a collective"
                 + (f" (never entered {' / '.join(ops)})" if ops else "")
             )
-    if waiting:
+    if waiting and never:  # (all waiting: in different collectives; the autopsy says which)
         lines.append(
             f"ranks {sorted(waiting)} wait for ranks {never} that never entered the "
             "collective; the process group is stuck."

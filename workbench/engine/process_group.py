@@ -13,7 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from workbench.engine import cell_fds, control_sever, group_guard, group_sockets
+from workbench.engine import autopsy, cell_fds, control_sever, group_guard, group_sockets
 from workbench.engine.state import engine_state, user_namespace
 
 __all__ = [
@@ -167,6 +167,7 @@ def setup_rank(
     # what this engine had before its first group (the controller) is never cut by recovery
     group_sockets.remember_engine_connections(set() if pending is None else {pending.port})
     _export_rank_environment(assignment)
+    autopsy.enable_flight_recorder()  # torch records this group's collectives (hang autopsy)
     torch.set_num_threads(int(assignment["threads"]))
     device = torch.device(assignment["device"])
     if device.type == "cuda":
@@ -182,6 +183,7 @@ def setup_rank(
     )
     group_guard.install()  # the user's init_process_group adopts this group from now on
     control_sever.install()  # a lost host's survivors can be freed while blocked
+    autopsy.install()  # stacks and the flight recorder, read from the control thread
     cell_fds.install()  # C-level output of a cell joins its stdout/stderr (both paths)
     state = engine_state()
     state.clear()

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from workbench.engine import group_guard
+from workbench.engine import flight, group_guard
 from workbench.engine.state import engine_state
 
 __all__ = ["ScriptExit", "run_script", "torchrun_environment"]
@@ -94,6 +94,9 @@ def _run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> Non
             f"(rank {assignment['rank']}); the engines read it from their own file system"
         )
     group_guard.install()
+    current = flight.ledger()
+    if current is not None:  # the script's collectives are counted as a cell's (autopsy)
+        current.new_cell()
     folder = os.path.dirname(path)
     _reset_accelerate()  # what an earlier run or cell left in Accelerate's singletons
     with _restored(folder), _exit_handlers() as handlers, _own_groups():

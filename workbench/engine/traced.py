@@ -33,6 +33,9 @@ def trace_recorder() -> Recorder:
         rank = dist.get_rank() if dist.is_initialized() else 0
         recorder = Recorder(rank, clock=state.get("clock"))
         state[_KEY] = recorder
+        from workbench.engine import flight
+
+        flight.watch(recorder)  # its in-flight collectives in the status file (hang reports)
     return recorder  # type: ignore[no-any-return]
 
 

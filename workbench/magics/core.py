@@ -29,6 +29,7 @@ from workbench.magics import script_cmds  # noqa: F401  # isort: skip
 from workbench.magics import doctor_cmds  # noqa: F401  # isort: skip
 from workbench.magics import keep_cmds  # noqa: F401  # isort: skip
 from workbench.magics import debug_cmds  # isort: skip
+from workbench.magics import autopsy_cmds  # noqa: F401  # isort: skip
 from workbench.magics.live_view import live_view
 from workbench.magics.registry import COMMANDS, usage
 from workbench.magics.render import show_results

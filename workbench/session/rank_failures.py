@@ -25,7 +25,7 @@ def error_fields(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, EngineDied):
         return {"ranks": exc.ranks}
     if isinstance(exc, CollectiveTimeout):
-        return {"report": exc.report}
+        return {"report": exc.report, "autopsy": exc.autopsy}
     return {}
 
 
