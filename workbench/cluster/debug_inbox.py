@@ -10,9 +10,9 @@ session), JSON only, of ``REQUEST_TYPE``.
 
 The inbox answers only while a call waits for the ranks with a ``Prompter`` (``attended``):
 the dispatcher's wait loop calls ``poll``. Several ranks at a prompt: one prompt at a time,
-the lowest rank first; the others wait until it lets its rank run on (``c``). Time spent
-waiting for the person is returned by ``poll`` so that a cell's timeout does not run out
-while a rank waits at a prompt.
+the lowest rank first; the rank answered keeps the prompt until it runs on (``c``, ``n``).
+``poll`` moves the wait's deadline by the time spent waiting for the person, so that a
+cell's timeout does not run out while a rank waits at a prompt.
 """
 
 from __future__ import annotations
@@ -86,21 +86,22 @@ class DebugInbox:
             self._waiting.clear()
             self._current = None
 
-    def poll(self) -> float:
+    def poll(self, deadline: float | None = None) -> float | None:
         """Read what arrived; answer one prompt: the rank holding the prompt's (waiting for
-        it if it is on its way), else the lowest waiting rank's. Returns the seconds spent
+        it if it is on its way), else the lowest waiting rank's. Returns ``deadline`` (a
+        ``time.monotonic()`` value, or None: none) moved later by the seconds spent
         waiting for the person."""
         if self.socket.closed:
-            return 0.0
+            return deadline
         # Read only when something arrived: a receive that finds nothing raises (zmq.Again),
         # ~25 us, and the dispatcher polls several times per cell.
         if self.socket.get(zmq.EVENTS) & zmq.POLLIN:
             for msg in signed_messages(self.socket, self.session):
                 self._take(msg)
         if not self._waiting or self.prompter is None:
-            return 0.0
+            return deadline
         if self._current is not None and self._current not in self._waiting:
-            return 0.0  # its next prompt is on its way
+            return deadline  # its next prompt is on its way
         rank = min(self._waiting) if self._current is None else self._current
         idents, msg = self._waiting.pop(rank)
         started = time.monotonic()
@@ -111,7 +112,7 @@ class DebugInbox:
         else:
             self._answer(idents, msg, {"line": line})
             self._current = rank
-        return spent
+        return None if deadline is None else deadline + spent
 
     def wait_s(self, idle_s: float) -> float:
         """How long the dispatcher may wait before the next ``poll``: short while a rank

@@ -250,9 +250,8 @@ class RankDispatch:
         debug: DebugInbox | None = None,
     ) -> None:
         """Wait for every rank; returns early (within ``_DEATH_GRACE_S``) once an engine
-        died; raises ``CollectiveTimeout`` with the hang report at ``timeout``. With
-        ``debug``, ranks' pdb prompts are answered meanwhile; the time a person takes to
-        answer does not count against ``timeout``."""
+        died; raises ``CollectiveTimeout`` with the hang report at ``timeout`` (``debug``:
+        ranks' pdb prompts are answered meanwhile, a person's time there not counted)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         death_deadline: float | None = None
         seen = fail_wait.Seen()  # after a death: survivors seen waiting in a collective
@@ -287,12 +286,7 @@ class RankDispatch:
                     return  # collect() reports the death; the rest are marked stuck
                 if deadline is not None and now >= deadline:
                     break
-                if live is not None:
-                    live.poll()
-                if debug is not None:
-                    spent = debug.poll()
-                    if deadline is not None:
-                        deadline += spent
+                deadline = self._meanwhile(live, debug, deadline)
                 futures[pending[0]].wait(POLL_S if debug is None else debug.wait_s(POLL_S))
         except KeyboardInterrupt:
             self._give_up(targets, futures)
@@ -321,6 +315,16 @@ class RankDispatch:
         blocked = self._give_up(targets, futures, in_collective=set(report.get("waiting", ())))
         message += hang.after_interrupt([r for r in pending_ranks if r not in blocked], blocked)
         raise CollectiveTimeout(found.message(message), report=report, autopsy=found)
+
+    @staticmethod
+    def _meanwhile(
+        live: LiveWatch | None, debug: DebugInbox | None, deadline: float | None
+    ) -> float | None:
+        """While the ranks run: hand on their output, answer their pdb prompts (the time
+        a person spends at one moves ``deadline`` later)."""
+        if live is not None:
+            live.poll()
+        return deadline if debug is None else debug.poll(deadline)
 
     def _give_up(
         self, targets: list[RankAssignment], futures: list[Any], in_collective: Iterable[int] = ()
