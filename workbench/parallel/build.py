@@ -21,6 +21,7 @@ from torch.utils.data import TensorDataset
 
 from workbench.errors import ConfigError, ParallelError
 from workbench.parallel.collectives import gather_objects
+from workbench.parallel.cp import ContextShard, shard_sequence
 from workbench.parallel.data import batches, make_dataset, make_loader
 from workbench.parallel.dims import ParallelDims
 from workbench.parallel.fsdp import zero_optimizer
@@ -95,10 +96,13 @@ def build_train_step(
     memory_tracer, comm_tracer = (
         _make_tracers(spec, model, optimizer, recorder) if spec.trace else (None, None)
     )
+    source = batches(loader)
+    if dims.cp > 1:  # this rank's share of each sequence (cp.py)
+        source = shard_sequence(source, ContextShard.of(dims.submesh("cp").get_group()))
     step = TrainStep(
         model=model,
         optimizer=optimizer,
-        batches=batches(loader),
+        batches=source,
         loss_fn=loss_fn,
         device=dev,
         recorder=recorder,
@@ -158,6 +162,7 @@ def _apply_strategy(
         loss_fn=loss_fn,
         microbatches=spec.microbatches,
         schedule=spec.schedule,
+        stages_per_rank=spec.stages_per_rank,
         recorder=recorder,
         param_dtype=_fsdp_dtype(spec),
     )
@@ -240,7 +245,7 @@ def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
         merged: dict[str, torch.Tensor] = {}
         for part in parts:
             merged.update(part)
-        if model.tied_group is not None or _tied(model.stage_module):
+        if model.ties_head or model.tied_group is not None or _tied(model.stage_module):
             merged.pop("head.weight", None)  # the last stage's copy of tok_emb.weight
         return dict(sorted(merged.items(), key=lambda kv: _order(kv[0])))
     if any(isinstance(m, ColumnParallelLinear) for m in model.modules()):

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from workbench.errors import ConfigError, choices_error
+from workbench.parallel.cp import ContextShard, ring_attention
 
 if TYPE_CHECKING:
     from workbench.planner import ModelSpec
@@ -189,6 +190,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dim, dim, bias=False)
         self.wv = nn.Linear(dim, dim, bias=False)
         self.wo = nn.Linear(dim, dim)
+        self.context: ContextShard | None = None  # context parallel: this rank's share
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -196,6 +198,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        if self.context is not None:  # this rank's queries against every rank's keys
+            return self.wo(ring_attention(q, k, v, self.context).transpose(1, 2).reshape(b, s, -1))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
         probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
@@ -229,10 +233,19 @@ class GPT(nn.Module):
         self.head: nn.Linear | None = nn.Linear(config.dim, config.vocab, bias=False)
         if config.tie_head:
             self.head.weight = self.tok_emb.weight
+        self.context: ContextShard | None = None
+
+    def use_context_parallel(self, shard: ContextShard) -> None:
+        """Run on ``shard``'s part of the sequence: positions offset to it, attention
+        around the ring (``workbench.parallel.cp``)."""
+        self.context = shard
+        for block in self.layers.values():
+            block.attn.context = shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tok_emb is not None and self.pos_emb is not None:
-            positions = torch.arange(x.shape[1], device=x.device)
+            start = self.context.offset(x.shape[1]) if self.context is not None else 0
+            positions = torch.arange(start, start + x.shape[1], device=x.device)
             h = self.tok_emb(x) + self.pos_emb(positions)
         else:
             h = x
