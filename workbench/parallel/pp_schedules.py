@@ -127,6 +127,12 @@ def check_schedule(
             f"an equal, non-empty run of blocks); stages_per_rank that fit: {fits or 'none'}; "
             "use a deeper model (e.g. 'gpt-small', 'mlp-small') or schedule='gpipe'/'1f1b'"
         )
+    _check_microbatches(schedule, microbatches, pp, v)
+    return v
+
+
+def _check_microbatches(schedule: str, microbatches: int, pp: int, v: int) -> None:
+    stages = pp * v
     need = {"1f1b": pp, "dualpipe_v": stages, "zbv": stages}.get(schedule)
     if need is not None and microbatches < need:
         raise ConfigError(
@@ -143,7 +149,6 @@ def check_schedule(
                 f"pp={pp}: it runs rounds of pp micro-batches, so microbatches must be a "
                 f"multiple of its {rounds} rounds; e.g. {valid}"
             )
-    return v
 
 
 def stage_indices(schedule: str, rank: int, pp: int, stages_per_rank: int) -> list[int]:

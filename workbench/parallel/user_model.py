@@ -254,9 +254,7 @@ def build_user_train_step(
         layout,
         dims,
         loss_fn=run.loss,
-        microbatches=run.microbatches,
-        schedule=run.schedule,
-        stages_per_rank=run.stages_per_rank,
+        **run.pipeline_options(),
         recorder=recorder,
         param_dtype=fsdp_dtype,
     )

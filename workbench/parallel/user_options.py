@@ -63,6 +63,14 @@ class UserOptions:
         """These options alone (what the client ships for the engines' ``UserRun``)."""
         return {f.name: getattr(self, f.name) for f in fields(UserOptions)}
 
+    def pipeline_options(self) -> dict[str, Any]:
+        """What ``parallelize`` takes for the pipeline dimension."""
+        return {
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "stages_per_rank": self.stages_per_rank,
+        }
+
     def check_batch(self, dims: ParallelDims) -> None:
         check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
         if dims.pp > 1 and self.grad_accum != 1:
