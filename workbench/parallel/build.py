@@ -24,6 +24,7 @@ from workbench.parallel.collectives import gather_objects
 from workbench.parallel.cp import ContextShard, shard_sequence
 from workbench.parallel.data import batches, make_dataset, make_loader
 from workbench.parallel.dims import ParallelDims
+from workbench.parallel.ep import ExpertParallel
 from workbench.parallel.fsdp import zero_optimizer
 from workbench.parallel.megatron import (
     ColumnParallelLinear,
@@ -202,7 +203,7 @@ def _make_tracers(
 
 
 def _inner_module(model: nn.Module) -> nn.Module:
-    if isinstance(model, DistributedDataParallel):
+    if isinstance(model, DistributedDataParallel | ExpertParallel):
         return model.module
     if isinstance(model, PipelineModule):
         return model.stage_module
@@ -237,6 +238,9 @@ def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
     model = train_step.model
     if train_step.strategy == "single":
         return _named_full(model)
+    if isinstance(model, ExpertParallel):  # each rank holds its own experts
+        parts = gather_objects(_named_full(model.module), dst=0)
+        return None if parts is None else dict(sorted(_merged(parts).items(), key=_key_order))
     if isinstance(model, PipelineModule):
         local = _named_full(_inner_module(model.stage_module))  # a stage may be in DDP
         parts = gather_objects(local, dst=0)
@@ -253,6 +257,17 @@ def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
     else:
         full = _named_full(_inner_module(model))
     return full if dist.get_rank() == 0 else None
+
+
+def _merged(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+
+
+def _key_order(item: tuple[str, torch.Tensor]) -> tuple[int, str]:
+    return _order(item[0])
 
 
 def _tied(module: nn.Module) -> bool:

@@ -37,12 +37,15 @@ class ParallelDims:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    # Experts spread over the data-parallel ranks (not a dimension of its own: it borrows
+    # dp's ranks, as torchtitan does); 1 = every rank holds every expert.
+    ep: int = 1
     world_size: int
     device_type: str = "cpu"
     _mesh: DeviceMesh | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "world_size"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "world_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParallelError(f"{name}={value!r} is not valid; it must be an integer >= 1")
@@ -53,6 +56,12 @@ class ParallelDims:
                 f"dp*tp*pp = {self.dp}*{self.tp}*{self.pp}{cp} = {product} does not equal "
                 f"world_size={self.world_size}; each size must divide {self.world_size} "
                 f"(choices: {_divisors(self.world_size)}) and their product must equal it"
+            )
+
+        if self.ep > 1 and (self.ep != self.dp or self.world_size != self.dp):
+            raise ParallelError(
+                f"ep={self.ep} spreads the experts over the data-parallel ranks: it must "
+                f"equal dp={self.dp}, with tp, pp and cp 1 (world_size={self.world_size})"
             )
 
     @property
@@ -75,6 +84,18 @@ class ParallelDims:
                 raise ParallelError(
                     f"tp={self.tp} does not divide the model's {what}={size}; "
                     f"valid tp for this model and world_size={self.world_size}: {valid}"
+                )
+        if self.ep > 1:
+            experts = getattr(config, "n_experts", 0)
+            if not experts:
+                raise ParallelError(
+                    f"ep={self.ep} spreads experts over ranks, but the {config.kind} model "
+                    "is dense (no experts); use model='moe-tiny', or strategy='dp'"
+                )
+            if experts % self.ep:
+                raise ParallelError(
+                    f"ep={self.ep} does not divide the model's n_experts={experts}; "
+                    f"valid ep: {[d for d in _divisors(experts) if d <= self.world_size]}"
                 )
         if self.cp > 1:
             seq = getattr(config, "seq_len", None)

@@ -27,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.errors import ConfigError, choices_error
 from workbench.parallel.cp import ContextShard, ring_attention
+from workbench.parallel.ep import MoE
 
 if TYPE_CHECKING:
     from workbench.planner import ModelSpec
@@ -78,10 +79,19 @@ class GPTConfig:
     dropout: float = 0.0
     tie_head: bool = True
     seed: int = 0
+    # Mixture of experts (ep.py): 0 = dense feed-forward blocks; else each block's
+    # feed-forward is ``n_experts`` experts of which every token takes ``top_k``.
+    n_experts: int = 0
+    top_k: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("vocab", "seq_len", "dim", "n_heads", "n_layers", "mlp_ratio"):
+        for name in ("vocab", "seq_len", "dim", "n_heads", "n_layers", "mlp_ratio", "top_k"):
             _positive(name, getattr(self, name))
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise ConfigError(
+                f"top_k={self.top_k} is not valid with n_experts={self.n_experts}; "
+                f"choose 1..{self.n_experts}"
+            )
         if self.dim % self.n_heads:
             raise ConfigError(
                 f"dim={self.dim} is not divisible by n_heads={self.n_heads}; "
@@ -116,6 +126,8 @@ PRESETS: dict[str, ModelConfig] = {
     "mlp-small": MLPConfig(d_in=64, dim=256, hidden=1024, n_layers=4, d_out=8),
     "gpt-tiny": GPTConfig(),
     "gpt-small": GPTConfig(vocab=256, seq_len=64, dim=128, n_heads=4, n_layers=4),
+    # gpt-tiny with 4 experts per block, top-2, dropless (ep.py)
+    "moe-tiny": GPTConfig(n_experts=4, top_k=2),
 }
 
 
@@ -214,7 +226,11 @@ class GPTBlock(_CheckpointMixin, nn.Module):
         self.ln1 = nn.LayerNorm(config.dim)
         self.attn = Attention(config.dim, config.n_heads, config.dropout)
         self.ln2 = nn.LayerNorm(config.dim)
-        self.mlp = FeedForward(config.dim, config.hidden)
+        self.mlp: nn.Module = (
+            MoE(config.dim, config.hidden, config.n_experts, config.top_k, FeedForward)
+            if config.n_experts
+            else FeedForward(config.dim, config.hidden)
+        )
         self.dropout = config.dropout
 
     def _inner(self, x: torch.Tensor) -> torch.Tensor:

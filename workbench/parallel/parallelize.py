@@ -27,6 +27,7 @@ from workbench.errors import ConfigError, ParallelError, choices_error
 from workbench.parallel.cp import ContextShard
 from workbench.parallel.dims import ParallelDims
 from workbench.parallel.dp import apply_dp
+from workbench.parallel.ep import apply_ep
 from workbench.parallel.fsdp import apply_fsdp
 from workbench.parallel.pp import apply_pp, split_stage
 from workbench.parallel.pp_schedules import check_schedule, stage_indices
@@ -68,13 +69,14 @@ class Layout:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
     zero: int = 0
     overlap: bool = True
     tp_plan: TpPlan | None = field(default=None, compare=False)
     pp_split: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "cp"):
+        for name in ("tp", "pp", "cp", "ep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParallelError(f"{name}={value!r} is not valid; it must be an integer >= 1")
@@ -101,7 +103,9 @@ class Layout:
                 f"{world_size}; each degree must divide it (choices: {valid})"
             )
         dp = self.dp if self.dp is not None else world_size // inner
-        dims = ParallelDims(dp=dp, tp=self.tp, pp=self.pp, cp=self.cp, world_size=world_size)
+        dims = ParallelDims(
+            dp=dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, world_size=world_size
+        )
         if dims.cp > 1 and (dims.tp > 1 or dims.pp > 1 or self.zero != 0):
             raise ParallelError(
                 f"cp={dims.cp} composes with dp (DDP, zero=0) here; tp={dims.tp}, "
@@ -126,6 +130,8 @@ class Layout:
             parts.append(f"pp={d.pp}")
         if d.cp > 1:
             parts.append(f"cp={d.cp}")
+        if d.ep > 1:
+            parts.append(f"ep={d.ep}")
         return " x ".join(parts) or "single device"
 
 
@@ -164,6 +170,8 @@ STRATEGY_LAYOUTS: dict[str, Callable[[int, bool], Layout]] = {
     "pp": lambda w, o: Layout(dp=1, pp=w),
     # the sequence split over every rank, attention around a ring (cp.py)
     "cp": lambda w, o: Layout(dp=1, cp=w, overlap=False),
+    # the batch over every rank as dp, each rank holding 1/w of the experts (ep.py)
+    "ep": lambda w, o: Layout(dp=w, ep=w, overlap=False),
     "dp_tp": lambda w, o: Layout(dp=w // 2, tp=2, zero=3),
     "dp_cp": lambda w, o: Layout(dp=w // 2, cp=2, overlap=False),
 }
@@ -288,6 +296,10 @@ def parallelize(
         return Parallelized(pipe, pp_mesh.get_group(), "sum", replicas)
     if dims.cp > 1:
         return _apply_cp(model, dims)
+    if dims.ep > 1:  # experts over the dp ranks; shared gradients averaged by its sync()
+        group = dims.submesh("dp").get_group()
+        experts = model.config.n_experts  # type: ignore[union-attr]
+        return Parallelized(apply_ep(model, group, experts), group, "mean")
     model = _apply_tp_dp(model, layout, dims, checked["tp_plan"], param_dtype, fsdp_units)
     if dims.dp > 1:
         return Parallelized(model, dims.submesh("dp").get_group(), "mean")
