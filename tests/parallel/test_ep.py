@@ -75,6 +75,14 @@ def test_all_to_alls_are_recorded_with_bytes_per_expert(results: list[dict[str, 
         assert any(phase == "backward" for _, phase, _ in t["a2a"])
 
 
+@pytest.mark.engines
+@pytest.mark.slow
+def test_dp_by_ep_on_four_ranks_equals_one_device() -> None:
+    """ep=2 of dp=4: experts over pairs of ranks, replicated over the two pairs."""
+    cases = [{"model": "moe-tiny", "strategy": "dp_ep", "optimizer": "sgd", "lr": 1e-2}]
+    assert_equivalent(run_ranks(compare_cases, cases, world_size=4, timeout=300)[0], 1)
+
+
 def test_routing_is_deterministic_dropless_top_k() -> None:
     model = build_model(get_config("moe-tiny"))
     moe = model.layers["0"].mlp

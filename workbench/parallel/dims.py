@@ -58,10 +58,11 @@ class ParallelDims:
                 f"(choices: {_divisors(self.world_size)}) and their product must equal it"
             )
 
-        if self.ep > 1 and (self.ep != self.dp or self.world_size != self.dp):
+        if self.ep > 1 and (self.dp % self.ep or self.world_size != self.dp):
             raise ParallelError(
                 f"ep={self.ep} spreads the experts over the data-parallel ranks: it must "
-                f"equal dp={self.dp}, with tp, pp and cp 1 (world_size={self.world_size})"
+                f"divide dp={self.dp} (choices: {_divisors(self.dp)}), with tp, pp and cp "
+                f"1 (world_size={self.world_size})"
             )
 
     @property

@@ -161,12 +161,24 @@ def all_to_all_single(
 
 
 class ExpertParallel(nn.Module):
-    """The model with its experts spread over ``shard``'s ranks; ``sync()`` after backward."""
+    """The model with its experts spread over ``shard``'s ranks; ``sync()`` after backward.
 
-    def __init__(self, module: nn.Module, shard: ExpertShard) -> None:
+    ``dp_group``: every rank that holds other samples (default: ``shard``'s group);
+    ``replicas``: the ranks holding the same experts as this one (dp × ep with ep < dp)."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        shard: ExpertShard,
+        *,
+        dp_group: dist.ProcessGroup | None = None,
+        replicas: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__()
         self.module = module
         self.shard = shard
+        self.dp_group = dp_group if dp_group is not None else shard.group
+        self.replicas = replicas
         for m in module.modules():
             if isinstance(m, MoE):
                 m.use_shard(shard)
@@ -185,17 +197,36 @@ class ExpertParallel(nn.Module):
         return [sum(col) for col in zip(*layers, strict=True)] if layers else []
 
     def sync(self) -> None:
-        """Shared parameters: averaged over the ranks. Experts: divided by ``ep`` (their
-        gradient already sums every rank's tokens)."""
-        experts = {id(p) for p in self.expert_parameters()}
-        shared = [p for p in self.module.parameters() if id(p) not in experts]
-        average_gradients(shared, self.shard.group)
-        for p in self.expert_parameters():
+        """Shared parameters: averaged over the dp ranks. Experts: their gradient already
+        sums the tokens of every rank of the ep group; summed over the expert's replicas
+        too, it sums every rank's, so it is divided by dp (each rank's loss is the mean
+        over its own share of the batch)."""
+        experts = self.expert_parameters()
+        ids = {id(p) for p in experts}
+        average_gradients([p for p in self.module.parameters() if id(p) not in ids], self.dp_group)
+        if self.replicas is not None:
+            average_gradients(experts, self.replicas)  # the mean; x replicas below
+        scale = dist.get_world_size(self.dp_group)
+        if self.replicas is not None:
+            scale //= dist.get_world_size(self.replicas)
+        for p in experts:
             if p.grad is not None:
-                p.grad.div_(self.shard.size)
+                p.grad.div_(scale)
 
 
-def apply_ep(model: nn.Module, group: dist.ProcessGroup, n_experts: int) -> ExpertParallel:
-    """Spread ``model``'s experts over ``group`` (``n_experts`` divisible by its size)."""
+def apply_ep(model: nn.Module, dims: Any, n_experts: int) -> ExpertParallel:
+    """Spread ``model``'s experts over ``dims.ep`` ranks of the dp dimension: the dp ranks
+    themselves when ep == dp, else groups of ep consecutive ranks, each group's experts
+    replicated over the groups (``n_experts`` divisible by ep)."""
+    dp_group = dims.submesh("dp").get_group()
+    replicas = None
+    group = dp_group
+    if dims.ep < dims.dp:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(
+            dims.device_type, (dims.dp // dims.ep, dims.ep), mesh_dim_names=("ep_rep", "ep")
+        )
+        group, replicas = mesh["ep"].get_group(), mesh["ep_rep"].get_group()
     shard = ExpertShard(group, dist.get_rank(group), dist.get_world_size(group), n_experts)
-    return ExpertParallel(model, shard)
+    return ExpertParallel(model, shard, dp_group=dp_group, replicas=replicas)

@@ -147,9 +147,10 @@ def layout_for(strategy: str, world_size: int, *, overlap: bool = True) -> Layou
             f"strategy={strategy!r} needs at least 2 ranks, got world_size={w}; "
             "use strategy='single' on one process"
         )
-    if strategy in ("dp_tp", "dp_cp") and w % 2:
+    if strategy in ("dp_tp", "dp_cp", "dp_ep") and w % 2:
         raise ParallelError(
-            f"strategy={strategy!r} pairs ranks (tp=2 / cp=2) and needs an even world_size, "
+            f"strategy={strategy!r} pairs ranks (tp=2 / cp=2 / ep=2) and needs an even "
+            "world_size, "
             f"got {w}; "
             "valid world sizes: 2, 4, 6, ..."
         )
@@ -172,6 +173,8 @@ STRATEGY_LAYOUTS: dict[str, Callable[[int, bool], Layout]] = {
     "cp": lambda w, o: Layout(dp=1, cp=w, overlap=False),
     # the batch over every rank as dp, each rank holding 1/w of the experts (ep.py)
     "ep": lambda w, o: Layout(dp=w, ep=w, overlap=False),
+    # dp x ep: experts over pairs of ranks, each pair's experts replicated over the others
+    "dp_ep": lambda w, o: Layout(dp=w, ep=2, overlap=False),
     "dp_tp": lambda w, o: Layout(dp=w // 2, tp=2, zero=3),
     "dp_cp": lambda w, o: Layout(dp=w // 2, cp=2, overlap=False),
 }
@@ -299,7 +302,7 @@ def parallelize(
     if dims.ep > 1:  # experts over the dp ranks; shared gradients averaged by its sync()
         group = dims.submesh("dp").get_group()
         experts = model.config.n_experts  # type: ignore[union-attr]
-        return Parallelized(apply_ep(model, group, experts), group, "mean")
+        return Parallelized(apply_ep(model, dims, experts), group, "mean")
     model = _apply_tp_dp(model, layout, dims, checked["tp_plan"], param_dtype, fsdp_units)
     if dims.dp > 1:
         return Parallelized(model, dims.submesh("dp").get_group(), "mean")
