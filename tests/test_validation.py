@@ -192,7 +192,10 @@ def test_switches_must_be_bools(name: str, value: Any) -> None:
         ({"microbatches": 1.5}, "microbatches=1.5 is not valid: not a whole number"),
         ({"lr": True}, "lr=True is not valid: not a number"),
         ({"model": ["gpt-tiny"]}, "model=\\['gpt-tiny'\\] is not valid; choose one of"),
-        ({"schedule": {}}, "schedule={} is not valid; choose one of: '1f1b', 'gpipe'"),
+        (
+            {"schedule": {}},
+            "schedule={} is not valid; choose one of: '1f1b', 'dualpipe_v', 'gpipe'",
+        ),
     ],
 )
 def test_run_spec_refuses_bad_settings(kwargs: dict[str, Any], message: str) -> None:

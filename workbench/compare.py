@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench import validate
 from workbench.cluster import Cluster
 from workbench.demo import StrategyResult, format_table, write_demo_report
 from workbench.engine.equivalence import compare_user_with_reference
@@ -36,7 +37,14 @@ __all__ = ["USER_STRATEGIES", "StrategyComparison", "compare"]
 USER_STRATEGIES: tuple[str, ...] = ("dp", "zero1", "fsdp", "pp")
 _DIMS = ("dp", "tp", "pp", "zero", "overlap", "tp_plan", "pp_split")
 # What else one entry may set, so a run with and without it stand side by side.
-_RUN_OPTIONS = ("strategy", "checkpointing", "precision")
+_RUN_OPTIONS = (
+    "strategy",
+    "checkpointing",
+    "precision",
+    "microbatches",
+    "schedule",
+    "stages_per_rank",
+)
 
 PLANNER_TEXT = (
     "The planner's per-rank memory for the same layout against what the tracer measured "
@@ -109,8 +117,8 @@ def _strategy_options(strategy: str | Mapping[str, Any]) -> tuple[str, dict[str,
             )
         return strategy, {}
     if isinstance(strategy, Mapping):
-        unknown = sorted(set(strategy) - set(_DIMS) - set(_RUN_OPTIONS))
-        if unknown or not strategy:
+        validate.option_names("a strategy mapping", strategy, {*_DIMS, *_RUN_OPTIONS})
+        if not strategy:
             raise ConfigError(
                 f"strategy {dict(strategy)!r} is not valid; a mapping takes the dimensions "
                 f"{list(_DIMS)} and the options {list(_RUN_OPTIONS)}, e.g. {{'dp': 2, "
@@ -242,9 +250,11 @@ def compare(
     cluster: Cluster | None = None,
     out: str | Path | None = None,
     log: Callable[[str], None] = print,
+    **unknown: Any,
 ) -> StrategyComparison:
     """Run the user's model under every strategy on ``cluster`` (default: a fresh 2-rank
     local one, always stopped) and write the demo's report to ``out`` when given."""
+    validate.option_names("compare", unknown, _COMPARE_OPTIONS)  # a typo names the nearest
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 10_000:
         raise ConfigError(f"steps={steps!r} is not valid; it must be an integer in 1..10000")
     common: dict[str, Any] = {
@@ -279,6 +289,12 @@ def compare(
             where=f"{world} ranks",
         )
     return outcome
+
+
+_COMPARE_OPTIONS = (
+    *("model", "data", "loss", "optimizer", "strategies", "steps", "batch_size", "seed"),
+    *("tp_plan", "pp_split", "cluster", "out", "log"),
+)
 
 
 def _run_all(

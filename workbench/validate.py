@@ -13,6 +13,7 @@ than ``MAX_SECONDS`` (``None`` is how to wait without limit).
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Collection, Iterable, Mapping, Set
@@ -28,6 +29,7 @@ __all__ = [
     "integer",
     "invalid",
     "number",
+    "option_names",
     "parse_number",
     "rank_list",
     "seconds",
@@ -159,6 +161,20 @@ def choice(name: str, value: object, choices: Collection[str]) -> str:
             name, value, sorted(choices) if isinstance(choices, Set | Mapping) else choices
         )
     return value
+
+
+def option_names(where: str, given: Iterable[str], valid: Iterable[str]) -> None:
+    """Every name in ``given`` is one of ``valid``: a mistyped keyword (``micro_batches=4``)
+    is a ``ConfigError`` naming the nearest valid name and listing them all, not Python's
+    ``TypeError`` from deep inside a constructor."""
+    names = sorted(set(valid))
+    unknown = [g for g in given if g not in names]
+    if not unknown:
+        return
+    bad = unknown[0]
+    near = difflib.get_close_matches(bad, names, n=1, cutoff=0.5)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise ConfigError(f"{where}: unknown option {bad!r}; {hint}valid options: {', '.join(names)}")
 
 
 def parse_number(flag: str, text: str) -> float:

@@ -25,20 +25,23 @@ __all__ = [
 # Everything the planner can predict.
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed")
 OPTIMIZERS: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-momentum")
-SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
+SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe", "interleaved", "zero_bubble", "zbv", "dualpipe_v")
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 # What a workbench run can run, in the runtime's spelling.
 RUN_PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
 RUN_OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
-RUN_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
+RUN_SCHEDULES: tuple[str, ...] = (
+    *("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipe_v"),
+)
 RUN_ZERO_STAGES: tuple[int, ...] = ZERO_STAGES
 
 # Runtime spelling -> planner name, where they differ.
 _TO_PLANNER: dict[str, dict[str, str]] = {
     "precision": {"bf16": "bf16-mixed"},
     "optimizer": {"sgd": "sgd-momentum"},  # the runtime's SGD keeps a momentum buffer
+    "schedule": {"interleaved_1f1b": "interleaved"},
 }
 
 

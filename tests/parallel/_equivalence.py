@@ -87,3 +87,13 @@ def compare_cases(rank: int, world_size: int, cases: list[dict[str, Any]]) -> di
             "loss_drop": ref_losses[0] - ref_losses[-1],
         }
     return out
+
+
+def assert_equivalent(results: dict[str, dict[str, float]], expected: int) -> None:
+    """Every case moved its parameters and matches the single-device run within TOL."""
+    assert len(results) == expected, sorted(results)
+    for name, r in results.items():
+        print(f"loss {r['loss']:.2e} param {r['param']:.2e} moved {r['moved']:.2e}  {name}")
+        assert r["moved"] > 100 * TOL, f"{name}: parameters barely moved"
+        assert r["loss"] <= TOL, f"{name}: loss differs by {r['loss']:.3e}"
+        assert r["param"] <= TOL, f"{name}: parameters differ by {r['param']:.3e}"

@@ -18,7 +18,7 @@ def test_dims_product_must_equal_world_size() -> None:
     ):
         ParallelDims(dp=2, tp=2, world_size=2)
     dims = ParallelDims(dp=2, tp=2, world_size=4)
-    assert dims.active == ("dp", "tp") and dims.sizes == {"pp": 1, "dp": 2, "tp": 2}
+    assert dims.active == ("dp", "tp") and dims.sizes == {"pp": 1, "dp": 2, "cp": 1, "tp": 2}
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
@@ -67,7 +67,7 @@ def test_valid_layouts_pass_and_mesh_needs_a_process_group() -> None:
         ("model", "gpt-huge", "'gpt-tiny'"),
         ("precision", "fp8", "'fp32', 'bf16'"),
         ("optimizer", "lamb", "'sgd', 'adamw'"),
-        ("schedule", "zb", "'1f1b', 'gpipe'"),
+        ("schedule", "zb", "'1f1b', 'dualpipe_v', 'gpipe', 'interleaved_1f1b'"),
     ],
 )
 def test_runspec_choices(field: str, value: str, choices: str) -> None:
@@ -102,7 +102,9 @@ def test_runspec_layout_errors() -> None:
     with pytest.raises(ConfigError, match="microbatches=3 does not divide batch_size=8"):
         spec.check_batch(spec.dims(2))
     spec = RunSpec(strategy="pp", batch_size=8, microbatches=1, schedule="1f1b")
-    with pytest.raises(ConfigError, match="1F1B needs at least one micro-batch per stage"):
+    with pytest.raises(
+        ConfigError, match="schedule=.1f1b. on pp=2 ranks.*at least 2 micro-batches"
+    ):
         spec.check_batch(spec.dims(2))
     RunSpec(strategy="pp", batch_size=8, microbatches=1, schedule="gpipe").check_batch(
         RunSpec(strategy="pp").dims(2)

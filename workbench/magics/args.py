@@ -16,6 +16,7 @@ from workbench.errors import ConfigError
 __all__ = [
     "HelpShown",
     "MagicParser",
+    "UnknownOption",
     "add_cell_options",
     "parse_ranks",
     "seconds_option",
@@ -30,6 +31,11 @@ class HelpShown(Exception):
     """``--help`` was given: the help text has been printed, nothing else should run."""
 
 
+class UnknownOption(UsageError, ConfigError):
+    """A mistyped ``--flag``: IPython shows it as a usage error, and it is the workbench's
+    ``ConfigError`` naming the nearest valid flag, as a mistyped keyword is in Python."""
+
+
 class MagicParser(argparse.ArgumentParser):
     """An ArgumentParser for magics: errors are ``UsageError`` naming the valid choices."""
 
@@ -38,7 +44,15 @@ class MagicParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}\n\n{self.format_usage().strip()}")
+        usage = self.format_usage().strip()
+        if message.startswith("unrecognized arguments:"):
+            flags = sorted(self._option_string_actions)
+            given = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w[:1] == "-"]
+            try:
+                validate.option_names(self.prog, given, flags)
+            except ConfigError as exc:
+                raise UnknownOption(f"{exc}\n\n{usage}") from None
+        raise UsageError(f"{self.prog}: {message}\n\n{usage}")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         # argparse calls exit() after printing --help; never let it end the kernel.

@@ -21,8 +21,10 @@ from torch.utils.data import TensorDataset
 
 from workbench.errors import ConfigError, ParallelError
 from workbench.parallel.collectives import gather_objects
+from workbench.parallel.cp import ContextShard, shard_sequence
 from workbench.parallel.data import batches, make_dataset, make_loader
 from workbench.parallel.dims import ParallelDims
+from workbench.parallel.ep import ExpertParallel
 from workbench.parallel.fsdp import zero_optimizer
 from workbench.parallel.megatron import (
     ColumnParallelLinear,
@@ -95,10 +97,13 @@ def build_train_step(
     memory_tracer, comm_tracer = (
         _make_tracers(spec, model, optimizer, recorder) if spec.trace else (None, None)
     )
+    source = batches(loader)
+    if dims.cp > 1:  # this rank's share of each sequence (cp.py)
+        source = shard_sequence(source, ContextShard.of(dims.submesh("cp").get_group()))
     step = TrainStep(
         model=model,
         optimizer=optimizer,
-        batches=batches(loader),
+        batches=source,
         loss_fn=loss_fn,
         device=dev,
         recorder=recorder,
@@ -158,6 +163,7 @@ def _apply_strategy(
         loss_fn=loss_fn,
         microbatches=spec.microbatches,
         schedule=spec.schedule,
+        stages_per_rank=spec.stages_per_rank,
         recorder=recorder,
         param_dtype=_fsdp_dtype(spec),
     )
@@ -197,7 +203,7 @@ def _make_tracers(
 
 
 def _inner_module(model: nn.Module) -> nn.Module:
-    if isinstance(model, DistributedDataParallel):
+    if isinstance(model, DistributedDataParallel | ExpertParallel):
         return model.module
     if isinstance(model, PipelineModule):
         return model.stage_module
@@ -232,6 +238,9 @@ def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
     model = train_step.model
     if train_step.strategy == "single":
         return _named_full(model)
+    if isinstance(model, ExpertParallel):  # each rank holds its own experts
+        parts = gather_objects(_named_full(model.module), dst=0)
+        return None if parts is None else dict(sorted(_merged(parts).items(), key=_key_order))
     if isinstance(model, PipelineModule):
         local = _named_full(_inner_module(model.stage_module))  # a stage may be in DDP
         parts = gather_objects(local, dst=0)
@@ -240,7 +249,7 @@ def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
         merged: dict[str, torch.Tensor] = {}
         for part in parts:
             merged.update(part)
-        if model.tied_group is not None or _tied(model.stage_module):
+        if model.ties_head or model.tied_group is not None or _tied(model.stage_module):
             merged.pop("head.weight", None)  # the last stage's copy of tok_emb.weight
         return dict(sorted(merged.items(), key=lambda kv: _order(kv[0])))
     if any(isinstance(m, ColumnParallelLinear) for m in model.modules()):
@@ -248,6 +257,17 @@ def full_state_dict(train_step: TrainStep) -> dict[str, torch.Tensor] | None:
     else:
         full = _named_full(_inner_module(model))
     return full if dist.get_rank() == 0 else None
+
+
+def _merged(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+
+
+def _key_order(item: tuple[str, torch.Tensor]) -> tuple[int, str]:
+    return _order(item[0])
 
 
 def _tied(module: nn.Module) -> bool:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["MESH_DIM_NAMES", "ParallelDims", "check_batch_split"]
 
 # Outermost first: tensor parallelism innermost so its ranks are neighbours (fastest links).
-MESH_DIM_NAMES: tuple[str, ...] = ("pp", "dp", "tp")
+# Context parallel between them: its ring passes keys and values every layer.
+MESH_DIM_NAMES: tuple[str, ...] = ("pp", "dp", "cp", "tp")
 
 
 def _divisors(n: int) -> list[int]:
@@ -30,31 +31,43 @@ def _divisors(n: int) -> list[int]:
 
 @dataclass(kw_only=True)
 class ParallelDims:
-    """``dp * tp * pp == world_size``; ``mesh`` has one named dimension per size > 1."""
+    """``dp * cp * tp * pp == world_size``; ``mesh`` has one named dimension per size > 1."""
 
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1
+    # Experts spread over the data-parallel ranks (not a dimension of its own: it borrows
+    # dp's ranks, as torchtitan does); 1 = every rank holds every expert.
+    ep: int = 1
     world_size: int
     device_type: str = "cpu"
     _mesh: DeviceMesh | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "world_size"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "world_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParallelError(f"{name}={value!r} is not valid; it must be an integer >= 1")
-        product = self.dp * self.tp * self.pp
+        product = self.dp * self.tp * self.pp * self.cp
         if product != self.world_size:
+            cp = f"*cp={self.cp}" if self.cp > 1 else ""
             raise ParallelError(
-                f"dp*tp*pp = {self.dp}*{self.tp}*{self.pp} = {product} does not equal "
+                f"dp*tp*pp = {self.dp}*{self.tp}*{self.pp}{cp} = {product} does not equal "
                 f"world_size={self.world_size}; each size must divide {self.world_size} "
                 f"(choices: {_divisors(self.world_size)}) and their product must equal it"
             )
 
+        if self.ep > 1 and (self.dp % self.ep or self.world_size != self.dp):
+            raise ParallelError(
+                f"ep={self.ep} spreads the experts over the data-parallel ranks: it must "
+                f"divide dp={self.dp} (choices: {_divisors(self.dp)}), with tp, pp and cp "
+                f"1 (world_size={self.world_size})"
+            )
+
     @property
     def sizes(self) -> dict[str, int]:
-        return {"pp": self.pp, "dp": self.dp, "tp": self.tp}
+        return {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}
 
     @property
     def active(self) -> tuple[str, ...]:
@@ -72,6 +85,30 @@ class ParallelDims:
                 raise ParallelError(
                     f"tp={self.tp} does not divide the model's {what}={size}; "
                     f"valid tp for this model and world_size={self.world_size}: {valid}"
+                )
+        if self.ep > 1:
+            experts = getattr(config, "n_experts", 0)
+            if not experts:
+                raise ParallelError(
+                    f"ep={self.ep} spreads experts over ranks, but the {config.kind} model "
+                    "is dense (no experts); use model='moe-tiny', or strategy='dp'"
+                )
+            if experts % self.ep:
+                raise ParallelError(
+                    f"ep={self.ep} does not divide the model's n_experts={experts}; "
+                    f"valid ep: {[d for d in _divisors(experts) if d <= self.world_size]}"
+                )
+        if self.cp > 1:
+            seq = getattr(config, "seq_len", None)
+            if seq is None:
+                raise ParallelError(
+                    f"cp={self.cp} splits a sequence; the {config.kind} model has none "
+                    "(use a GPT preset: 'gpt-tiny', 'gpt-small', 'moe-tiny')"
+                )
+            if seq % self.cp:
+                raise ParallelError(
+                    f"cp={self.cp} does not divide the model's seq_len={seq}; "
+                    f"valid cp: {[d for d in _divisors(self.world_size) if seq % d == 0]}"
                 )
         if config.n_layers % self.pp:
             valid = [d for d in _divisors(self.world_size) if config.n_layers % d == 0]

@@ -26,6 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from workbench.errors import ConfigError, choices_error
+from workbench.parallel.cp import ContextShard, ring_attention
+from workbench.parallel.ep import MoE
 
 if TYPE_CHECKING:
     from workbench.planner import ModelSpec
@@ -77,10 +79,19 @@ class GPTConfig:
     dropout: float = 0.0
     tie_head: bool = True
     seed: int = 0
+    # Mixture of experts (ep.py): 0 = dense feed-forward blocks; else each block's
+    # feed-forward is ``n_experts`` experts of which every token takes ``top_k``.
+    n_experts: int = 0
+    top_k: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("vocab", "seq_len", "dim", "n_heads", "n_layers", "mlp_ratio"):
+        for name in ("vocab", "seq_len", "dim", "n_heads", "n_layers", "mlp_ratio", "top_k"):
             _positive(name, getattr(self, name))
+        if self.n_experts and not 1 <= self.top_k <= self.n_experts:
+            raise ConfigError(
+                f"top_k={self.top_k} is not valid with n_experts={self.n_experts}; "
+                f"choose 1..{self.n_experts}"
+            )
         if self.dim % self.n_heads:
             raise ConfigError(
                 f"dim={self.dim} is not divisible by n_heads={self.n_heads}; "
@@ -115,6 +126,8 @@ PRESETS: dict[str, ModelConfig] = {
     "mlp-small": MLPConfig(d_in=64, dim=256, hidden=1024, n_layers=4, d_out=8),
     "gpt-tiny": GPTConfig(),
     "gpt-small": GPTConfig(vocab=256, seq_len=64, dim=128, n_heads=4, n_layers=4),
+    # gpt-tiny with 4 experts per block, top-2, dropless (ep.py)
+    "moe-tiny": GPTConfig(n_experts=4, top_k=2),
 }
 
 
@@ -189,6 +202,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dim, dim, bias=False)
         self.wv = nn.Linear(dim, dim, bias=False)
         self.wo = nn.Linear(dim, dim)
+        self.context: ContextShard | None = None  # context parallel: this rank's share
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -196,6 +210,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        if self.context is not None:  # this rank's queries against every rank's keys
+            return self.wo(ring_attention(q, k, v, self.context).transpose(1, 2).reshape(b, s, -1))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
         probs = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
@@ -210,7 +226,11 @@ class GPTBlock(_CheckpointMixin, nn.Module):
         self.ln1 = nn.LayerNorm(config.dim)
         self.attn = Attention(config.dim, config.n_heads, config.dropout)
         self.ln2 = nn.LayerNorm(config.dim)
-        self.mlp = FeedForward(config.dim, config.hidden)
+        self.mlp: nn.Module = (
+            MoE(config.dim, config.hidden, config.n_experts, config.top_k, FeedForward)
+            if config.n_experts
+            else FeedForward(config.dim, config.hidden)
+        )
         self.dropout = config.dropout
 
     def _inner(self, x: torch.Tensor) -> torch.Tensor:
@@ -229,10 +249,19 @@ class GPT(nn.Module):
         self.head: nn.Linear | None = nn.Linear(config.dim, config.vocab, bias=False)
         if config.tie_head:
             self.head.weight = self.tok_emb.weight
+        self.context: ContextShard | None = None
+
+    def use_context_parallel(self, shard: ContextShard) -> None:
+        """Run on ``shard``'s part of the sequence: positions offset to it, attention
+        around the ring (``workbench.parallel.cp``)."""
+        self.context = shard
+        for block in self.layers.values():
+            block.attn.context = shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tok_emb is not None and self.pos_emb is not None:
-            positions = torch.arange(x.shape[1], device=x.device)
+            start = self.context.offset(x.shape[1]) if self.context is not None else 0
+            positions = torch.arange(start, start + x.shape[1], device=x.device)
             h = self.tok_emb(x) + self.pos_emb(positions)
         else:
             h = x

@@ -24,10 +24,13 @@ from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from workbench.errors import ConfigError, ParallelError, choices_error
+from workbench.parallel.cp import ContextShard
 from workbench.parallel.dims import ParallelDims
 from workbench.parallel.dp import apply_dp
+from workbench.parallel.ep import apply_ep
 from workbench.parallel.fsdp import apply_fsdp
 from workbench.parallel.pp import apply_pp, split_stage
+from workbench.parallel.pp_schedules import check_schedule, stage_indices
 from workbench.parallel.pp_split import default_split_points, split_by_points, stage_units
 from workbench.parallel.tp import apply_tp, plan_for
 from workbench.parallel.tp_plan import hf_tp_plan, matching_modules, resolve_tp_plan
@@ -65,13 +68,15 @@ class Layout:
     dp: int | None = None
     tp: int = 1
     pp: int = 1
+    cp: int = 1
+    ep: int = 1
     zero: int = 0
     overlap: bool = True
     tp_plan: TpPlan | None = field(default=None, compare=False)
     pp_split: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp"):
+        for name in ("tp", "pp", "cp", "ep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParallelError(f"{name}={value!r} is not valid; it must be an integer >= 1")
@@ -90,7 +95,7 @@ class Layout:
 
     def dims(self, world_size: int) -> ParallelDims:
         """The ``ParallelDims`` of this layout on ``world_size`` ranks (checked)."""
-        inner = self.tp * self.pp
+        inner = self.tp * self.pp * self.cp
         if self.dp is None and world_size % inner:
             valid = [d for d in range(1, world_size + 1) if world_size % d == 0]
             raise ParallelError(
@@ -98,7 +103,14 @@ class Layout:
                 f"{world_size}; each degree must divide it (choices: {valid})"
             )
         dp = self.dp if self.dp is not None else world_size // inner
-        dims = ParallelDims(dp=dp, tp=self.tp, pp=self.pp, world_size=world_size)
+        dims = ParallelDims(
+            dp=dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, world_size=world_size
+        )
+        if dims.cp > 1 and (dims.tp > 1 or dims.pp > 1 or self.zero != 0):
+            raise ParallelError(
+                f"cp={dims.cp} composes with dp (DDP, zero=0) here; tp={dims.tp}, "
+                f"pp={dims.pp}, zero={self.zero} with cp are not built: use tp=1, pp=1, zero=0"
+            )
         if dims.tp > 1 and dims.dp > 1 and self.zero < 2:
             raise ParallelError(
                 f"dp={dims.dp} x tp={dims.tp} shards the data-parallel dimension with FSDP: "
@@ -116,6 +128,10 @@ class Layout:
             parts.append(f"tp={d.tp}")
         if d.pp > 1:
             parts.append(f"pp={d.pp}")
+        if d.cp > 1:
+            parts.append(f"cp={d.cp}")
+        if d.ep > 1:
+            parts.append(f"ep={d.ep}")
         return " x ".join(parts) or "single device"
 
 
@@ -131,9 +147,11 @@ def layout_for(strategy: str, world_size: int, *, overlap: bool = True) -> Layou
             f"strategy={strategy!r} needs at least 2 ranks, got world_size={w}; "
             "use strategy='single' on one process"
         )
-    if strategy == "dp_tp" and w % 2:
+    if strategy in ("dp_tp", "dp_cp", "dp_ep") and w % 2:
         raise ParallelError(
-            f"strategy='dp_tp' uses tp=2 and needs an even world_size, got {w}; "
+            f"strategy={strategy!r} pairs ranks (tp=2 / cp=2 / ep=2) and needs an even "
+            "world_size, "
+            f"got {w}; "
             "valid world sizes: 2, 4, 6, ..."
         )
     return STRATEGY_LAYOUTS[strategy](w, overlap)
@@ -151,7 +169,14 @@ STRATEGY_LAYOUTS: dict[str, Callable[[int, bool], Layout]] = {
     # tp over every rank too, but applied by hand (megatron.py, build.py), not by DTensor
     "megatron": lambda w, o: Layout(dp=1, tp=w),
     "pp": lambda w, o: Layout(dp=1, pp=w),
+    # the sequence split over every rank, attention around a ring (cp.py)
+    "cp": lambda w, o: Layout(dp=1, cp=w, overlap=False),
+    # the batch over every rank as dp, each rank holding 1/w of the experts (ep.py)
+    "ep": lambda w, o: Layout(dp=w, ep=w, overlap=False),
+    # dp x ep: experts over pairs of ranks, each pair's experts replicated over the others
+    "dp_ep": lambda w, o: Layout(dp=w, ep=2, overlap=False),
     "dp_tp": lambda w, o: Layout(dp=w // 2, tp=2, zero=3),
+    "dp_cp": lambda w, o: Layout(dp=w // 2, cp=2, overlap=False),
 }
 # The names ``parallelize`` applies to any model: all but megatron, whose hand-written layers
 # exist for the built-in models only (so these are the presets a user's own model may take).
@@ -185,24 +210,28 @@ def default_tp_plan(model: nn.Module) -> TpPlan:
     return plan_for(model)  # raises with the choices when there is none
 
 
-def check_layout(model: nn.Module, layout: Layout, dims: ParallelDims) -> dict[str, Any]:
+def check_layout(
+    model: nn.Module, layout: Layout, dims: ParallelDims, *, stages_per_rank: int = 1
+) -> dict[str, Any]:
     """Everything about ``model`` that ``layout`` needs, checked before any split: the
-    resolved TP plan and the pipeline split points."""
+    resolved TP plan and the pipeline split points (``pp * stages_per_rank`` stages)."""
     out: dict[str, Any] = {"tp_plan": None, "pp_split": None}
     if dims.tp > 1:
         plan = layout.tp_plan if layout.tp_plan is not None else default_tp_plan(model)
         out["tp_plan"] = resolve_tp_plan(model, plan, dims.tp)
     if dims.pp > 1:
+        stages = dims.pp * stages_per_rank
         if layout.pp_split is None and isinstance(getattr(model, "layers", None), nn.ModuleDict):
             n = len(model.layers)  # type: ignore[arg-type]
-            if n % dims.pp:
+            if n % stages:
                 valid = [d for d in range(1, n + 1) if n % d == 0]
                 raise ParallelError(
-                    f"pp={dims.pp} does not divide n_layers={n}; choose pp from {valid}"
+                    f"pp={dims.pp} x stages_per_rank={stages_per_rank} = {stages} stages do "
+                    f"not divide n_layers={n}; the number of stages must be one of {valid}"
                 )
             return out  # workbench models: split_stage (ends set to None, tied head synced)
-        points = list(layout.pp_split or default_split_points(model, dims.pp))
-        stage_units(model, points, dims.pp)
+        points = list(layout.pp_split or default_split_points(model, stages))
+        stage_units(model, points, stages)
         out["pp_split"] = points
     return out
 
@@ -226,6 +255,7 @@ def parallelize(
     loss_fn: Callable[[Any, Any], torch.Tensor],
     microbatches: int = 2,
     schedule: str = "gpipe",
+    stages_per_rank: int | None = None,
     recorder: Any | None = None,
     param_dtype: torch.dtype | None = None,
     fsdp_units: Sequence[nn.Module] | None = None,
@@ -233,19 +263,27 @@ def parallelize(
     """Apply ``layout`` to ``model`` on this rank, one dimension at a time."""
     if dims.world_size == 1:
         return Parallelized(model, None, "none")
-    checked = check_layout(model, layout, dims)
+    v = check_schedule(schedule, stages_per_rank, microbatches, dims.pp) if dims.pp > 1 else 1
+    checked = check_layout(model, layout, dims, stages_per_rank=v)
     if dims.pp > 1:
-        # This rank's stage first; then tp and dp apply to the stage as to a whole model.
+        # This rank's stages first; then tp and dp apply to each as to a whole model.
         pp_mesh = dims.submesh("pp")
         index = dist.get_rank(pp_mesh.get_group())
-        if checked["pp_split"] is not None:
-            stage = split_by_points(model, checked["pp_split"], index, dims.pp)
-        else:
-            stage = split_stage(model, index, dims.pp)
-        plan = checked["tp_plan"]
-        if plan is not None:  # the plan's patterns, narrowed to the modules this stage kept
-            plan = {n: style for pat, style in plan.items() for n in matching_modules(stage, pat)}
-        stage = _apply_tp_dp(stage, layout, dims, plan, param_dtype, fsdp_units, ddp=False)
+        n_stages = dims.pp * v
+        staged = []
+        for i in stage_indices(schedule, index, dims.pp, v):
+            if checked["pp_split"] is not None:
+                stage = split_by_points(model, checked["pp_split"], i, n_stages)
+            else:
+                stage = split_stage(model, i, n_stages)
+            plan = checked["tp_plan"]
+            if plan is not None:  # the plan's patterns, narrowed to the modules it kept
+                plan = {
+                    n: style for pat, style in plan.items() for n in matching_modules(stage, pat)
+                }
+            staged.append(
+                _apply_tp_dp(stage, layout, dims, plan, param_dtype, fsdp_units, ddp=False)
+            )
         replicas = dims.submesh("dp").get_group() if dims.dp > 1 else None
         pipe = apply_pp(
             model,
@@ -253,15 +291,38 @@ def parallelize(
             loss_fn=loss_fn,
             microbatches=microbatches,
             schedule=schedule,
+            stages_per_rank=v,
             recorder=recorder,
-            stage_module=stage,
+            stage_modules=staged,
             dp_group=replicas if layout.zero < 2 else None,  # FSDP reduces its own
         )
         return Parallelized(pipe, pp_mesh.get_group(), "sum", replicas)
+    if dims.cp > 1:
+        return _apply_cp(model, dims)
+    if dims.ep > 1:  # experts over the dp ranks; shared gradients averaged by its sync()
+        group = dims.submesh("dp").get_group()
+        experts = model.config.n_experts  # type: ignore[union-attr]
+        return Parallelized(apply_ep(model, dims, experts), group, "mean")
     model = _apply_tp_dp(model, layout, dims, checked["tp_plan"], param_dtype, fsdp_units)
     if dims.dp > 1:
         return Parallelized(model, dims.submesh("dp").get_group(), "mean")
     return Parallelized(model, None, "none")
+
+
+def _apply_cp(model: nn.Module, dims: ParallelDims) -> Parallelized:
+    """The sequence over the cp ranks (ring attention), the gradients averaged over every
+    rank that holds other tokens: the cp ranks and, with dp, their replicas. DDP without
+    overlap: its bucket all-reduces would share the group with the ring's sends."""
+    use = getattr(model, "use_context_parallel", None)
+    if not callable(use):
+        raise ParallelError(
+            f"cp={dims.cp} needs a model whose attention runs around a ring; "
+            f"{type(model).__name__} has no use_context_parallel (the built-in GPT has)"
+        )
+    use(ContextShard.of(dims.submesh("cp").get_group()))
+    mesh = dims.mesh if dims.mesh.ndim == 1 else dims.mesh["dp", "cp"]._flatten()
+    wrapped = apply_dp(model, mesh, overlap=False)
+    return Parallelized(wrapped, mesh.get_group(), "mean")
 
 
 def _apply_tp_dp(

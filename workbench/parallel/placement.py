@@ -17,11 +17,13 @@ column-wise, fc2 row-wise, attention whole), resolved and checked the same way.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
+from workbench.parallel.ep import MoE
 from workbench.parallel.megatron import megatron_plan
 from workbench.parallel.parallelize import Layout, check_layout, fsdp_blocks
 from workbench.parallel.pp import split_stage
@@ -51,7 +53,7 @@ def module_placement(
     else:
         checked = check_layout(model, layout, dims)
     plan: Mapping[str, Any] | None = checked["tp_plan"] if dims.tp > 1 else None
-    stages = _stages(model, dims.pp, checked["pp_split"])
+    stages = _stages(_one_expert_share(model, dims.ep), dims.pp, checked["pp_split"])
     pieces, layers, split = [], [], set()
     for stage in stages:
         names = _split_modules(stage, plan)
@@ -71,6 +73,18 @@ def module_placement(
         source=f"{type(model).__name__} as built: {layout.describe(world_size)}"
         + (" (Megatron view)" if megatron else ""),
     )
+
+
+def _one_expert_share(model: nn.Module, ep: int) -> nn.Module:
+    """Expert parallel: a copy holding rank 0's experts (every rank holds as many)."""
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    if ep == 1 or not moes:
+        return model
+    share = copy.deepcopy(model)
+    for m in share.modules():
+        if isinstance(m, MoE):
+            m.keep_experts(range(len(m.router.weight) // ep))
+    return share
 
 
 def _stages(model: nn.Module, pp: int, points: list[str] | None) -> list[nn.Module]:

@@ -12,6 +12,12 @@ A GPT's head is tied to its token embedding, but the two now live on different s
 each keeps a copy and, after backward, the two copies' gradients are summed between the
 first and last stage (``sync_tied``, what Megatron does with its embedding group), so both
 copies take identical optimizer steps and stay equal.
+
+Multi-stage schedules (``pp_schedules``: interleaved 1F1B, zero bubble, ZB-V, DualPipeV)
+cut the model into ``pp * stages_per_rank`` stages and give each rank several, in a loop or
+a V; this rank's stages are then one ``PipelineModule`` whose ``stage_module`` is a view of
+all their parameters under the whole model's names (``_StageUnion``). In a V, rank 0
+holds both the first and the last stage, so the tied weight's two copies are summed locally.
 """
 
 from __future__ import annotations
@@ -25,15 +31,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage
 
 from workbench.errors import ConfigError, ParallelError, choices_error
 from workbench.parallel.collectives import all_reduce
 from workbench.parallel.dp import average_gradients
+from workbench.parallel.pp_schedules import (
+    SCHEDULES,
+    SINGLE_STAGE,
+    V_SHAPE,
+    check_schedule,
+    stage_indices,
+)
 
 __all__ = ["SCHEDULES", "PipelineModule", "apply_pp", "split_stage"]
-
-SCHEDULES: dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 _INPUT_END = ("inp", "tok_emb", "pos_emb")
 _OUTPUT_END = ("out", "ln_f", "head")
@@ -77,31 +88,39 @@ class PipelineModule(nn.Module):
 
     def __init__(
         self,
-        stage_module: nn.Module,
-        stage: PipelineStage,
+        stage_modules: list[nn.Module],
+        stages: list[PipelineStage],
         schedule: Any,
         *,
         group: dist.ProcessGroup,
         tied_group: dist.ProcessGroup | None,
         dp_group: dist.ProcessGroup | None = None,
+        ties_head: bool = False,
     ) -> None:
         super().__init__()
         # Replicas of this stage (pp x dp without FSDP): gradients averaged in sync_dp().
         self.dp_group = dp_group
-        self.stage_module = stage_module
-        self.stage = stage
+        self.stage_modules = list(stage_modules)  # this rank's stages, in stage order
+        # One module for everything that reads "this rank's parameters" (optimizer,
+        # tracers, full_state_dict): the stage itself, or a view of all its stages.
+        self.stage_module = (
+            stage_modules[0] if len(stage_modules) == 1 else _StageUnion(stage_modules)
+        )
+        self.stages = list(stages)
+        self.stage = stages[0]
         self.schedule = schedule
         self.group = group
         self.tied_group = tied_group
+        self.ties_head = ties_head  # the model ties its head to its embedding
         self.microbatch_losses: list[torch.Tensor] = []
 
     @property
     def is_first(self) -> bool:
-        return bool(self.stage.is_first)
+        return any(s.is_first for s in self.stages)
 
     @property
     def is_last(self) -> bool:
-        return bool(self.stage.is_last)
+        return any(s.is_last for s in self.stages)
 
     def forward(self, *args: Any) -> Any:
         raise ParallelError(
@@ -122,21 +141,31 @@ class PipelineModule(nn.Module):
         self.microbatch_losses = losses
         return losses
 
-    def tied_parameter(self) -> nn.Parameter | None:
-        """The copy of the tied embedding/head weight this stage holds (first or last stage)."""
-        if self.tied_group is None:
-            return None
-        emb = getattr(self.stage_module, "tok_emb", None)
-        head = getattr(self.stage_module, "head", None)
-        if emb is not None:
-            return emb.weight
-        return head.weight if head is not None else None
+    def tied_parameters(self) -> list[nn.Parameter]:
+        """The copies of the tied embedding/head weight this rank's stages hold (the first
+        stage's embedding, the last stage's head; both on rank 0 in a V)."""
+        if not self.ties_head:
+            return []
+        found = []
+        for module in self.stage_modules:
+            for name in ("tok_emb", "head"):
+                part = getattr(module, name, None)
+                if part is not None:
+                    found.append(part.weight)
+        return found
 
     def sync_tied(self) -> None:
         """Sum the tied weight's gradient between the first and the last stage."""
-        p = self.tied_parameter()
-        if p is not None and p.grad is not None:
-            all_reduce(p.grad, self.tied_group)
+        grads = [p.grad for p in self.tied_parameters() if p.grad is not None]
+        if not grads:
+            return
+        total = grads[0].clone()
+        for g in grads[1:]:  # both ends on this rank (a V): sum here
+            total += g
+        if self.tied_group is not None:
+            all_reduce(total, self.tied_group)
+        for g in grads:
+            g.copy_(total)
 
     def sync_dp(self) -> None:
         """Average the stage's gradients over its data-parallel replicas (the sync phase).
@@ -155,35 +184,92 @@ def apply_pp(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     microbatches: int = 2,
     schedule: str = "gpipe",
+    stages_per_rank: int | None = None,
     recorder: Any | None = None,
-    stage_module: nn.Module | None = None,
+    stage_modules: list[nn.Module] | None = None,
     dp_group: dist.ProcessGroup | None = None,
 ) -> PipelineModule:
-    """Cut ``model`` into one stage per rank of the 1-D ``mesh`` and build the schedule.
+    """Cut ``model`` into ``stages_per_rank`` stages per rank of the 1-D ``mesh`` and build
+    the schedule.
 
-    With a ``recorder``, every micro-batch's forward and backward is marked as a phase span
-    ``forward[mb=i]`` / ``backward[mb=i]`` inside the step's phases. ``stage_module``:
-    this rank's stage when already cut (``pp_split.split_by_points``) instead of by blocks.
-    ``dp_group``: the stage's data-parallel replicas, whose gradients ``sync_dp`` averages.
+    With a ``recorder``, every action of the schedule is a phase span inside the step's
+    phases: ``forward[mb=i]``, ``backward[mb=i]`` (a full backward), ``backward_input[mb=i]``
+    and ``backward_weight[mb=i]`` (B and W of the zero-bubble schedules), with ``,stage=s``
+    added when a rank holds several stages. ``stage_modules``: this rank's stages when
+    already cut (``pp_split.split_by_points``), in ``pp_schedules.stage_indices`` order.
+    ``dp_group``: the stages' data-parallel replicas, whose gradients ``sync_dp`` averages.
     """
     if schedule not in SCHEDULES:
-        raise choices_error("schedule", schedule, sorted(SCHEDULES))
+        raise choices_error("schedule", schedule, list(SCHEDULES))
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise ConfigError(f"microbatches={microbatches!r} is not valid; it must be an integer >= 1")
     group = mesh.get_group()
-    num_stages = dist.get_world_size(group)
+    pp = dist.get_world_size(group)
     index = dist.get_rank(group)
-    if stage_module is None:
-        stage_module = split_stage(model, index, num_stages)
+    v = check_schedule(schedule, stages_per_rank, microbatches, pp)
+    num_stages = pp * v
+    indices = stage_indices(schedule, index, pp, v)
+    if stage_modules is None:
+        stage_modules = [split_stage(model, i, num_stages) for i in indices]
     device = next(model.parameters()).device
-    stage = PipelineStage(stage_module, index, num_stages, device, group=group)
+    stages = [
+        PipelineStage(m, i, num_stages, device, group=group)
+        for m, i in zip(stage_modules, indices, strict=True)
+    ]
     if recorder is not None:
-        _mark_microbatches(stage, recorder)
-    sched = SCHEDULES[schedule](stage, n_microbatches=microbatches, loss_fn=loss_fn)
-    tied_group = _tied_group(model, mesh, index, num_stages)
+        for stage in stages:
+            _mark_actions(stage, recorder, several=v > 1)
+    if schedule in SINGLE_STAGE:
+        sched = SCHEDULES[schedule](stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
+    else:
+        sched = SCHEDULES[schedule](stages, n_microbatches=microbatches, loss_fn=loss_fn)
+    ties = bool(getattr(getattr(model, "config", None), "tie_head", False))
+    last_on_first = schedule in V_SHAPE  # the V brings the last stage back to rank 0
+    tied_group = None if last_on_first else _tied_group(model, mesh, index, pp)
     return PipelineModule(
-        stage_module, stage, sched, group=group, tied_group=tied_group, dp_group=dp_group
+        stage_modules,
+        stages,
+        sched,
+        group=group,
+        tied_group=tied_group,
+        dp_group=dp_group,
+        ties_head=ties and num_stages > 1,
     )
+
+
+class _StageUnion(nn.Module):
+    """Several stages' parameters under the whole model's names (``layers.0`` from the
+    first stage, ``layers.3`` and ``head`` from the last, ...). Not run: each stage runs
+    through its own ``PipelineStage``; this is what the optimizer, the tracers and
+    ``full_state_dict`` read. The stages' submodules are shared, never copied or changed."""
+
+    def __init__(self, stages: list[nn.Module]) -> None:
+        super().__init__()
+        for stage in stages:
+            _union_into(self, stage)
+
+    def forward(self, *args: Any) -> Any:
+        raise ParallelError("a pipeline rank's stages run through their schedule, not here")
+
+
+def _union_into(target: nn.Module, source: nn.Module) -> None:
+    for name, child in source.named_children():
+        if child is None or not any(True for _ in child.parameters()):
+            continue
+        mine = target._modules.get(name)
+        if mine is None:
+            target.add_module(name, child)
+            continue
+        if not isinstance(mine, _Container):  # seen in an earlier stage: merge both
+            merged = _Container()
+            _union_into(merged, mine)
+            target._modules[name] = merged
+            mine = merged
+        _union_into(mine, child)
+
+
+class _Container(nn.Module):
+    """A plain holder of submodules found under the same name in several stages."""
 
 
 def _tied_group(
@@ -206,16 +292,23 @@ def _tied_group(
     return group if index in (0, num_stages - 1) else None
 
 
-def _mark_microbatches(stage: PipelineStage, recorder: Any) -> None:
-    """Wrap the stage's per-chunk forward/backward so each emits a micro-batch span."""
-    for method, phase in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
+def _mark_actions(stage: PipelineStage, recorder: Any, *, several: bool) -> None:
+    """Wrap the stage's per-chunk F, B and W so each emits a span named for its action."""
+    suffix = f",stage={stage.stage_index}" if several else ""
+
+    def wrap(method: str, phase_of: Callable[[dict[str, Any]], str]) -> None:
         original = getattr(stage, method)
 
         @functools.wraps(original)
-        def wrapped(
-            chunk_id: int, *args: Any, _o: Any = original, _p: str = phase, **kw: Any
-        ) -> Any:
-            with recorder.phase_span(f"{_p}[mb={chunk_id}]"):
-                return _o(chunk_id, *args, **kw)
+        def wrapped(chunk_id: int, *args: Any, **kw: Any) -> Any:
+            with recorder.phase_span(f"{phase_of(kw)}[mb={chunk_id}{suffix}]"):
+                return original(chunk_id, *args, **kw)
 
         setattr(stage, method, wrapped)
+
+    wrap("forward_one_chunk", lambda kw: "forward")
+    wrap(
+        "backward_one_chunk",
+        lambda kw: "backward" if kw.get("full_backward", True) else "backward_input",
+    )
+    wrap("backward_weight_one_chunk", lambda kw: "backward_weight")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from workbench import validate
 from workbench.errors import ConfigError
@@ -10,11 +10,19 @@ from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.models import PRESETS
 from workbench.parallel.options import PRECISIONS
 from workbench.parallel.parallelize import STRATEGY_LAYOUTS, layout_for
-from workbench.parallel.pp import SCHEDULES
+from workbench.parallel.pp_schedules import SCHEDULES, check_schedule
 from workbench.parallel.seeding import DEFAULT_SEED, MAX_SEED
 from workbench.vocab import RUN_OPTIMIZERS
 
-__all__ = ["DEFAULT_LR", "MAX_BATCH_SIZE", "MAX_SEED", "OPTIMIZERS", "STRATEGIES", "RunSpec"]
+__all__ = [
+    "DEFAULT_LR",
+    "MAX_BATCH_SIZE",
+    "MAX_SEED",
+    "OPTIMIZERS",
+    "RUN_OPTIONS",
+    "STRATEGIES",
+    "RunSpec",
+]
 
 # single: one device, no communication.  dp: DDP.  zero1: DDP + ZeroRedundancyOptimizer.
 # zero2 / fsdp: fully_shard without / with resharding after forward (ZeRO-2 / ZeRO-3).
@@ -54,6 +62,7 @@ class RunSpec:
     precision: str = "fp32"
     microbatches: int = 2
     schedule: str = "gpipe"
+    stages_per_rank: int | None = None  # None: the schedule's own (pp_schedules)
     grad_accum: int = 1
     seed: int = DEFAULT_SEED
     trace: bool = True
@@ -65,6 +74,7 @@ class RunSpec:
         validate.choice("optimizer", self.optimizer, OPTIMIZERS)
         validate.choice("precision", self.precision, PRECISIONS)
         validate.choice("schedule", self.schedule, SCHEDULES)
+        check_schedule(self.schedule, self.stages_per_rank, self.microbatches, 1)
         validate.integer(
             "batch_size", self.batch_size, minimum=1, maximum=MAX_BATCH_SIZE, what="a batch size"
         )
@@ -102,9 +112,10 @@ class RunSpec:
     def check_batch(self, dims: ParallelDims) -> None:
         """The global batch must split evenly over dp ranks, accumulation and micro-batches."""
         check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
-        if self.strategy == "pp" and self.schedule == "1f1b" and self.microbatches < dims.pp:
-            raise ConfigError(
-                f"microbatches={self.microbatches} is not valid with schedule='1f1b' on "
-                f"pp={dims.pp} stages: 1F1B needs at least one micro-batch per stage; "
-                f"use microbatches >= {dims.pp} or schedule='gpipe'"
-            )
+        if dims.pp > 1:  # the schedule's needs, the model's depth included
+            layers = PRESETS[self.model].n_layers
+            check_schedule(self.schedule, self.stages_per_rank, self.microbatches, dims.pp, layers)
+
+
+# The keyword names a run takes (Stepper's and rebuild's options, checked by name first).
+RUN_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(RunSpec))

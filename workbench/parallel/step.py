@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from workbench.errors import ConfigError
 from workbench.parallel.collectives import all_reduce
 from workbench.parallel.dp import DeferredSyncDDP
+from workbench.parallel.ep import ExpertParallel
 from workbench.parallel.options import autocast
 from workbench.parallel.pp import PipelineModule
 from workbench.trace.comm import labelled
@@ -269,7 +270,7 @@ class TrainStep:
         self._loss = None
 
     def _sync(self) -> None:
-        if isinstance(self.model, DeferredSyncDDP):
+        if isinstance(self.model, DeferredSyncDDP | ExpertParallel):
             self.model.sync()
         pipe = self.pipeline
         if pipe is not None:

@@ -112,6 +112,7 @@ class UserRun(UserOptions):
             "grad_accum": self.grad_accum,
             "microbatches": self.microbatches,
             "schedule": self.schedule,
+            "stages_per_rank": self.stages_per_rank,
             "precision": self.precision,
             "checkpointing": describe(self.checkpointing),
             "seed": self.seed,
@@ -253,8 +254,7 @@ def build_user_train_step(
         layout,
         dims,
         loss_fn=run.loss,
-        microbatches=run.microbatches,
-        schedule=run.schedule,
+        **run.pipeline_options(),
         recorder=recorder,
         param_dtype=fsdp_dtype,
     )

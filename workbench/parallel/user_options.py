@@ -15,7 +15,7 @@ from workbench import validate
 from workbench.errors import ConfigError
 from workbench.parallel.dims import ParallelDims, check_batch_split
 from workbench.parallel.options import PRECISIONS
-from workbench.parallel.pp import SCHEDULES
+from workbench.parallel.pp_schedules import check_schedule
 from workbench.parallel.seeding import DEFAULT_SEED, MAX_SEED
 from workbench.parallel.user_checkpointing import Checkpointing, check_checkpointing
 from workbench.vocab import planner_name
@@ -36,6 +36,7 @@ class UserOptions:
     grad_accum: int = 1
     microbatches: int = 2
     schedule: str = "gpipe"
+    stages_per_rank: int | None = None  # None: the schedule's own (pp_schedules)
     precision: str = "fp32"  # or "bf16" (the planner's name "bf16-mixed" is accepted too)
     # False, True (the repeated blocks FSDP wraps) or the blocks: name patterns / classes
     checkpointing: Checkpointing = False
@@ -48,10 +49,7 @@ class UserOptions:
         int_at_least("grad_accum", self.grad_accum, 1)
         int_at_least("microbatches", self.microbatches, 1)
         validate.integer("seed", self.seed, minimum=0, maximum=MAX_SEED)
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(
-                f"schedule={self.schedule!r} is not valid; choose from {sorted(SCHEDULES)}"
-            )
+        check_schedule(self.schedule, self.stages_per_rank, self.microbatches, 1)
         if self.precision == planner_name("precision", "bf16"):  # the same run, spelled so
             object.__setattr__(self, "precision", "bf16")
         if self.precision not in PRECISIONS:
@@ -65,7 +63,17 @@ class UserOptions:
         """These options alone (what the client ships for the engines' ``UserRun``)."""
         return {f.name: getattr(self, f.name) for f in fields(UserOptions)}
 
+    def pipeline_options(self) -> dict[str, Any]:
+        """What ``parallelize`` takes for the pipeline dimension."""
+        return {
+            "microbatches": self.microbatches,
+            "schedule": self.schedule,
+            "stages_per_rank": self.stages_per_rank,
+        }
+
     def check_batch(self, dims: ParallelDims) -> None:
         check_batch_split(self.batch_size, self.grad_accum, self.microbatches, dims)
         if dims.pp > 1 and self.grad_accum != 1:
             raise ConfigError("grad_accum must be 1 with pp > 1: set microbatches instead")
+        if dims.pp > 1:
+            check_schedule(self.schedule, self.stages_per_rank, self.microbatches, dims.pp)

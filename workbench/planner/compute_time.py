@@ -127,9 +127,19 @@ def stage_compute(
         fwd_micro=per_micro * fwd_share,
         bwd_micro=per_micro * (1.0 - fwd_share),
         compute=m * per_micro,
-        bubble=per_micro * (pp - 1) / parallel.virtual_stages if pp > 1 else 0.0,
+        bubble=per_micro * (pp - 1) / parallel.virtual_stages * _BUBBLE_SHARE[parallel.schedule]
+        if pp > 1
+        else 0.0,
         head_micro=head_micro,
     )
+
+
+# What is left of the 1F1B bubble when backward is split into B and W (equal F, B, W
+# costs): ZB-H1 fills two thirds of it with W; ZB-V and DualPipeV fill all of it.
+_BUBBLE_SHARE: dict[str, float] = {
+    **{"gpipe": 1.0, "1f1b": 1.0, "interleaved": 1.0},
+    **{"zero_bubble": 1 / 3, "zbv": 0.0, "dualpipe_v": 0.0},
+}
 
 
 def offload_time(

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from workbench import validate
 from workbench.errors import ConfigError, ParallelError
 from workbench.planner.comm import spans_nodes
 from workbench.planner.memory import MemoryBreakdown, memory_breakdown
@@ -320,10 +321,8 @@ def plan(
     or ``ParallelSpec`` (dp, tp, pp, zero, sequence_parallel, ...). With ``gpus`` and no
     ``dp``, dp = gpus / (tp·pp).
     """
-    unknown = set(settings) - _TRAINING_KEYS - _PARALLEL_KEYS
-    if unknown:
-        valid = sorted(_TRAINING_KEYS | _PARALLEL_KEYS | {"gpus", "params"})
-        raise ConfigError(f"unknown plan settings {sorted(unknown)}; valid: {valid}")
+    valid = _TRAINING_KEYS | _PARALLEL_KEYS | {"gpus", "params", "training", "parallel"}
+    validate.option_names("plan", settings, valid)
     spec = _model(model, params)
     hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
     t_set = {k: v for k, v in settings.items() if k in _TRAINING_KEYS}

@@ -207,8 +207,11 @@ class ParallelSpec:
         if self.schedule not in SCHEDULES:
             raise choices_error("schedule", self.schedule, SCHEDULES)
         check_int("virtual_stages", self.virtual_stages)
-        if self.virtual_stages > 1 and self.schedule != "interleaved":
-            raise ConfigError("virtual_stages > 1 needs schedule='interleaved'")
+        if self.virtual_stages > 1 and self.schedule in ("1f1b", "gpipe"):
+            raise ConfigError(
+                f"virtual_stages > 1 needs a multi-stage schedule, not {self.schedule!r}: "
+                "'interleaved', 'zero_bubble', 'zbv' or 'dualpipe_v'"
+            )
         if self.sequence_parallel and self.tp == 1:
             raise ParallelError("sequence_parallel=True needs tp > 1 (it shards along TP)")
 

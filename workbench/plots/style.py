@@ -45,6 +45,9 @@ PHASE_COLORS: dict[str, str] = {
     "data": "#9D755D",
     "forward": "#4C78A8",
     "backward": "#F58518",
+    # a zero-bubble schedule's split backward: B (input gradient), W (weight gradient)
+    "backward_input": "#F58518",
+    "backward_weight": "#E45756",
     "sync": "#BAB0AC",
     "optimizer": "#54A24B",
 }

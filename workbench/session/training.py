@@ -123,10 +123,7 @@ class TrainingSession:
     def build(self, **changes: Any) -> None:
         """(Re)build the run on every rank, optionally with changed ``RunSpec`` fields."""
         if changes:
-            valid = set(asdict(self._state.spec))
-            unknown = sorted(set(changes) - valid)
-            if unknown:
-                raise ConfigError(f"unknown option(s) {unknown}; valid options: {sorted(valid)}")
+            validate.option_names("rebuild", changes, asdict(self._state.spec))
             spec = replace(self._state.spec, **changes)
         else:
             spec = self._state.spec

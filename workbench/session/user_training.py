@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from workbench import validate
 from workbench.cluster.cluster import Cluster
 from workbench.engine import user_run
 from workbench.engine.shipping import Shipped, ship
@@ -168,12 +169,7 @@ def user_spec(model: Any, strategy: str, options: dict[str, Any]) -> UserSpec:
         )
     valid = {f.name for f in fields(UserSpec)} - {"factories", "local_model"}
     rest = {k: v for k, v in options.items() if k not in ("data", "loss", "optimizer")}
-    unknown = sorted(set(rest) - valid)
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) {unknown} for your own model; valid options: "
-            f"{sorted(valid | {'data', 'loss', 'optimizer'})}"
-        )
+    validate.option_names("your own model", rest, valid | {"data", "loss", "optimizer"})
     if rest.get("pp_split") is not None and not isinstance(rest["pp_split"], str):
         rest["pp_split"] = tuple(rest["pp_split"])
     factories: dict[str, Shipped | None] = {

@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 from workbench import validate
 from workbench.cluster import Cluster
 from workbench.errors import ClusterError, ConfigError
-from workbench.parallel.run_spec import RunSpec
+from workbench.parallel.pp_schedules import analytic_bubble, check_schedule, measured_bubble
+from workbench.parallel.run_spec import RUN_OPTIONS, RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
 from workbench.session.run_state import RankStatus
 from workbench.session.training import TrainingSession, validate_layout
@@ -103,6 +104,8 @@ class Stepper:
         # Your own model: ``model=make_model, data=..., loss=..., optimizer=...`` (see
         # workbench.session.user_training); a preset name otherwise.
         user = user_spec(model, strategy, options) if is_user_run(model, options) else None
+        if user is None:  # a typo is the workbench's error naming the nearest option
+            validate.option_names("Stepper", options, RUN_OPTIONS)
         spec = RunSpec(model=model, strategy=strategy, **options) if user is None else None
         self.cluster = cluster if cluster is not None else Cluster.current()
         checkpoints: dict[str, Any] = {
@@ -239,6 +242,28 @@ class Stepper:
         return self.session.grow(n, hosts=hosts)
 
     # -- output --------------------------------------------------------------------------
+    def bubble(self) -> list[dict[str, Any]]:
+        """Each rank's pipeline bubble: its idle fraction inside the schedule, measured from
+        the trace (steps after the first), beside the analytic one for its schedule
+        (``workbench.parallel.pp_schedules``: (p-1)/(m+p-1) for GPipe and 1F1B, ...)."""
+        spec = self.spec
+        world = self.cluster.world_size
+        dims = spec.dims(world) if isinstance(spec, RunSpec) else spec.layout(world).dims(world)
+        if dims.pp < 2:
+            raise ConfigError(
+                f"bubble() measures a pipeline; this run has pp={dims.pp} "
+                "(use strategy='pp', or a layout with pp >= 2)"
+            )
+        v = check_schedule(spec.schedule, spec.stages_per_rank, spec.microbatches, dims.pp)
+        analytic = analytic_bubble(spec.schedule, dims.pp, spec.microbatches, v)
+        rows = measured_bubble(self.events, range(world), analytic)
+        if not any(r.steps for r in rows):
+            raise ConfigError(
+                "no pipeline step in the trace yet; run a step first (stepper.step()) "
+                "with trace=True"
+            )
+        return [{"schedule": spec.schedule, **r.as_dict()} for r in rows]
+
     def figures(self) -> dict[str, go.Figure]:
         """Plain plotly figures of everything so far: memory, comm, loss."""
         events = self.events

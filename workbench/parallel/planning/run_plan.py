@@ -64,9 +64,10 @@ def parallel_spec(
         dp=dims.dp,
         tp=dims.tp,
         pp=dims.pp,
+        cp=dims.cp,
         zero=layout.zero if dims.dp > 1 else 0,
         micro_batches=micro_batches,
-        schedule=schedule,
+        schedule=planner_name("schedule", schedule),
         vocab_parallel=vocab_parallel,
     )
 
