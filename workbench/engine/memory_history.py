@@ -15,7 +15,7 @@ from typing import Any
 
 from workbench.engine.run_slot import current_run
 
-__all__ = ["MAX_ENTRIES", "cuda_snapshot", "start_history"]
+__all__ = ["MAX_ENTRIES", "cuda_snapshot", "snapshot_of", "start_history", "storage_categories"]
 
 MAX_ENTRIES = 100_000  # actions kept (a ring): a few steps of a large model, bounded
 _STARTED = "memory_history"
@@ -53,7 +53,11 @@ def storage_categories(train_step: Any) -> dict[int, str]:
 
 def cuda_snapshot() -> dict[str, Any] | None:
     """This rank's allocator snapshot and storage categories, or None off CUDA."""
-    train_step = current_run()
+    return snapshot_of(current_run())
+
+
+def snapshot_of(train_step: Any) -> dict[str, Any] | None:
+    """``train_step``'s allocator snapshot and storage categories, or None off CUDA."""
     if not _on_cuda(train_step):
         return None
     import torch
