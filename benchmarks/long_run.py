@@ -181,9 +181,11 @@ def plot(directory: Path, files: list[str]) -> Path:
             ax.set_xlabel("steps")
             if target is not None:
                 ax.axhline(target, color="red", linestyle="--", linewidth=1)
-    for ax in axes.flat:
+    for ax in axes.flat[: len(panels)]:
         ax.legend()
         ax.grid(alpha=0.3)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
     fig.suptitle("gpt-tiny DP, 2 gloo ranks: cost against run length (red: issue 42 target)")
     fig.tight_layout()
     out = directory / "long_run.png"
