@@ -63,7 +63,15 @@ __all__ = [
 ]
 
 
-__getattr__ = lazy_getattr(__name__, _LAZY, globals())
+_lazy = lazy_getattr(__name__, _LAZY, globals())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "trace":  # the subpackage, torch-free until used: wb.trace.schedule(...)
+        import importlib
+
+        return importlib.import_module("workbench.trace")
+    return _lazy(name)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -82,6 +82,10 @@ def install(
         raise
     flight.watch(recorder)
     state[AUTOSAVE] = dict(autosave) if autosave else None
+    if trace:  # on CUDA, the allocator's own history too (export_memory_snapshot)
+        from workbench.engine.memory_history import start_history
+
+        start_history(train_step)
     if trace and train_step.memory_tracer is not None:
         # A baseline sample before the first phase: the model and optimizer at rest.
         train_step.memory_tracer.sample(label="start")

@@ -21,6 +21,7 @@ __all__ = ["begin_cell", "current_cell", "end_cell", "pull_trace", "trace_record
 
 _KEY = "trace_recorder"
 _CELL = "trace_cell"
+_POLICY = "trace_policy"  # the last wb.traced(record=...), for the kernel's next pull
 
 
 def trace_recorder() -> Recorder:
@@ -59,13 +60,24 @@ def traced(
     name: str = "traced",
     per_module: bool = False,
     seed: int | None = None,
+    record: Any = None,
 ) -> Traced:
     """``with wb.traced(model, optimizer) as t:`` — trace a hand-written loop on this rank.
 
     ``seed=N`` seeds torch, numpy and ``random`` here first (the same ``N`` on every rank,
     as a stepper run is seeded), so the loop's dropout masks and draws are the same on
     every run of the notebook; ``None`` leaves the generators as the loop finds them.
+
+    ``record=`` (``None``: the default policy, ``"all"``, or ``wb.trace.schedule(...)``)
+    chooses the steps whose full detail the kernel keeps when it pulls the events;
+    summaries of every step are kept whatever it says.
     """
+    if record is not None:
+        from dataclasses import asdict
+
+        from workbench.trace.policy import record_policy
+
+        engine_state()[_POLICY] = asdict(record_policy(record))
     if seed is not None:
         from workbench import validate
         from workbench.parallel.seeding import MAX_SEED, seed_everything
@@ -110,4 +122,4 @@ def end_cell() -> None:
 def pull_trace(cursor: int) -> dict[str, Any]:
     """Trace events recorded since ``cursor``, as plain records, and the new cursor."""
     records, new_cursor = trace_recorder().records_since(cursor)
-    return {"records": records, "cursor": new_cursor}
+    return {"records": records, "cursor": new_cursor, "policy": engine_state().pop(_POLICY, None)}

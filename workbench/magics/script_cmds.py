@@ -30,6 +30,12 @@ def _run_args(p: MagicParser) -> None:
         action="store_true",
         help="record its collectives for %%wb trace plot / export (as wb.traced)",
     )
+    p.add_argument(
+        "--record",
+        default=None,
+        help="with --trace: the steps kept in full detail: default, all, or key=value,... "
+        "of wb.trace.schedule (wait=9,active=1,first=5,recent=50); summaries: every step",
+    )
     p.add_argument("script", help="the Python script, as for `torchrun script.py`")
     # everything after the script is its own (argparse.REMAINDER keeps its --options)
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -49,11 +55,23 @@ def run(magics: WorkbenchMagics, args: Any) -> None:
     cluster = magics.require_cluster()
     if cluster.group_closed:  # a failed run closed the process group on every rank
         cluster.recover_sync()
+    policy = None
+    if args.record is not None:
+        from workbench.trace.policy import parse_record
+
+        try:
+            policy = parse_record(args.record)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
     ranks = parse_ranks(args.ranks, cluster.world_size)
     show = parse_ranks(args.show, cluster.world_size, "--show")
     cells = getattr(magics, "trace_log", None)  # %wb trace on: a run is traced as a cell is
     traced = args.trace or bool(cells is not None and cells.cells and cells.cluster is cluster)
+    if policy is not None and not traced:
+        raise UsageError("--record chooses what a traced run keeps: add --trace")
     log = trace_log(magics) if traced else None
+    if log is not None and policy is not None:
+        log.set_policy(policy)
     view = live_view(cluster.ranks, show)  # each rank's output as it is printed
     try:
         results = cluster.run_script(

@@ -28,6 +28,8 @@ every rank, comparable with a single-device run.
 
 from __future__ import annotations
 
+import math
+from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -49,6 +51,9 @@ from workbench.trace.recorder import Recorder
 __all__ = ["PHASES", "TrainStep"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# Steps whose sample indices are kept: enough to check a resize skipped and repeated no
+# sample, without growing by a list a step over a 100k-step run.
+_SAMPLE_IDS_KEPT = 1000
 
 
 class TrainStep:
@@ -101,6 +106,9 @@ class TrainStep:
         self.sample_ids: dict[int, list[int]] = {}  # step -> the dataset indices it took
         self.spec: Any | None = None  # the RunSpec, when built by build_train_step
         self.last_loss: float | None = None
+        # Every step's loss (NaN before a restored step), 8 bytes a step: the recorder lets
+        # its events go once the client pulled them, and the equivalence check needs them all.
+        self.losses: array[float] = array("d")
         self._step = 0
         self._cursor = 0
         self._plan = self._phase_plan()
@@ -188,6 +196,8 @@ class TrainStep:
         self.data_position = data_position
         self._step = step
         self.recorder.step = step
+        del self.losses[step:]
+        self.losses.extend([math.nan] * (step - len(self.losses)))
         self._cursor = 0
         self._micro = []
         self._loss = None
@@ -228,6 +238,7 @@ class TrainStep:
         if len(batch) > 2:  # the built-in data sets carry each sample's index: proof that a
             # resized run skips and repeats no sample (``sample_ids``)
             self.sample_ids[self._step] = batch[2].tolist()
+            self.sample_ids.pop(self._step - _SAMPLE_IDS_KEPT, None)  # bounded on long runs
         self.data_position += 1
         x, y = x.to(self.device), y.to(self.device)
         if self.pipeline is not None:
@@ -292,6 +303,9 @@ class TrainStep:
 
     def _emit_loss(self) -> None:
         if self.last_loss is not None:
+            del self.losses[self._step :]
+            self.losses.extend([math.nan] * (self._step - len(self.losses)))
+            self.losses.append(self.last_loss)
             self.recorder.emit(
                 Metric(
                     rank=self.recorder.rank,

@@ -19,7 +19,7 @@ from workbench.errors import ConfigError
 from workbench.plots.style import MIB
 from workbench.trace.events import CommEvent, Event, MemorySample, Metric, PhaseSpan, bus_factor
 
-__all__ = ["synthetic_events"]
+__all__ = ["at_step", "synthetic_events"]
 
 _MS = 1_000_000  # ns
 _LAYERS = 4
@@ -204,3 +204,18 @@ def _emitted_at(e: Event) -> int:
     if isinstance(e, PhaseSpan | CommEvent):
         return e.end
     return e.t
+
+
+def at_step(events: list[Event], step: int, period_ns: int = 10**9) -> list[Event]:
+    """``events`` (of one step) moved to ``step``, ``step * period_ns`` later: a long run
+    made of copies of one step, for measuring what grows with the run's length."""
+    from dataclasses import replace
+
+    shift = step * period_ns
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, MemorySample | Metric):
+            out.append(replace(e, step=step, t=e.t + shift))
+        else:
+            out.append(replace(e, step=step, start=e.start + shift, end=e.end + shift))
+    return out

@@ -41,7 +41,6 @@ class RunState:
     phases: list[str] = field(default_factory=list)
     cursors: dict[int, int] = field(default_factory=dict)
     status: dict[int, RankStatus] = field(default_factory=dict)
-    events: list[Event] = field(default_factory=list)
 
 
 def check_checkpoint_options(

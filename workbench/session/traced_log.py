@@ -1,5 +1,7 @@
-"""Kernel side of ``wb.traced``: pull every rank's trace events by cursor, keep them in rank
-order, export them to Perfetto. Plain object; figures are drawn from ``events`` by plots/."""
+"""Kernel side of ``wb.traced``: pull every rank's trace events by cursor, keep them in an
+``EventStore`` (summaries of every step, detail as the recording policy says: ``record=`` of
+``wb.traced``, ``%wb run --trace --record``), export them to Perfetto. Plain object; figures
+are drawn from ``events`` by plots/."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from pathlib import Path
 from workbench.cluster.cluster import Cluster
 from workbench.engine import traced
 from workbench.trace import Event, from_record, to_perfetto
+from workbench.trace.policy import RecordPolicy
+from workbench.trace.store import EventStore
 
 __all__ = ["TraceLog"]
 
@@ -20,14 +24,23 @@ class TraceLog:
         self.timeout = timeout
         self.cells = False  # %wb trace on: every %%wb cell is one traced span
         self._cursors: dict[int, int] = {}
-        self._events: list[Event] = []
+        self._store = EventStore()
 
     def __repr__(self) -> str:
-        return f"<TraceLog ranks={self.cluster.world_size} events={len(self._events)}>"
+        return f"<TraceLog ranks={self.cluster.world_size} events={len(self._store)}>"
 
     @property
     def events(self) -> list[Event]:
-        return list(self._events)
+        """The events kept in detail (the recording policy's steps), oldest first."""
+        return self._store.events()
+
+    @property
+    def store(self) -> EventStore:
+        return self._store
+
+    def set_policy(self, policy: RecordPolicy) -> None:
+        """Which steps of what follows keep full detail (``%wb run --trace --record``)."""
+        self._store.set_policy(policy)
 
     def pull(self) -> list[Event]:
         """Fetch what every rank recorded since the last pull; returns the new events."""
@@ -41,8 +54,10 @@ class TraceLog:
                 timeout=self.timeout,
             )[0]
             self._cursors[rank] = int(result["cursor"])
+            if result.get("policy") is not None:  # wb.traced(record=...) on that rank
+                self._store.set_policy(RecordPolicy(**result["policy"]))
             new.extend(from_record(r) for r in result["records"])
-        self._events.extend(new)
+        self._store.add(new)
         return new
 
     def begin_cell(self, label: str = "cell") -> None:
@@ -56,5 +71,5 @@ class TraceLog:
         """Write the pulled events as a Perfetto / Chrome trace JSON file."""
         self.pull()
         out = Path(path)
-        to_perfetto(self._events, out)
+        to_perfetto(self._store.events(), out)
         return out

@@ -35,6 +35,8 @@ from workbench.session.run_state import (
     validate_layout,
 )
 from workbench.trace import Event, from_record, to_perfetto
+from workbench.trace.policy import RecordPolicy, record_policy
+from workbench.trace.store import EventStore
 
 __all__ = ["RankStatus", "TrainingSession", "validate_layout"]  # re-exported for the stepper
 
@@ -53,8 +55,13 @@ class TrainingSession:
         keep_last: int | None = 3,
         checkpoint_key: bytes | None = None,
         elastic: bool = False,
+        record: RecordPolicy | str | None = None,
+        run_dir: str | Path | None = None,
     ) -> None:
         check_checkpoint_options(checkpoint_dir, checkpoint_every, keep_last, checkpoint_key)
+        # Summaries of every step, detail as ``record`` says; an unwritable run_dir fails
+        # here, before anything is built.
+        self._store = EventStore(run_dir, record_policy(record))
         self.elastic = validate.boolean("elastic", elastic)  # lost ranks: go on without them
         self._elastic_base: tuple[RunSpec, int] | None = None  # spec and size before a shrink
         self.cluster = cluster
@@ -80,7 +87,8 @@ class TrainingSession:
         s, steps = self._state, {st.step for st in self._state.status.values()} or {0}
         return (
             f"<TrainingSession strategy={s.spec.strategy!r} model={s.spec.model!r} "
-            f"ranks={self.cluster.world_size} step={max(steps)} events={len(s.events)}>"
+            f"ranks={self.cluster.world_size} step={max(steps)} "
+            f"events={len(self._store)}>"
         )
 
     # -- state ---------------------------------------------------------------------------
@@ -99,7 +107,13 @@ class TrainingSession:
 
     @property
     def events(self) -> list[Event]:
-        return list(self._state.events)
+        """The events kept in detail (the recording policy's steps), oldest first."""
+        return self._store.events()
+
+    @property
+    def store(self) -> EventStore:
+        """The run's summaries and recorded detail (read-only use: figures, export)."""
+        return self._store
 
     @property
     def status(self) -> list[RankStatus]:
@@ -129,6 +143,7 @@ class TrainingSession:
             spec = self._state.spec
         validate_layout(spec, self.cluster.world_size)
         self._state = RunState(spec=spec)
+        self._store.clear()
         self._reference = []
         self.build_remote(spec)
 
@@ -176,10 +191,8 @@ class TrainingSession:
         """Once every rank built: phases, cursors, baseline events, the engines holding it."""
         self._state.phases = list(results[0]["phases"])
         self._state.cursors = {}
-        before = len(self._state.events)
-        self._absorb(results)
-        if not keep_events:  # a rebuild for a roll-back: its baseline samples are not news
-            del self._state.events[before:]
+        # A rebuild for a roll-back: its baseline samples are not news.
+        self._absorb(results, keep=keep_events)
         self._interrupted = False
         self.built = True
         self._built_on = self._engines()
@@ -316,7 +329,7 @@ class TrainingSession:
     def export_trace(self, path: str | Path) -> Path:
         """Write every rank's events as a Perfetto / Chrome trace JSON file."""
         out = Path(path)
-        to_perfetto(self._state.events, out)
+        to_perfetto(self._store.events(), out)
         return out
 
     # -- internals -----------------------------------------------------------------------
@@ -370,9 +383,9 @@ class TrainingSession:
 
     def drop_events_from(self, step: int) -> None:
         """A roll-back: events of step ``step`` and later did not happen any more."""
-        self._state.events = [e for e in self._state.events if e.step < step]
+        self._store.drop_from(step)
 
-    def _absorb(self, results: list[dict[str, Any]]) -> list[Event]:
+    def _absorb(self, results: list[dict[str, Any]], *, keep: bool = True) -> list[Event]:
         new: list[Event] = []
         for rank, result in enumerate(results):
             status = self._state.status.setdefault(rank, RankStatus(rank=rank))
@@ -382,7 +395,8 @@ class TrainingSession:
             status.error = None
             self._state.cursors[rank] = int(result["cursor"])
             new.extend(from_record(r) for r in result["records"])
-        self._state.events.extend(new)
+        if keep:
+            self._store.add(new)
         for listener in list(self._listeners):
             listener(new)
         return new

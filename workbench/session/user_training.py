@@ -204,7 +204,7 @@ class UserTrainingSession(TrainingSession):
             f"<TrainingSession model={spec.model!r} "
             f"layout={spec.layout(world).describe(world)!r}"
             f" ranks={self.cluster.world_size} step={self.step_index} "
-            f"events={len(self._state.events)}>"
+            f"events={len(self.store)}>"
         )
 
     def build(self, **changes: Any) -> None:
@@ -222,6 +222,7 @@ class UserTrainingSession(TrainingSession):
             spec = replace(spec, **changes)
         spec.validate(self.cluster.world_size)
         self._state = RunState(spec=spec)  # type: ignore[arg-type]
+        self.store.clear()
         self._reference = []
         self.build_remote(spec)  # type: ignore[arg-type]
 

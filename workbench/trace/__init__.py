@@ -25,6 +25,11 @@ _LAZY: dict[str, str] = {
     "to_hta": "hta",
     "to_perfetto": "perfetto",
     "Recorder": "recorder",
+    "RecordPolicy": "policy",
+    "schedule": "policy",
+    "EventStore": "store",
+    "StepSummaries": "summary",
+    "to_memory_snapshot": "memory_snapshot",
     "gradient_bytes": "storage",
     "optimizer_bytes": "storage",
     "parameter_bytes": "storage",
@@ -50,7 +55,9 @@ if TYPE_CHECKING:
     )
     from workbench.trace.hta import to_hta
     from workbench.trace.memory import MemoryTracer
+    from workbench.trace.memory_snapshot import to_memory_snapshot
     from workbench.trace.perfetto import to_perfetto
+    from workbench.trace.policy import RecordPolicy, schedule
     from workbench.trace.recorder import Recorder
     from workbench.trace.storage import (
         gradient_bytes,
@@ -59,7 +66,9 @@ if TYPE_CHECKING:
         process_rss,
         storage_bytes,
     )
+    from workbench.trace.store import EventStore
     from workbench.trace.stragglers import collective_waits, straggler_summary
+    from workbench.trace.summary import StepSummaries
 
 __all__ = [
     "PHASES",
@@ -67,11 +76,14 @@ __all__ = [
     "CommEvent",
     "CommTracer",
     "Event",
+    "EventStore",
     "MemorySample",
     "MemoryTracer",
     "Metric",
     "PhaseSpan",
+    "RecordPolicy",
     "Recorder",
+    "StepSummaries",
     "bus_factor",
     "collective_waits",
     "from_record",
@@ -79,9 +91,11 @@ __all__ = [
     "optimizer_bytes",
     "parameter_bytes",
     "process_rss",
+    "schedule",
     "storage_bytes",
     "straggler_summary",
     "to_hta",
+    "to_memory_snapshot",
     "to_perfetto",
     "to_record",
 ]

@@ -33,6 +33,9 @@ from workbench.trace.saved_tensors import (
 )
 from workbench.trace.storage import gradient_bytes_of, local_tensors, process_rss, storage_key
 
+# Steps whose per-category maxima ``peak()`` can still give.
+_PEAKS_KEPT = 64
+
 __all__ = ["MemoryTracer"]
 
 _CATEGORIES = ("params", "grads", "optimizer", "activations", "other", "allocator", "frozen")
@@ -234,6 +237,10 @@ class MemoryTracer:
             if old is None:
                 self._peaks[s.step] = [s.t, *values]
                 self._peak_rank[s.step] = s.rank
+                # ``peak()`` is asked about the step in progress: older steps' maxima go
+                # (the client summarises every step), so a long run does not grow them.
+                for table in (self._peaks, self._peak_rank, self._high):
+                    table.pop(s.step - _PEAKS_KEPT, None)
                 return
             old[0] = s.t
             for i, value in enumerate(values, 1):

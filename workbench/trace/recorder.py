@@ -22,7 +22,13 @@ Subscriber = Callable[[Event], None]
 
 
 class Recorder:
-    """Append-only event log of one rank with a cursor API for cheap incremental pulls."""
+    """Append-only event log of one rank with a cursor API for cheap incremental pulls.
+
+    A pull with ``since(cursor)`` acknowledges every event before ``cursor``: those are the
+    client's now and are dropped here, so a recorder pulled as it goes (the stepper after
+    every call, ``wb.traced`` after every cell) holds only what was not pulled yet, however
+    long the run. Cursors count every event ever emitted, dropped ones included.
+    """
 
     def __init__(self, rank: int = 0, *, clock: Clock | None = None) -> None:
         self.rank = rank
@@ -35,6 +41,7 @@ class Recorder:
         # (a peer died) is on its way out of the cell, not busy elsewhere.
         self.failed_at = 0.0
         self._events: list[Event] = []
+        self._dropped = 0  # events acknowledged by a pull and let go (cursor of _events[0])
         self._subscribers: list[Subscriber] = []
         self._lock = threading.Lock()
         self._next_flight = 0
@@ -46,10 +53,12 @@ class Recorder:
         )
 
     def __len__(self) -> int:
-        return len(self._events)
+        """Events emitted so far (pulled and dropped ones included): the next cursor."""
+        return self._dropped + len(self._events)
 
     @property
     def events(self) -> list[Event]:
+        """The events not yet acknowledged by a pull (all of them when nothing pulls)."""
         return list(self._events)
 
     def now(self) -> int:
@@ -79,9 +88,14 @@ class Recorder:
         return unsubscribe
 
     def since(self, cursor: int = 0) -> tuple[list[Event], int]:
-        """Events appended after ``cursor`` and the new cursor (pass it back next time)."""
+        """Events appended after ``cursor`` and the new cursor (pass it back next time);
+        the events before ``cursor`` are dropped (the caller has them)."""
         with self._lock:
-            return self._events[cursor:], len(self._events)
+            drop = min(max(cursor - self._dropped, 0), len(self._events))
+            if drop:
+                del self._events[:drop]
+                self._dropped += drop
+            return self._events[max(cursor - self._dropped, 0) :], len(self)
 
     def records_since(self, cursor: int = 0) -> tuple[list[dict[str, Any]], int]:
         """Like ``since`` but as plain dicts: what engines send to the client."""
@@ -90,6 +104,7 @@ class Recorder:
 
     def clear(self) -> None:
         with self._lock:
+            self._dropped += len(self._events)  # cursors stay valid: they count on
             self._events.clear()
             self.in_flight.clear()
 

@@ -22,6 +22,9 @@ from workbench.session.run_state import RankStatus
 from workbench.session.training import TrainingSession, validate_layout
 from workbench.session.user_training import UserTrainingSession, is_user_run, user_spec
 from workbench.trace import Event
+from workbench.trace.policy import RecordPolicy, record_policy
+from workbench.trace.store import step_ranges
+from workbench.trace.summary import StepSummaries
 
 __all__ = ["Stepper"]
 
@@ -62,6 +65,25 @@ def _check_arguments(
     )
 
 
+def _step_range(steps: object) -> tuple[int, int]:
+    """``(first, last)`` (inclusive) or a ``range`` of steps."""
+    if isinstance(steps, range) and steps.step == 1 and len(steps):
+        return steps.start, steps.stop - 1
+    if (
+        isinstance(steps, tuple)
+        and len(steps) == 2
+        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in steps)
+        and steps[0] <= steps[1]
+    ):
+        return steps[0], steps[1]
+    raise validate.invalid(
+        "steps",
+        steps,
+        "not a step range",
+        "use (first, last) with 0 <= first <= last, a range(first, stop), or None (the whole run)",
+    )
+
+
 class Stepper:
     """Drive one run on every rank of ``cluster`` (default: the running one).
 
@@ -83,6 +105,8 @@ class Stepper:
         checkpoint_every: int | None = None,
         keep_last: int | None = 3,
         elastic: bool = False,
+        record: RecordPolicy | str | None = None,
+        run_dir: str | Path | None = None,
         **options: Any,
     ) -> None:
         if cluster is not None and not isinstance(cluster, Cluster):
@@ -93,6 +117,7 @@ class Stepper:
                 "use a workbench.Cluster, or None (the running one)",
             )
         _check_arguments(timeout, capacity, reference, checkpoint_dir, checkpoint_every, keep_last)
+        record_policy(record)  # a bad policy fails here, before any engine works
         validate.boolean("elastic", elastic)
         if elastic and is_user_run(model, options):  # a shrink resizes built-in runs only
             raise validate.invalid(
@@ -112,6 +137,8 @@ class Stepper:
             "checkpoint_dir": checkpoint_dir,
             "checkpoint_every": checkpoint_every,
             "keep_last": keep_last,
+            "record": record,  # which steps keep full detail (summaries: every step)
+            "run_dir": run_dir,  # where the detail of steps past the window goes
         }
         if spec is not None:
             validate_layout(spec, self.cluster.world_size)  # fail here, before any work
@@ -179,8 +206,15 @@ class Stepper:
 
     @property
     def events(self) -> list[Event]:
-        """Every event from every rank so far (phases, memory, collectives, losses)."""
+        """The events of every rank kept in full detail (phases, memory, collectives,
+        losses): the steps ``record=`` keeps, read back from the run directory and the
+        recent window. A short run keeps them all."""
         return self.session.events
+
+    @property
+    def summaries(self) -> StepSummaries:
+        """Per-step summaries of every step of every rank (``summaries.rows()``)."""
+        return self.session.store.summaries
 
     @property
     def status(self) -> list[RankStatus]:
@@ -264,17 +298,47 @@ class Stepper:
             )
         return [{"schedule": spec.schedule, **r.as_dict()} for r in rows]
 
-    def figures(self) -> dict[str, go.Figure]:
-        """Plain plotly figures of everything so far: memory, comm, loss."""
-        events = self.events
+    def figures(self, steps: tuple[int, int] | range | None = None) -> dict[str, go.Figure]:
+        """Plain plotly figures: memory, comm, loss.
+
+        A run still all in the recent window is drawn in full detail; a longer one from
+        its per-step summaries, bucketed to min/max envelopes (a flat cost at any length).
+        ``steps=(first, last)`` zooms into recorded steps: their full detail."""
+        store = self.session.store
         ranks = list(range(self.cluster.world_size))
+        reference = self.reference_losses() if self.reference else None
+        if steps is None and not store.whole_run_in_window():
+            from workbench.plots.run_summary import summary_figures
+
+            return summary_figures(
+                store.summaries, capacity=self.capacity, ranks=ranks, reference=reference
+            )
+        if steps is None:
+            events = store.events()
+        else:
+            first, last = _step_range(steps)
+            events = store.events(first, last)
+            if not any(first <= s <= last for s in store.recorded_steps()):
+                raise ConfigError(
+                    f"steps={steps!r} is not valid: no step in it was recorded in detail; "
+                    f"recorded steps: {step_ranges(store.recorded_steps())} (record= chooses "
+                    "them; figures() without steps draws the whole run from summaries)"
+                )
         return {
             "memory": memory_figure(events, capacity=self.capacity, ranks=ranks),
             "comm": comm_timeline_figure(events, ranks=ranks),
-            "loss": loss_figure(
-                events, reference=self.reference_losses() if self.reference else None
-            ),
+            "loss": loss_figure(events, reference=reference),
         }
+
+    def export_memory_snapshot(self, dir: str | Path) -> list[Path]:
+        """Write one PyTorch memory snapshot per rank to ``dir``
+        (``memory_snapshot_rank<r>.pickle``: pytorch.org/memory_viz opens it,
+        ``torch.cuda._memory_viz`` reads it), its actions tagged with phase, step and
+        category. On CUDA: the allocator's recorded history; elsewhere: built from the
+        memory samples of the recorded steps. Returns the paths, rank order."""
+        from workbench.session.memory_export import export_memory_snapshot
+
+        return export_memory_snapshot(self.session, dir)
 
     def export_trace(self, path: str | Path) -> Path:
         """Write a Perfetto / Chrome trace of every rank's events; returns the path."""

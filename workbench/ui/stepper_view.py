@@ -39,6 +39,7 @@ __all__ = ["StepperView"]
 # Minimum seconds between figure refreshes during Run N (events are buffered in between
 # and flushed at the end); slower refreshes stretch the interval further (see _flush).
 THROTTLE_S = 0.25
+_KEYS = ("memory", "comm", "loss")  # Stepper.figures()' keys, in tab order
 LABEL_WIDTH = "100px"
 # The status table: without padding its header reads "rankstepnext phaseloss". Scoped to
 # the table's class so cells stay plain <td>s; numbers (rank, step, loss) align right.
@@ -179,7 +180,14 @@ class StepperView:
             return
         pending, self._pending = self._pending, []
         started = time.perf_counter()
-        if pending:
+        if pending and not self.stepper.session.store.whole_run_in_window():
+            # A run past the recent window is drawn from its summaries, bucketed: each
+            # refresh sends at most a few thousand points, however long the run.
+            figures = self.stepper.figures()
+            self._replace_figures(
+                [(w, figures[k]) for w, k in zip(self.figures, _KEYS, strict=True)]
+            )
+        elif pending:
             update_memory_figure(self.memory, pending)
             update_comm_timeline(self.comm, pending)
             update_loss_figure(self.loss, pending)
@@ -241,13 +249,16 @@ class StepperView:
             (self.comm, comm_timeline_figure(ranks=ranks)),
             (self.loss, loss_figure(reference=[] if self.stepper.reference else None)),
         ]
+        self._replace_figures(fresh)
+        self._pending = []
+
+    def _replace_figures(self, fresh: list[tuple[go.FigureWidget, go.Figure]]) -> None:
         for widget, figure in fresh:
             with widget.batch_update():
                 widget.data = ()
                 widget.layout = figure.layout
                 widget.add_traces(list(figure.data))
                 widget.layout.autosize = True
-        self._pending = []
 
     def _on_tab(self, change: dict[str, Any]) -> None:
         index = change["new"]

@@ -1,0 +1,224 @@
+"""Long runs at a flat cost (issue 42): kernel and engine RSS, per-step time and
+``figures()`` time against steps, for a ``gpt-tiny`` DP stepper on 2 gloo ranks.
+
+    .venv/bin/python -m benchmarks.long_run --steps 100000 --chunk 1000 \\
+        --out benchmarks/results/issue42/after-100k.json          # the issue's full length
+    .venv/bin/python -m benchmarks.long_run --plot benchmarks/results/issue42 \\
+        before.json after.json                                    # the curves, as a PNG
+
+Every ``--chunk`` steps it records the steps so far, this process's RSS (the kernel's
+place), each engine's RSS, the mean seconds per step of the chunk and the seconds one
+``stepper.figures()`` takes. It uses only ``Stepper.run`` and ``Stepper.figures``, so the
+same file measures main's code (``PYTHONPATH`` at a checkout of main) for the "before"
+curve. ``--overhead N`` then times N steps with tracing on and off, interleaved
+(``RunSpec.trace``), for the tracing overhead. ``--plot`` needs matplotlib (not a
+workbench dependency: any Python that has it will do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "measure", "plot", "write_json"]
+
+TARGETS = {
+    "kernel_rss_growth_mib": 50.0,
+    "engine_rss_growth_mib": 25.0,
+    "last_over_first_step_time": 1.1,
+    "figures_s": 0.5,
+    "tracing_overhead": 1.02,
+}
+MIB = 1 << 20
+
+
+def _engine_rss(cluster: Any) -> list[float]:
+    from workbench.trace.storage import process_rss
+
+    return [r / MIB for r in cluster.run(process_rss, timeout=60)]
+
+
+def _kernel_rss() -> float:
+    from workbench.trace.storage import process_rss
+
+    gc.collect()
+    return process_rss() / MIB
+
+
+def _where() -> str:
+    """Which workbench a process imports (also on the engines: self-contained, since a
+    function of ``__main__`` is shipped by value)."""
+    import os
+
+    import workbench
+
+    return os.path.dirname(workbench.__file__)
+
+
+def measure(steps: int, chunk: int, overhead: int, label: str) -> dict[str, Any]:
+    from benchmarks.common import prepare_environment
+
+    prepare_environment()
+    from workbench.cluster import Cluster
+    from workbench.ui.stepper import Stepper
+
+    cluster = Cluster(n=2, backend="gloo")
+    rows: list[dict[str, Any]] = []
+    try:
+        cluster.start_sync()
+        where = {"kernel": _where(), "engines": cluster.run(_where, timeout=60)}
+        print(f"{label}: workbench from {where}", flush=True)
+        stepper = Stepper(model="gpt-tiny", strategy="dp", cluster=cluster, batch_size=8)
+        stepper.run(20)  # warm-up: DDP rebuilds its buckets, allocators settle
+        stepper.figures()
+        base_kernel, base_engines = _kernel_rss(), _engine_rss(cluster)
+        done = 20
+        print(f"{label}: warm-up done, kernel {base_kernel:.0f} MiB", flush=True)
+        while done < steps + 20:
+            n = min(chunk, steps + 20 - done)
+            start, cpu = time.perf_counter(), time.process_time()
+            stepper.run(n)
+            per_step = (time.perf_counter() - start) / n
+            # The kernel's own CPU per step: what this process's code costs, much less
+            # moved by other work on a shared machine than the wall time is.
+            kernel_cpu = (time.process_time() - cpu) / n
+            done += n
+            start = time.perf_counter()
+            stepper.figures()
+            figures_s = time.perf_counter() - start
+            kernel, engines = _kernel_rss(), _engine_rss(cluster)
+            rows.append(
+                {
+                    "steps": done,
+                    "step_s": per_step,
+                    "kernel_cpu_s": kernel_cpu,
+                    "figures_s": figures_s,
+                    "kernel_rss_mib": kernel,
+                    "kernel_growth_mib": kernel - base_kernel,
+                    "engine_rss_mib": engines,
+                    "engine_growth_mib": [
+                        e - b for e, b in zip(engines, base_engines, strict=True)
+                    ],
+                }
+            )
+            print(
+                f"{label}: {done} steps  {per_step * 1e3:.1f} ms/step  kernel CPU "
+                f"{kernel_cpu * 1e3:.2f} ms/step  figures "
+                f"{figures_s:.2f} s  kernel +{kernel - base_kernel:.1f} MiB  engines "
+                + " ".join(f"+{g:.1f}" for g in rows[-1]["engine_growth_mib"])
+                + " MiB",
+                flush=True,
+            )
+        result: dict[str, Any] = {"label": label, "chunk": chunk, "where": where, "rows": rows}
+        if overhead:
+            result["overhead"] = _overhead(stepper, overhead)
+        return result
+    finally:
+        cluster.stop_sync()
+
+
+def _overhead(stepper: Any, steps: int, repeats: int = 3) -> dict[str, Any]:
+    """Seconds per step with tracing on and off, interleaved (medians)."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(repeats):
+        for trace in (True, False):
+            stepper.rebuild(trace=trace)
+            stepper.run(10)  # warm-up of the fresh run
+            start = time.perf_counter()
+            stepper.run(steps)
+            times[trace].append((time.perf_counter() - start) / steps)
+    on, off = sorted(times[True])[repeats // 2], sorted(times[False])[repeats // 2]
+    return {"traced_step_s": on, "untraced_step_s": off, "ratio": on / off, "steps": steps}
+
+
+def summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The targets' quantities from one run's rows."""
+    rows = result["rows"]
+    last = rows[-1]
+    out = {
+        "steps": last["steps"],
+        "kernel_rss_growth_mib": last["kernel_growth_mib"],
+        "engine_rss_growth_mib": max(last["engine_growth_mib"]),
+        "last_over_first_step_time": last["step_s"] / rows[0]["step_s"],
+        "last_over_first_kernel_cpu": last["kernel_cpu_s"] / rows[0]["kernel_cpu_s"],
+        "figures_s": max(r["figures_s"] for r in rows),
+    }
+    if "overhead" in result:
+        out["tracing_overhead"] = result["overhead"]["ratio"]
+    return out
+
+
+def plot(directory: Path, files: list[str]) -> Path:
+    """Draw every result file's curves into ``directory/long_run.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+    panels = [
+        ("kernel_growth_mib", "kernel RSS growth (MiB)", TARGETS["kernel_rss_growth_mib"]),
+        ("engine_growth_mib", "engine RSS growth, worst rank (MiB)", 25.0),
+        ("step_s", "seconds per step (wall, chunk mean)", None),
+        ("kernel_cpu_s", "kernel CPU seconds per step (chunk mean)", None),
+        ("figures_s", "stepper.figures() (s)", TARGETS["figures_s"]),
+    ]
+    for name in files:
+        result = json.loads((directory / name).read_text())
+        rows = result["rows"]
+        x = [r["steps"] for r in rows]
+        for ax, (key, title, target) in zip(axes.flat, panels, strict=False):
+            if key not in rows[0]:
+                continue
+            y = [max(r[key]) if isinstance(r[key], list) else r[key] for r in rows]
+            ax.plot(x, y, marker="o", markersize=3, label=result["label"])
+            ax.set_title(title)
+            ax.set_xlabel("steps")
+            if target is not None:
+                ax.axhline(target, color="red", linestyle="--", linewidth=1)
+    for ax in axes.flat[: len(panels)]:
+        ax.legend()
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle("gpt-tiny DP, 2 gloo ranks: cost against run length (red: issue 42 target)")
+    fig.tight_layout()
+    out = directory / "long_run.png"
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--chunk", type=int, default=1000)
+    parser.add_argument("--overhead", type=int, default=0, help="steps per tracing on/off run")
+    parser.add_argument("--label", default="this checkout")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--plot", type=Path, help="draw the result FILES in this directory")
+    parser.add_argument("files", nargs="*")
+    args = parser.parse_args(argv)
+    if args.plot is not None:
+        print(plot(args.plot, args.files))
+        return 0
+    result = measure(args.steps, args.chunk, args.overhead, args.label)
+    result["summary"] = summary(result)
+    result["targets"] = TARGETS
+    print(json.dumps(result["summary"], indent=1))
+    write_json(args.out, result)
+    return 0
+
+
+def write_json(out: Path | None, result: dict[str, Any]) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
