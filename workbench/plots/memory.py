@@ -383,7 +383,8 @@ def _y_range(state: dict[str, Any], rank: str) -> dict[str, Any]:
 
 
 def _height(ranks: int) -> int:
-    return 160 + 240 * ranks
+    # two ranks in 560 px: the stepper's figure beside its controls on a 800 px screen
+    return 120 + 220 * ranks
 
 
 def _x_title(mode: str) -> str:

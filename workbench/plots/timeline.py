@@ -75,8 +75,17 @@ def comm_timeline_figure(
         barmode="overlay",
         bargap=0.25,
         hovermode="closest",
-        legend={"title": {"text": "phase / collective"}},
-        margin={"l": 120, "r": 30, "t": 90, "b": 50},
+        # Under the plot, in rows: at the right, with its group titles, it outgrew the
+        # lanes' height and scrolled, hiding "wait" or "all_reduce" (issue 49).
+        legend={
+            "orientation": "h",
+            "yref": "container",
+            "y": 0,
+            "yanchor": "bottom",
+            "x": 0,
+            "title": {"text": "phase / collective"},
+        },
+        margin={"l": 120, "r": 30, "t": 90, "b": 120},
         # A name that does not fit its bar is left out rather than shrunk to nothing.
         uniformtext={"minsize": 10, "mode": "hide"},
         xaxis={"title": {"text": _time_title(0, 0.0)}, "zeroline": False},
@@ -306,5 +315,5 @@ def _lane_layout(ranks: list[int]) -> dict[str, Any]:
     lanes = [name for rank in sorted(ranks) for name in lane_names(rank)]
     return {
         "yaxis": {"categoryorder": "array", "categoryarray": lanes},
-        "height": 160 + 48 * max(len(lanes), 2),
+        "height": 230 + 48 * max(len(lanes), 2),  # the legend's rows under the plot
     }

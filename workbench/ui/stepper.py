@@ -214,7 +214,7 @@ class Stepper:
     def figures(self) -> dict[str, go.Figure]:
         """Plain plotly figures of everything so far: memory, comm, loss."""
         events = self.events
-        ranks = list(range(self.cluster.world_size))
+        ranks = self.session.run_ranks  # one panel for ``single``: rank 0 alone trains
         return {
             "memory": memory_figure(events, capacity=self.capacity, ranks=ranks),
             "comm": comm_timeline_figure(events, ranks=ranks),
