@@ -22,7 +22,7 @@ from tests.browser.session import browser_missing, open_notebook
 __all__ = ["DOCS", "IMAGES", "VIEWPORT", "main", "shoot"]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "images"
-VIEWPORT = {"width": 1200, "height": 1600}
+VIEWPORT = sp.PROJECTOR  # what a class sees (issue 49); the widget is shot whole
 IMAGES = {"memory": "stepper.png", "communication": "stepper_comm.png", "loss": "stepper_loss.png"}
 
 
@@ -48,11 +48,10 @@ def shoot(out: Path, steps: int = 4) -> dict[str, Any]:
             # no title) in 3 of 4 tries on a loaded machine; waiting for it first, it drew.
             # All three, as the stepper's browser test waits before its first click.
             sp.wait_figures(page, "Object.keys(f).length === 3")
-            controls = page.locator(".widget-hbox").filter(has=phase)
-            count = controls.locator("input[type=number]")
+            count = page.locator(".wb-run-count input")
             count.fill(str(steps))
             count.press("Enter")
-            controls.get_by_role("button", name="Run N", exact=True).click()
+            page.get_by_role("button", name="Run N", exact=True).click()
             sp.wait_status(page, f"rows.length > 0 && rows.every((r) => r[1] === '{steps}')")
             # a figure not drawn yet is missing from ``f`` (its tab was never shown): wait
             sp.wait_figures(page, f"f.loss !== undefined && f.loss.points === {2 * steps}")

@@ -13,6 +13,9 @@ from tests.browser.session import browser_missing
 
 __all__ = [
     "CELLS",
+    "COMM_BARS",
+    "OVERFLOW",
+    "PROJECTOR",
     "STARTED",
     "STOPPED",
     "USER_CELLS",
@@ -152,6 +155,50 @@ def widget(page: Any) -> Any:
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 VIEWPORT = {"width": 1400, "height": 1900}
+# A projector's screen (issue 49): the stepper's tests and the README's screenshots.
+PROJECTOR = {"width": 1280, "height": 800}
+
+# The comm timeline's collective bars as drawn: their width in page pixels.
+COMM_BARS = """() => {
+  const gd = [...document.querySelectorAll('.js-plotly-plot')]
+    .find((g) => ((g.layout && g.layout.title && g.layout.title.text) || '').startsWith('Compute'));
+  if (!gd || !gd._fullData) return null;
+  const out = [];
+  gd.querySelectorAll('.barlayer .trace').forEach((trace, i) => {
+    const t = (trace.__data__ && trace.__data__[0] && trace.__data__[0].trace) || {};
+    const key = (t.meta && t.meta.key) || '';
+    if (!key.startsWith('timeline/op/')) return;
+    trace.querySelectorAll('.point path').forEach((p) => {
+      out.push({op: key.slice(12), width: p.getBoundingClientRect().width,
+                text: ((p.parentNode.querySelector('text') || {}).textContent) || ''});
+    });
+  });
+  const xa = gd._fullLayout.xaxis;
+  return {bars: out, range: xa.range, cuts: (gd.layout.shapes || []).length};
+}"""
+
+# Boxes wider than their container, from the stepper widget up to the notebook's scroller:
+# what makes a horizontal scrollbar (name, scrollWidth, clientWidth).
+OVERFLOW = """() => {
+  const phase = [...document.querySelectorAll('button')].find((b) => b.textContent === 'Phase ▶');
+  const out = [];
+  for (let el = phase; el && el !== document.body; el = el.parentElement) {
+    const style = getComputedStyle(el);
+    if (el.scrollWidth > el.clientWidth + 1 && style.overflowX !== 'hidden')
+      out.push([el.className.toString().slice(0, 60), el.scrollWidth, el.clientWidth]);
+  }
+  const doc = document.documentElement;
+  if (doc.scrollWidth > doc.clientWidth + 1)
+    out.push(['document', doc.scrollWidth, doc.clientWidth]);
+  // every option control and button lies inside the widget, none cut off at its right
+  const root = phase.closest('.jp-OutputArea-output');
+  const edge = root.getBoundingClientRect().right;
+  const controls = '.widget-dropdown, .widget-text, .widget-checkbox, button';
+  for (const el of root.querySelectorAll(controls))
+    if (el.getBoundingClientRect().right > edge + 1)
+      out.push(['cut: ' + el.textContent.trim().slice(0, 30), 0, 0]);
+  return out;
+}"""
 
 
 def fresh_notebook(name: str, cells: list[str] | None = None) -> Iterator[Path]:

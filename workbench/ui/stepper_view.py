@@ -169,6 +169,7 @@ class StepperView:
         self.run_count = widgets.BoundedIntText(
             value=10, min=1, max=100000, layout={"width": "94px", "margin": "2px"}
         )
+        self.run_count.add_class("wb-run-count")  # N of Run N (the browser tests find it)
         self.run_button = widgets.Button(
             description="Run N", tooltip="run N whole steps", layout=_BUTTON
         )
@@ -269,6 +270,9 @@ class StepperView:
                 widget.layout = figure.layout
                 widget.add_traces(list(figure.data))
                 widget.layout.autosize = True
+                # the old x range came back from the front end into the layout: a fresh
+                # figure measures its own (the timeline stayed seconds wide after Reset)
+                widget.update_xaxes(autorange=True)
         self._pending = []
 
     def _on_tab(self, change: dict[str, Any]) -> None:
