@@ -37,17 +37,15 @@ def shoot(out: Path, steps: int = 4) -> dict[str, Any]:
             notebook, viewport=VIEWPORT, timeout_ms=180_000, failure_shot=out / "failure.png"
         ) as session:
             page = session.page
-            for index in range(3):
+            for index in range(2):
                 session.run_cell(index)
             page.get_by_text(sp.STARTED).wait_for()
             session.track()
-            phase = page.get_by_role("button", name="Phase ▶", exact=True)
-            phase.wait_for()
             # The figures' views load plotly's bundle (5 MB) after the buttons are up. With
             # Run N clicked before the memory figure was drawn it stayed blank (default axes,
             # no title) in 3 of 4 tries on a loaded machine; waiting for it first, it drew.
             # All three, as the stepper's browser test waits before its first click.
-            sp.wait_figures(page, "Object.keys(f).length === 3")
+            sp.show_stepper(session)
             count = page.locator(".wb-run-count input")
             count.fill(str(steps))
             count.press("Enter")

@@ -60,12 +60,10 @@ def _drive(session: BrowserSession) -> None:
     session.run_cell(1)
     page.get_by_text(sp.STARTED).wait_for()
     session.track()  # controller + engines, before anything could orphan them
-    session.run_cell(2)
+    sp.show_stepper(session)
     phase = page.get_by_role("button", name="Phase ▶", exact=True)
     step = page.get_by_role("button", name="Step ▶▶", exact=True)
-    phase.wait_for()
     widget = sp.widget(page)
-    sp.wait_figures(page, "Object.keys(f).length === 3")
     sp.wait_status(page, "true")
     before = sp.figures(page)
     assert before["memory"]["points"] == 0 and before["comm"]["points"] == 0, before

@@ -41,7 +41,7 @@ __all__ = ["StepperView"]
 THROTTLE_S = 0.25
 # The compact layout: a 300 px column of controls beside the figures (which take the
 # rest of the row; min_width 0 lets the row shrink below the figures' drawn width).
-LABEL_WIDTH = "92px"
+LABEL_WIDTH = "100px"
 SIDE_WIDTH = "300px"
 _OPTIONS_GRID = {"grid_template_columns": "1fr", "grid_gap": "0px", "width": "100%"}
 _BUTTON_ROWS = {"display": "flex", "flex_flow": "row wrap", "width": "100%"}
