@@ -8,8 +8,11 @@ then ``make notebooks`` (all) or ``python notebooks/build.py 06`` (one).
 
     python notebooks/build.py [--check] [NAME ...]
 
-``--check`` executes nothing: it lists notebooks whose cells differ from their sources or
-whose saved outputs show a widget's repr (``IntProgress(value=0, ...)``) as text.
+``--check`` executes nothing: it lists notebooks whose cells differ from their sources,
+whose saved outputs show a widget's repr (``IntProgress(value=0, ...)``) as text, or that a
+save from JupyterLab would change (a number JavaScript writes differently: ``0.0`` as ``0``,
+an integer past 2**53). Every build writes numbers as JupyterLab would; ``--stable``
+rewrites a committed notebook's numbers so without executing it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import functools
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import jupytext
 import nbformat
@@ -105,6 +109,58 @@ def widget_reprs(nb: nbformat.NotebookNode) -> list[str]:
     return found
 
 
+# JavaScript keeps integers exactly up to 2**53 (Number.MAX_SAFE_INTEGER).
+_JS_EXACT = 2**53
+# Under this, JSON.stringify writes an integral number with neither point nor exponent.
+_JS_PLAIN = 1e21
+
+
+def as_javascript_writes(value: Any) -> Any:
+    """``value`` (a notebook's JSON) as it comes back from JupyterLab, which parses and
+    re-serialises it in JavaScript: an integral float comes back an int (0.0 as 0, 1e+16
+    as 10000000000000000) and an int past 2**53 loses its last digits."""
+    if isinstance(value, dict):
+        return {k: as_javascript_writes(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_javascript_writes(v) for v in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < _JS_PLAIN:
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _JS_EXACT:
+        return int(float(value))  # the nearest double, as JavaScript holds it
+    return value
+
+
+def unstable_numbers(value: Any, where: str = "") -> list[str]:
+    """Where ``value`` (a notebook's JSON) holds a number that a save from JupyterLab
+    would write differently, and the number."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in unstable_numbers(v, f"{where}/{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in unstable_numbers(v, f"{where}/{i}")]
+    after = as_javascript_writes(value)
+    if type(after) is not type(value) or after != value:
+        return [f"{where} = {value!r}"]
+    return []
+
+
+def _stable(value: Any) -> Any:
+    """Integral floats as ints (what JupyterLab writes back) and ints past 2**53 as strings
+    (the figures' nanosecond times: their readers take either)."""
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _JS_EXACT:
+        return str(value)
+    return as_javascript_writes(value)
+
+
+def round_trip_stable(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` with every number as JupyterLab would save it, so that opening and saving
+    the committed notebook changes no byte."""
+    return nbformat.from_dict(_stable(nb))
+
+
 def build(source: Path) -> Path:
     """Execute the source in a fresh kernel, from the notebooks folder, and write the .ipynb."""
     nb = from_source(source)
@@ -118,6 +174,8 @@ def build(source: Path) -> Path:
     for cell in nb.cells:  # execution timestamps would change every build
         cell.metadata.pop("execution", None)
     path = notebook_path(source)
+    # what JupyterLab would save: opening and saving the notebook changes no byte
+    nb = round_trip_stable(nb)
     nbformat.write(nb, path)
     shown = widget_reprs(nb)
     if shown:
@@ -129,14 +187,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="notebook number or name prefix, e.g. 06")
     parser.add_argument("--check", action="store_true", help="compare only; execute nothing")
+    parser.add_argument(
+        "--stable",
+        action="store_true",
+        help="execute nothing: rewrite the numbers of the committed notebooks as a save "
+        "from JupyterLab would (integral floats as ints), so opening one changes no byte",
+    )
     opts = parser.parse_args(argv)
     chosen = sources(opts.names)
+    if opts.stable:
+        for s in chosen:
+            path = notebook_path(s)
+            nbformat.write(round_trip_stable(nbformat.read(path, as_version=4)), path)
+        return 0
     if opts.check:
         problems = [line for s in chosen for line in differences(s)]
         for s in chosen:
             if notebook_path(s).exists():
                 nb = nbformat.read(notebook_path(s), as_version=4)
                 problems += [f"{notebook_path(s).name} {line}" for line in widget_reprs(nb)]
+                problems += [
+                    f"{notebook_path(s).name} changes when saved from JupyterLab: {line}"
+                    for line in unstable_numbers(nb)[:3]
+                ]
         print("\n".join(problems) or f"{len(chosen)} notebooks match their sources")
         return 1 if problems else 0
     for source in chosen:

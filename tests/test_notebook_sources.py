@@ -67,3 +67,28 @@ def test_a_changed_source_is_reported(tmp_path: Path) -> None:
         assert BUILD.differences(changed) != []
     finally:
         BUILD.notebook_path = original
+
+
+@pytest.mark.parametrize("source", BUILD.sources(), ids=lambda p: p.stem)
+def test_a_save_from_jupyterlab_changes_no_byte(source: Path) -> None:
+    """JupyterLab parses a notebook's JSON into JavaScript numbers and writes them back:
+    the committed file must be what that writes (``0.0`` comes back ``0``, a nanosecond
+    time past 2**53 loses digits), or opening a notebook shows a git diff. The browser test
+    saves 00 from JupyterLab itself; this checks every notebook the same way, in Python."""
+    import json
+
+    import nbformat
+
+    path = BUILD.notebook_path(source)
+    text = path.read_text()
+    assert BUILD.unstable_numbers(json.loads(text)) == []
+    saved = nbformat.from_dict(BUILD.as_javascript_writes(json.loads(text)))
+    assert nbformat.writes(saved) + "\n" == text
+
+
+def test_the_numbers_javascript_writes_differently_are_found() -> None:
+    found = BUILD.unstable_numbers({"a": [0.0, 0.5, 1e16, 1e-7, 2**53, 2**53 + 1, True, 3]})
+    assert found == ["/a/0 = 0.0", "/a/2 = 1e+16", "/a/5 = 9007199254740993"]
+    stable = BUILD.round_trip_stable({"x": [0.0, 2.5], "t0": 1796196948668017652})
+    assert stable == {"x": [0, 2.5], "t0": "1796196948668017652"}
+    assert BUILD.unstable_numbers(stable) == []

@@ -44,9 +44,9 @@ SKIPS = {
     "python3 -m venv .venv-gpu": "a GPU machine's venv (CUDA wheels); make gpu-check runs it "
     "(tools/gpu_check.sh, dry-run here)",
 }
-# The README's cluster is stopped by its `%wb stop`; the sections after it assume one is
-# running, as in a notebook: started again before this block.
-SETUPS = {'stepper = wb.Stepper(model="gpt-tiny", strategy="dp", batch_size=8': "%wb start -n 2"}
+# Nothing is run between blocks: the README is pasted top to bottom into one shell, as a
+# reader does (the stepper's block starts its own cluster when the first one was stopped).
+SETUPS: dict[str, str] = {}
 
 
 def _reason(block: Block) -> str | None:

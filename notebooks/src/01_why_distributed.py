@@ -66,7 +66,9 @@ print(single["h100-80gb"].notes[0])
 
 # %% [markdown]
 # Every card runs out of memory, by a factor of two to eight. This is the seed article's
-# first pain point — *显存溢出 (OOM)*: "training cannot even start".
+# first pain point — *显存溢出* ("GPU memory overflow", OOM): "training cannot even start".
+# (The seed's Chinese terms are quoted with an English gloss beside each; they show as
+# boxes without a CJK font: on Debian or Ubuntu `apt-get install fonts-noto-cjk`.)
 #
 # The same numbers as stacked bars (the dashed line is each card's usable memory):
 
@@ -97,7 +99,8 @@ for recompute in ("none", "full"):
 
 # %% [markdown]
 # So even a model whose state fits can be pushed out of memory by its activations —
-# the seed's third migration warning (*显存碎片与重计算*): "even with parameters split,
+# the seed's third migration warning (*显存碎片与重计算*, "memory fragmentation and
+# recomputation"): "even with parameters split,
 # activations can still blow the memory; turn on gradient checkpointing".
 #
 # How many A100-80GB cards would the 10B model need at the least? The planner searches
@@ -207,8 +210,9 @@ print("every row ok:", report.ok)
 # per-layer formula against the tensors autograd actually saved) to a fraction of a
 # percent. The arithmetic of the first cells is what a real run allocates.
 #
-# The memory figure shows the same samples over time, one panel per rank (both ranks run
-# the same single-device training here, so the panels agree):
+# The memory figure shows the same samples over time, on rank 0's panel alone: the
+# `single` strategy trains one device, rank 0 of the running cluster (the next notebook
+# draws one panel per rank):
 
 # %% tags=["nbval-ignore-output"]
 stepper.figures()["memory"]

@@ -22,7 +22,7 @@ from tests.browser.session import browser_missing, open_notebook
 __all__ = ["DOCS", "IMAGES", "VIEWPORT", "main", "shoot"]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "images"
-VIEWPORT = {"width": 1200, "height": 1600}
+VIEWPORT = sp.PROJECTOR  # what a class sees (issue 49); the widget is shot whole
 IMAGES = {"memory": "stepper.png", "communication": "stepper_comm.png", "loss": "stepper_loss.png"}
 
 
@@ -37,22 +37,19 @@ def shoot(out: Path, steps: int = 4) -> dict[str, Any]:
             notebook, viewport=VIEWPORT, timeout_ms=180_000, failure_shot=out / "failure.png"
         ) as session:
             page = session.page
-            for index in range(3):
+            for index in range(2):
                 session.run_cell(index)
             page.get_by_text(sp.STARTED).wait_for()
             session.track()
-            phase = page.get_by_role("button", name="Phase ▶", exact=True)
-            phase.wait_for()
             # The figures' views load plotly's bundle (5 MB) after the buttons are up. With
             # Run N clicked before the memory figure was drawn it stayed blank (default axes,
             # no title) in 3 of 4 tries on a loaded machine; waiting for it first, it drew.
             # All three, as the stepper's browser test waits before its first click.
-            sp.wait_figures(page, "Object.keys(f).length === 3")
-            controls = page.locator(".widget-hbox").filter(has=phase)
-            count = controls.locator("input[type=number]")
+            sp.show_stepper(session)
+            count = page.locator(".wb-run-count input")
             count.fill(str(steps))
             count.press("Enter")
-            controls.get_by_role("button", name="Run N", exact=True).click()
+            page.get_by_role("button", name="Run N", exact=True).click()
             sp.wait_status(page, f"rows.length > 0 && rows.every((r) => r[1] === '{steps}')")
             # a figure not drawn yet is missing from ``f`` (its tab was never shown): wait
             sp.wait_figures(page, f"f.loss !== undefined && f.loss.points === {2 * steps}")

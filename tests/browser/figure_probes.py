@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["PHASES", "REPR", "drawn_figures", "problems"]
+__all__ = ["PHASES", "REPR", "drawn_figures", "overlapping_labels", "problems"]
 
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
 # A widget's repr as its saved output would show it (ipywidgets names, plotly's FigureWidget).
@@ -91,8 +91,7 @@ def problems(drawn: dict[str, dict[str, Any]], page_text: str) -> list[str]:
             out.append(f"memory {axis} tick labels lack {missing}: {labels[:12]}")
         if not any(re.fullmatch(r"step \d+", t) for t in labels):
             out.append(f"memory {axis} names no step: {labels[:12]}")
-    for axis, found in memory.get("boxes", {}).items():
-        out += _collisions(axis, found["labels"] + memory.get("numbers", []), found["ticks"])
+    out += overlapping_labels(drawn, "memory")
     peaks = [a for a in memory["annotations"] if a["name"].startswith("peak")]
     if not peaks:
         out.append("memory figure has no peak label")
@@ -121,6 +120,21 @@ def _overlap(a: dict[str, float], b: dict[str, float], slack: float = 2) -> bool
     return across > slack and down > slack
 
 
+def overlapping_labels(
+    drawn: dict[str, dict[str, Any]], kind: str, axes: tuple[str, ...] | None = None
+) -> list[str]:
+    """Tick labels of figure ``kind`` (on ``axes``, default all) drawn over each other or
+    struck by a tick mark."""
+    figure = drawn.get(kind, {})
+    out = []
+    for axis, found in figure.get("boxes", {}).items():
+        if axes is not None and axis not in axes:
+            continue
+        numbers = figure.get("numbers", []) if kind == "memory" else []
+        out += _collisions(f"{kind} {axis}", found["labels"] + numbers, found["ticks"])
+    return out
+
+
 def _collisions(
     axis: str, labels: list[dict[str, Any]], ticks: list[dict[str, float]]
 ) -> list[str]:
@@ -129,10 +143,10 @@ def _collisions(
     for i, a in enumerate(labels):
         for b in labels[i + 1 :]:
             if a["tick"] != b["tick"] and _overlap(a["box"], b["box"]):
-                out.append(f"memory {axis}: label {a['text']!r} overlaps {b['text']!r}")
+                out.append(f"{axis}: label {a['text']!r} overlaps {b['text']!r}")
         # a tick is a line (a box of no width: widened by a px each side); any crossing at
         # all strikes the text
         if any(_overlap(a["box"], {**t, "left": t["left"] - 1, "right": t["right"] + 1}, 0)
                for t in ticks):  # fmt: skip
-            out.append(f"memory {axis}: a tick mark runs through the label {a['text']!r}")
+            out.append(f"{axis}: a tick mark runs through the label {a['text']!r}")
     return out

@@ -74,6 +74,12 @@ class LabServer:
         (path / "notification.jupyterlab-settings").write_text(
             json.dumps({"fetchNews": "false", "checkForUpdates": False})
         )
+        # Every cell laid out, on screen or not: with JupyterLab's default windowing an
+        # output below the fold is not laid out, and a plotly figure drawn into it stayed
+        # blank (default axes, no title) on a loaded machine at 1,280 x 800.
+        notebook = path.parent / "notebook-extension"
+        notebook.mkdir(parents=True, exist_ok=True)
+        (notebook / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
 
     def start(self, timeout: float = 60.0) -> None:
         self._quiet_settings()

@@ -14,10 +14,14 @@ from tests.browser.session import BrowserSession, browser_missing, open_notebook
 
 __all__ = [
     "CELLS",
+    "COMM_BARS",
+    "OVERFLOW",
+    "PROJECTOR",
     "STARTED",
     "STOPPED",
     "USER_CELLS",
     "figures",
+    "show_stepper",
     "started",
     "status_rows",
     "wait_figures",
@@ -154,6 +158,50 @@ def widget(page: Any) -> Any:
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 VIEWPORT = {"width": 1400, "height": 1900}
+# A projector's screen (issue 49): the stepper's tests and the README's screenshots.
+PROJECTOR = {"width": 1280, "height": 800}
+
+# The comm timeline's collective bars as drawn: their width in page pixels.
+COMM_BARS = """() => {
+  const gd = [...document.querySelectorAll('.js-plotly-plot')]
+    .find((g) => ((g.layout && g.layout.title && g.layout.title.text) || '').startsWith('Compute'));
+  if (!gd || !gd._fullData) return null;
+  const out = [];
+  gd.querySelectorAll('.barlayer .trace').forEach((trace, i) => {
+    const t = (trace.__data__ && trace.__data__[0] && trace.__data__[0].trace) || {};
+    const key = (t.meta && t.meta.key) || '';
+    if (!key.startsWith('timeline/op/')) return;
+    trace.querySelectorAll('.point path').forEach((p) => {
+      out.push({op: key.slice(12), width: p.getBoundingClientRect().width,
+                text: ((p.parentNode.querySelector('text') || {}).textContent) || ''});
+    });
+  });
+  const xa = gd._fullLayout.xaxis;
+  return {bars: out, range: xa.range, cuts: (gd.layout.shapes || []).length};
+}"""
+
+# Boxes wider than their container, from the stepper widget up to the notebook's scroller:
+# what makes a horizontal scrollbar (name, scrollWidth, clientWidth).
+OVERFLOW = """() => {
+  const phase = [...document.querySelectorAll('button')].find((b) => b.textContent === 'Phase ▶');
+  const out = [];
+  for (let el = phase; el && el !== document.body; el = el.parentElement) {
+    const style = getComputedStyle(el);
+    if (el.scrollWidth > el.clientWidth + 1 && style.overflowX !== 'hidden')
+      out.push([el.className.toString().slice(0, 60), el.scrollWidth, el.clientWidth]);
+  }
+  const doc = document.documentElement;
+  if (doc.scrollWidth > doc.clientWidth + 1)
+    out.push(['document', doc.scrollWidth, doc.clientWidth]);
+  // every option control and button lies inside the widget, none cut off at its right
+  const root = phase.closest('.jp-OutputArea-output');
+  const edge = root.getBoundingClientRect().right;
+  const controls = '.widget-dropdown, .widget-text, .widget-checkbox, button';
+  for (const el of root.querySelectorAll(controls))
+    if (el.getBoundingClientRect().right > edge + 1)
+      out.push(['cut: ' + el.textContent.trim().slice(0, 30), 0, 0]);
+  return out;
+}"""
 
 
 def fresh_notebook(name: str, cells: list[str] | None = None) -> Iterator[Path]:
@@ -179,3 +227,20 @@ def started(notebook: Path, failure_shot: str) -> Iterator[BrowserSession]:
         session.page.get_by_text(STARTED).wait_for()
         session.track()
         yield session
+
+
+def show_stepper(session: Any, cell: int = 2, wait_ms: int = 90_000) -> None:
+    """Run the stepper's cell and wait for its three figures to be drawn. On a loaded
+    machine plotly's widget bundle (5 MB) can load after the figures' views were attached,
+    and a view then stays blank (default axes, no title) for good: seen at 1,280 x 800
+    with the code before issue 49 too. The cell is then run once more, which draws new
+    views with the bundle in place (the stepper is rebuilt; nothing has run on it yet)."""
+    page = session.page
+    session.run_cell(cell)
+    page.get_by_role("button", name="Phase ▶", exact=True).wait_for()
+    try:
+        page.wait_for_function(f"() => Object.keys(({FIGURES})()).length === 3", timeout=wait_ms)
+    except Exception:  # playwright's TimeoutError: once more, then let it fail for real
+        session.run_cell(cell)
+        page.get_by_role("button", name="Phase ▶", exact=True).wait_for()
+        wait_figures(page, "Object.keys(f).length === 3")

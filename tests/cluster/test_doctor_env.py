@@ -85,6 +85,11 @@ def test_other_differences_are_warnings_and_hosts_own_facts_are_only_shown() -> 
     assert "cpus" in report.differences()  # shown, highlighted, not warned about
     page = report._repr_html_()
     assert page.count("background:#fdd") == 2 * len(report.differences())
+    # a row per field, a column per host (fits a projector), the git hash shortened
+    assert "<tr><th>field</th><th>a</th><th>b</th></tr>" in page
+    assert page.count("<tr>") == 1 + len(report.columns)
+    git = str(same["torch_git"])  # torch's 40-character commit hash
+    assert f">{git[:12]}…</td>" in page and f'title="{git}"' in page
 
 
 def test_engines_of_one_host_share_a_row_unless_they_differ() -> None:

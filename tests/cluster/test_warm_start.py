@@ -306,6 +306,13 @@ def test_the_kernel_spec_runs_this_interpreter_with_the_workbench_launcher(tmp_p
         "{connection_file}",
     ]
     assert spec["language"] == "python"
+    # the launcher's icon: the file names jupyter_server's kernelspec API looks for
+    found = {p.name for p in (tmp_path / "share/jupyter/kernels/wbk").iterdir()}
+    assert found == {"kernel.json", "logo-svg.svg", "logo-32x32.png", "logo-64x64.png"}, found
+    png = (tmp_path / "share/jupyter/kernels/wbk/logo-64x64.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png[16:24] == bytes([0, 0, 0, 64] * 2)
+    svg = (tmp_path / "share/jupyter/kernels/wbk/logo-svg.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<rect") == 5
 
 
 def test_a_bad_kernel_name_is_refused_before_anything_is_written(

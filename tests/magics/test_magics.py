@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -12,6 +13,7 @@ from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
 from workbench.errors import RankError
+from workbench.magics.render import as_this_cell
 
 
 def _magics(shell: Any) -> Any:
@@ -68,9 +70,23 @@ def test_errors_fail_the_cell_grouped_by_rank(attached: Any) -> None:
     assert isinstance(result.error_in_exec, RankError)
     rendered = result.error_in_exec._render_traceback_()
     assert rendered[0] == "[ranks 0, 1]"
-    result = attached.run_cell("%%wb\nif rank == 1: raise KeyError('one')\nprint('fine')")
+    # the cell's frame is labelled with the notebook's count, not the engine's (issue 49)
+    attached.execution_count += 100  # a notebook far ahead of its engines' %%wb cells
+    count = attached.execution_count  # the In[count] this cell is shown as
+    code = "%%wb\nif rank == 1: raise KeyError('one')\nprint('fine')"
+    result = attached.run_cell(code, store_history=True)
     assert isinstance(result.error_in_exec, RankError)
     assert set(result.error_in_exec.failures) == {1}
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", result.error_in_exec.failures[1])
+    assert re.search(rf"Cell\s*In\[{count}\], line 1", plain), plain
+
+
+def test_a_rank_s_traceback_names_the_notebook_cell() -> None:
+    engine = "Traceback\nCell In[4], line 2\n----> 2 f()\nCell In[2], line 1, in f()\n"
+    assert as_this_cell(engine, 10) == engine.replace("In[4]", "In[10]")
+    colour = "\x1b[0;32mCell\x1b[0m\x1b[0;32m In[4]\x1b[0m, line 2"
+    assert as_this_cell(colour, 10) == colour.replace("In[4]", "In[10]")
+    assert as_this_cell(engine, None) == engine and as_this_cell(None, 3) is None
 
 
 def test_status_table(attached: Any, capsys: Any) -> None:

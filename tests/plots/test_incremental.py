@@ -122,7 +122,7 @@ def test_time_origin_stays_put_when_an_earlier_event_arrives_late() -> None:
     starts = [
         b for t in fig.data for b, y in zip(t.base, t.y, strict=True) if y.startswith("rank 1")
     ]
-    assert min(starts) == (first1 - origin) / 1e6
+    assert min(starts) == (first1 - int(origin)) / 1e6
 
 
 @pytest.mark.parametrize("name", FIGURES)

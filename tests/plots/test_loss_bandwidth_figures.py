@@ -47,6 +47,8 @@ def test_bandwidth_from_pairs_is_nccl_tests_busbw_on_log_x() -> None:
     one_mib = [b / s * factor / 1e9 for b, s in points[:3]]
     assert median.y[0] == pytest.approx(statistics.median(one_mib))
     assert fig.layout.xaxis.type == "log"
+    # one tick per decade, no minor digits between ("5, 10k, 2, 5, 100k" before)
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.xaxis.exponentformat == "SI"
     assert "GB/s" in fig.layout.yaxis.title.text and "bytes" in fig.layout.xaxis.title.text
     assert all("busbw" in h and "MiB" in h for h in runs.hovertext)
 

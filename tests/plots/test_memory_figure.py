@@ -161,3 +161,35 @@ def test_bad_input_names_the_value_and_the_choices() -> None:
         memory_figure(["hello"])
     with pytest.raises(ConfigError, match="unknown event kind"):
         memory_figure([{"kind": "nope"}])
+
+
+def test_memory_is_drawn_as_held_steps_with_a_phase_s_own_high_marked_between() -> None:
+    """Samples are taken at phase ends: the bytes hold from one to the next ("hv" steps),
+    and the tracer's "peak" sample (activations that rose and were freed inside a phase)
+    is a marker half-way to the end sample of its phase, not a point of the curve."""
+
+    def at(i: int, phase: str, activations: int, label: str = "") -> MemorySample:
+        return MemorySample(
+            rank=0, step=0, phase=phase, t=i * MS, params=MIB, grads=0, optimizer=0,
+            activations=activations,
+            label=label,
+        )  # fmt: skip
+
+    events = [
+        at(0, "data", 0),
+        at(1, "forward", 4 * MIB, "peak"),  # forward's high, before its end sample
+        at(2, "forward", 2 * MIB),
+        at(3, "backward", 0),
+    ]
+    for x in ("sample", "time"):
+        fig = memory_figure(events, x=x)
+        traces = _traces(fig, 0)
+        assert all(t.line.shape == "hv" for t in traces.values() if t.stackgroup)
+        assert list(traces["activations"].y) == [0, 2, 0]  # the end samples only
+        inner = traces["inner peak"]
+        assert list(inner.y) == [5.0]  # its total: params + activations at the high
+        assert list(inner.x) == ([0.5] if x == "sample" else [1.0])
+        assert list(traces["activations"].x) == ([0, 1, 2] if x == "sample" else [0, 2, 3])
+        assert list(traces["peak"].y) == [5.0]  # the highest of the rank, the inner one
+        names = [t.name for t in fig.data if t.showlegend is not False]
+        assert "highest inside a phase" in names

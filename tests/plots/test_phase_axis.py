@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 import pytest
 
 from tests.plots.events import MS, ddp_events, samples
-from workbench.plots import comm_timeline_figure, memory_figure, update_memory_figure
-from workbench.plots.phase_axis import MAX_PHASE_TICKS, MAX_STEP_TICKS
+from workbench.plots import (
+    comm_timeline_figure,
+    memory_figure,
+    update_comm_timeline,
+    update_memory_figure,
+)
+from workbench.plots.phase_axis import MAX_PHASE_TICKS, MAX_STEP_TICKS, STEP_LABELS_ACROSS, spaced
 from workbench.plots.style import MIB, base_phase
+from workbench.plots.timeline import IDLE_MS, KEPT_MS
 from workbench.trace.events import MemorySample, PhaseSpan
 
 PHASES = ("data", "forward", "backward", "sync", "optimizer")
@@ -172,9 +179,17 @@ def test_timeline_names_phases_in_the_bars_and_steps_on_top() -> None:
         if len(trace.x) and trace.meta["lane"] == "phase":
             assert trace.text == trace.name  # the phase written in each of its bars
             assert trace.textposition == "inside"
-        elif len(trace.x):
-            # no name in a collective's bar: a wait bar over it would print over the name
+        elif len(trace.x) and trace.name == "wait":
             assert trace.text is None and trace.textposition == "none"
+        elif len(trace.x):
+            # no name in a collective's bar (a wait bar over its start would print over
+            # it): what it moved, per bar, at its end
+            hovers = [h.split("<br>")[0] for h in trace.hovertext]
+            assert all(t.split(" · ")[0] in h for t, h in zip(trace.text, hovers, strict=True))
+            assert all(
+                re.fullmatch(r"[\d.]+ (B|KiB|MiB) · [\d.]+ (MB|GB)/s", t) for t in trace.text
+            )
+            assert trace.textposition == "inside" and trace.insidetextanchor == "end"
     assert {t.meta["lane"] for t in fig.data if len(t.x)} == {"phase", "comm"}
     assert fig.layout.uniformtext.mode == "hide"  # a name that does not fit is left out
     top = fig.layout.xaxis2
@@ -189,3 +204,48 @@ def test_timeline_names_phases_in_the_bars_and_steps_on_top() -> None:
     )
     bounds = [0.0, *fig.layout.xaxis.minor.tickvals]
     assert all(a < v for a, v in zip(bounds, top.tickvals, strict=True))
+
+
+def _spans(step_ms: list[tuple[float, float]]) -> list[PhaseSpan]:
+    """One rank's forward spans at these (start, end) ms, one step each."""
+    return [
+        PhaseSpan(rank=0, step=i, phase="forward", start=int(a * 1e6), end=int(b * 1e6))
+        for i, (a, b) in enumerate(step_ms)
+    ]
+
+
+def test_pauses_between_clicks_are_cut_out_of_the_timeline_and_marked() -> None:
+    # three 25 ms steps with 20 s and 30 s of talking between them, then one 10 ms late
+    events = _spans([(0, 25), (20_025, 20_050), (50_050, 50_075)])
+    fig = comm_timeline_figure(events[:2])
+    update_comm_timeline(fig, events[2:])
+    bars = [v for t in fig.data for b, x in zip(t.base, t.x, strict=True) for v in (b, b + x)]
+    kept = KEPT_MS
+    assert bars == pytest.approx([0, 25, 25 + kept, 50 + kept, 50 + 2 * kept, 75 + 2 * kept])
+    cuts = [s for s in fig.layout.shapes if s.line.dash == "dash"]
+    assert [c.x0 for c in cuts] == pytest.approx([25 + kept / 2, 50 + kept * 1.5])
+    assert "2 pauses (50.0 s) cut out" in fig.layout.xaxis.title.text
+    # the same events in one batch: the same figure
+    whole = comm_timeline_figure(events)
+    assert whole.layout.shapes == fig.layout.shapes
+    # a late event from before the last cut lands at its own (busy) time
+    late = PhaseSpan(rank=1, step=1, phase="forward", start=int(20_030e6), end=int(20_040e6))
+    update_comm_timeline(fig, [late])
+    forward = next(t for t in fig.data if t.name == "forward")
+    assert forward.base[-1] == pytest.approx(30 + kept)
+    # pauses under IDLE_MS stay as they are
+    short = comm_timeline_figure(_spans([(0, 25), (25 + IDLE_MS - 1, 50 + IDLE_MS)]))
+    assert not short.layout.shapes
+    assert short.data[1].base[1] == pytest.approx(25 + IDLE_MS - 1)
+
+
+def test_step_labels_are_thinned_to_what_fits_side_by_side() -> None:
+    # step 0 clicked phase by phase (wide, pauses kept at 1 ms each), then 12 narrow steps
+    assert spaced([0, 1, 2, 3], 4) == [0, 1, 2, 3]
+    assert spaced([0.0, 1, 2, 12, 13, 24], 24) == [0, 2, 3, 5]
+    wide = [(0.0, 100.0)] + [(100.0 + 10 * i, 110.0 + 10 * i) for i in range(30)]
+    fig = comm_timeline_figure(_spans(wide))
+    centers = list(fig.layout.xaxis2.tickvals)
+    extent = 400.0
+    assert all(b - a >= extent / STEP_LABELS_ACROSS for a, b in itertools.pairwise(centers))
+    assert 8 <= len(centers) <= STEP_LABELS_ACROSS + 1

@@ -40,6 +40,13 @@ def test_scaling_figure_plots_throughput_and_efficiency():
     assert by_name["linear"].y[-1] == pytest.approx(16 * pts[0].tokens_per_s)
     two = scaling_figure({"a": pts, "b": pts[:2]})
     assert len(two.data) == 6
+    # readable axes (issue 49): GPU counts as whole numbers, efficiency in whole quarters,
+    # the legend under the plot (at the right it covered the efficiency axis)
+    assert list(fig.layout.xaxis.ticktext) == ["1", "4", "16"]  # at most 4 whole counts
+    assert list(fig.layout.yaxis2.tickvals) == [0, 0.25, 0.5, 0.75, 1]
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y == 0
+    wide = scaling(plan("gpt2-xl").model, hw, TrainingSpec(seq=1024), gpus=(1, 8, 64, 512))
+    assert list(scaling_figure(wide).layout.xaxis.ticktext) == ["1", "8", "64", "512"]
 
 
 def test_memory_vs_model_size_crosses_the_card_limit():

@@ -9,6 +9,7 @@ import pytest
 
 from workbench.cluster import Cluster
 from workbench.errors import ConfigError
+from workbench.trace import MemorySample
 from workbench.ui.stepper import Stepper
 
 
@@ -51,6 +52,16 @@ def test_run_n_fills_progress_and_loss_with_reference(stepper: Stepper) -> None:
     mine = next(t for t in view.loss.data if t.meta["key"] == "loss/rank/0")
     assert max(abs(a - b) for a, b in zip(mine.y, ref.y[:3], strict=False)) < 1e-5
     assert view.pause_button.disabled and not view.run_button.disabled  # run is over
+    # The reference ran on rank 0's engine (after the run, for the loss figure); the step
+    # after it must not count its activations as rank 0's: both DDP ranks drew the same
+    # samples with the same peak (it once added a "peak" sample of 1.5x to rank 0 alone).
+    view.step_button.click()
+    samples = {
+        r: [e for e in stepper.events if isinstance(e, MemorySample) and e.rank == r]
+        for r in (0, 1)
+    }
+    assert [s.label for s in samples[0]] == [s.label for s in samples[1]]
+    assert max(s.total for s in samples[0]) == max(s.total for s in samples[1])
 
 
 def test_pause_stops_a_run_early(stepper: Stepper) -> None:

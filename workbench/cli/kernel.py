@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from workbench.cli.kernel_logo import write_logos
 from workbench.errors import ConfigError
 
 __all__ = ["DEFAULT_NAME", "install", "kernel_json", "register"]
@@ -73,6 +74,7 @@ def install(
 
     with tempfile.TemporaryDirectory(prefix="wb-kernel-") as tmp:
         (Path(tmp) / "kernel.json").write_text(json.dumps(kernel_json(display_name), indent=1))
+        write_logos(Path(tmp))  # the launcher's icon (logo-svg.svg, logo-32x32/64x64.png)
         return str(
             KernelSpecManager().install_kernel_spec(tmp, kernel_name=name, user=user, prefix=prefix)
         )

@@ -121,19 +121,31 @@ class EnvironmentReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
+        """One row per field, one column per host: a few hosts fit a 1,280 px screen, where
+        16 fields side by side (a 40-character torch git hash among them) ran off it."""
         differ = self.differences()
-        cells = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        hosts = "".join(f"<th>{html.escape(row)}</th>" for row in self.rows)
         body = []
-        for row, flat in self.rows.items():
-            tds = []
-            for c in self.columns:
-                style = ' style="background:#fdd"' if c in differ else ""
-                tds.append(f"<td{style}>{html.escape(flat.get(c, 'unset'))}</td>")
-            body.append(f"<tr><th>{html.escape(row)}</th>{''.join(tds)}</tr>")
+        for c in self.columns:
+            style = ' style="background:#fdd"' if c in differ else ""
+            tds = "".join(
+                _cell(flat.get(c, "unset"), style, c in _SHORTENED) for flat in self.rows.values()
+            )
+            body.append(f"<tr><th style='text-align:left'>{html.escape(c)}</th>{tds}</tr>")
         notes = "".join(f"<li>{html.escape(t)}</li>" for t in self.errors + self.warnings)
-        return f"<table><tr><th>host</th>{cells}</tr>{''.join(body)}</table>" + (
+        return f"<table><tr><th>field</th>{hosts}</tr>{''.join(body)}</table>" + (
             f"<ul>{notes}</ul>" if notes else "<p>same environment on every host</p>"
         )
+
+
+# Shown to 12 characters (the whole value in the cell's tooltip), as git abbreviates.
+_SHORTENED = frozenset({"torch git"})
+
+
+def _cell(value: str, style: str, shorten: bool) -> str:
+    text = value[:12] + "…" if shorten and len(value) > 13 else value
+    title = f' title="{html.escape(value)}"' if text != value else ""
+    return f"<td{style}{title}>{html.escape(text)}</td>"
 
 
 def _rows(labelled: Sequence[tuple[str, int, Mapping[str, Any]]]) -> dict[str, dict[str, str]]:

@@ -170,11 +170,23 @@ def sample_ids() -> dict[int, list[int]]:
 
 
 def run_reference(spec_fields: dict[str, Any], steps: int) -> list[float]:
-    """Losses of the single-device run on the same global batches (runs on one engine)."""
+    """Losses of the single-device run on the same global batches (runs on one engine).
+
+    The rank's memory tracer keeps its saved-tensor hooks installed on this thread between
+    phases; the reference's activations must not count as the rank's. The innermost hooks
+    are the ones autograd calls, so identity hooks around the reference hide it from the
+    tracer (no extra "peak" sample, rank 0's panel equal to rank 1's)."""
+    import torch
+
     from workbench.parallel import RunSpec, reference_losses_and_params
 
-    losses, _ = reference_losses_and_params(RunSpec(**spec_fields), steps)
+    with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+        losses, _ = reference_losses_and_params(RunSpec(**spec_fields), steps)
     return losses
+
+
+def _same(tensor: Any) -> Any:
+    return tensor
 
 
 def spec_fields(spec: Any) -> dict[str, Any]:

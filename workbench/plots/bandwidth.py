@@ -50,7 +50,14 @@ def bandwidth_figure(
         title=title,
         template="plotly_white",
         hovermode="closest",
-        xaxis={"title": {"text": "message size (bytes, log scale)"}, "type": "log"},
+        # one tick per decade (1k, 10k, 100k, 1M): plotly's own log ticks add minor
+        # digits between them, which read as "5, 10k, 2, 5, 100k"
+        xaxis={
+            "title": {"text": "message size (bytes, log scale)"},
+            "type": "log",
+            "dtick": 1,
+            "exponentformat": "SI",
+        },
         yaxis={"title": {"text": "bus bandwidth (GB/s)"}, "rangemode": "tozero"},
         legend={"title": {"text": "op"}},
         meta=initial_meta({"kind": KIND, "op": op, "world_size": world_size}),

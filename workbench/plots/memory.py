@@ -32,6 +32,7 @@ _GAP = 0.12  # vertical gap between rank subplots (room for two lines of tick la
 # Share of each rank's y range above its highest point (peak or capacity): the peak label
 # (about 20 px) sits there, inside the panel even with 8 ranks at the default height.
 _HEADROOM = 0.25
+PEAK_LABEL = "peak"  # MemoryTracer's label of a phase's own activation high
 
 
 def memory_figure(
@@ -69,7 +70,7 @@ def memory_figure(
             {
                 "kind": KIND,
                 "x": x,
-                "t0": t0,
+                "t0": None if t0 is None else str(t0),  # a string: see timeline.py
                 "capacity": capacity,
                 "ranks": wanted,
                 "axes": {},  # rank -> axis number (1 = "x"/"y", 2 = "x2"/"y2", ...)
@@ -107,17 +108,24 @@ def update_memory_figure(
     if not samples:
         return fig
     if state["t0"] is None:
-        state["t0"] = min(s.t for s in samples)
+        state["t0"] = str(min(s.t for s in samples))
     patch = Patch(fig)
     new_peaks: set[str] = set()
     for s in samples:
         rank = str(s.rank)
         if rank not in state["axes"]:
             _add_rank(patch, state, s.rank)
-        xv = state["count"][rank] if state["x"] == "sample" else (s.t - state["t0"]) / 1e6
-        state["count"][rank] += 1
-        extend_bands(state["bands"][rank], s.step, band_name(s.phase, s.label), xv)
-        _add_sample(patch, state, s, xv)
+        inside = s.label == PEAK_LABEL  # a phase's own high, between two end samples
+        if state["x"] == "time":
+            xv = (s.t - int(state["t0"])) / 1e6
+        else:  # half-way to the sample that ends its phase (the next one on this rank)
+            xv = state["count"][rank] - (0.5 if inside else 0)
+        if inside:
+            _add_inner_peak(patch, state, s, xv)
+        else:
+            state["count"][rank] += 1
+            extend_bands(state["bands"][rank], s.step, band_name(s.phase, s.label), xv)
+            _add_sample(patch, state, s, xv)
         peak = state["peak"].get(rank)
         if peak is None or s.total > peak[1]:
             state["peak"][rank] = [xv, s.total, s.step, s.phase]
@@ -156,6 +164,19 @@ def _add_sample(patch: Patch, state: dict[str, Any], s: MemorySample, xv: float)
             hovertext=f"{where}<br>{category}: {format_bytes(value)}"
             f" · total {format_bytes(s.total)}",
         )
+
+
+def _add_inner_peak(patch: Patch, state: dict[str, Any], s: MemorySample, xv: float) -> None:
+    """A marker at a phase's own high (the tracer's "peak" sample): the activations peaked
+    inside the phase and were freed before its end sample, which the steps do not show."""
+    key = _key(s.rank, "inner peak")
+    if not patch.has(key):
+        patch.create(key, _inner_peak(s.rank, state, patch))
+    text = (
+        f"rank {s.rank} · step {s.step} · highest inside {s.phase or 'no phase'}"
+        f"<br>total {format_bytes(s.total)} · activations {format_bytes(s.activations)}"
+    )
+    patch.add(key, x=xv, y=s.total / MIB, hovertext=text)
 
 
 def _peak_label(state: dict[str, Any], rank: str) -> tuple[str, bool]:
@@ -256,12 +277,30 @@ def _area(rank: int, category: str, state: dict[str, Any], patch: Patch) -> go.S
         showlegend=first,
         mode="lines",
         stackgroup=f"rank{rank}",
-        line={"width": 0.5, "color": color},
+        # what was measured: each sample's bytes held until the next sample (a phase's
+        # end), not a ramp between them; a phase's own high is a marker (_inner_peak)
+        line={"width": 0.5, "color": color, "shape": "hv"},
         fillcolor=color,
         xaxis=xa,
         yaxis=ya,
         hoverinfo="text",
         meta={"rank": rank, "category": category},
+    )
+
+
+def _inner_peak(rank: int, state: dict[str, Any], patch: Patch) -> go.Scatter:
+    xa, ya = _axis_names(state["axes"][str(rank)])
+    first = not any(k.endswith("/inner peak") for k in (*patch.index, *patch.new))
+    return go.Scatter(
+        name="highest inside a phase",
+        legendgroup="inner peak",
+        showlegend=first,
+        mode="markers",
+        marker={"symbol": "line-ew", "size": 12, "line": {"width": 2, "color": "#222222"}},
+        hoverinfo="text",
+        xaxis=xa,
+        yaxis=ya,
+        meta={"rank": rank, "category": "inner peak"},
     )
 
 
@@ -344,7 +383,8 @@ def _y_range(state: dict[str, Any], rank: str) -> dict[str, Any]:
 
 
 def _height(ranks: int) -> int:
-    return 160 + 240 * ranks
+    # two ranks in 560 px: the stepper's figure beside its controls on a 800 px screen
+    return 120 + 220 * ranks
 
 
 def _x_title(mode: str) -> str:

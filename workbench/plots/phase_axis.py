@@ -18,16 +18,21 @@ from workbench.plots.style import base_phase
 __all__ = [
     "MAX_PHASE_TICKS",
     "MAX_STEP_TICKS",
+    "STEP_LABELS_ACROSS",
     "band_name",
     "band_ticks",
     "boundary_grid",
     "extend_bands",
+    "spaced",
 ]
 
 # On two staggered lines, about 800 px of axis (the stepper's tab) holds 30 phase names
 # ("optimizer" is the widest, ~50 px); past that they would overlap, so steps only.
 MAX_PHASE_TICKS = 30
 MAX_STEP_TICKS = 25
+# "step 12" in bold is ~50 px: an axis of ~700 px (the stepper's figure beside its controls
+# at 1,280 px) holds 12 of them with room between, so labels are at least 1/12 of it apart.
+STEP_LABELS_ACROSS = 12
 _BOUNDARY = {"showgrid": True, "gridcolor": "#555555", "griddash": "dot", "gridwidth": 1}
 # On a time axis a short tick under each boundary, between the numbers. On a sample axis
 # none: a one-sample band's name ("optimizer", the last of a step) is wider than its band
@@ -61,10 +66,26 @@ def _step_starts(bands: list[Band]) -> list[int]:
     return [i for i, b in enumerate(bands) if i == 0 or b[0] != bands[i - 1][0]]
 
 
+def spaced(positions: list[float], extent: float) -> list[int]:
+    """Indices of ``positions`` (ascending) to label: the first, then each one at least
+    ``1 / STEP_LABELS_ACROSS`` of ``extent`` past the last one kept, and never more than
+    ``MAX_STEP_TICKS``. Steps differ in width (a step clicked phase by phase holds its
+    pauses, a Run N step does not), so every k-th would still pile narrow ones up."""
+    if not positions:
+        return []
+    gap = extent / STEP_LABELS_ACROSS
+    kept = [0]
+    for i in range(1, len(positions)):
+        if positions[i] - positions[kept[-1]] >= gap:
+            kept.append(i)
+    return kept[:: max(1, math.ceil(len(kept) / MAX_STEP_TICKS))]
+
+
 def _every_kth_step(bands: list[Band]) -> list[int]:
-    """Step-opening bands, every k-th so that at most ``MAX_STEP_TICKS`` remain."""
+    """Step-opening bands, spaced (``spaced``) so that their "step N" labels do not touch."""
     starts = _step_starts(bands)
-    return starts[:: max(1, math.ceil(len(starts) / MAX_STEP_TICKS))]
+    extent = bands[-1][3] - bands[0][2] + 1 if bands else 0
+    return [starts[i] for i in spaced([bands[i][2] for i in starts], extent)]
 
 
 def _boundaries(bands: list[Band], opening: list[int], tick: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ figure (weights = params, temporary = other) so a plan and a run read side by si
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 
@@ -101,20 +103,40 @@ def scaling_figure(
     for name, pts in series.items():
         for trace in _scaling_traces(name, list(pts)):
             fig.add_trace(trace)
+    gpus = sorted({p.gpus for pts in series.values() for p in pts})
     fig.update_layout(
         title=title,
-        xaxis={"title": "GPUs", "type": "log"},
+        xaxis={"title": "GPUs", "type": "log", **_gpu_ticks(gpus)},
         yaxis={"title": "tokens/s"},
         yaxis2={
             "title": "scaling efficiency",
             "overlaying": "y",
             "side": "right",
             "range": [0, 1.05],
+            # whole quarters: plotly's own ticks on [0, 1.05] fell at 7/32/57/82 %
+            "tickmode": "array",
+            "tickvals": [0, 0.25, 0.5, 0.75, 1],
             "tickformat": ".0%",
+            "showgrid": False,
         },
-        margin={"t": 50, "b": 40, "l": 70, "r": 70},
+        # under the plot: at the right it covered the efficiency axis' title and ticks
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0},
+        margin={"t": 50, "b": 110, "l": 70, "r": 70},
     )
     return fig
+
+
+def _gpu_ticks(gpus: list[int]) -> dict[str, Any]:
+    """GPU counts as whole numbers at powers of two (8, 64, 512 when the range is wide):
+    plotly's log ticks print minor digits, so 512 read as "5"."""
+    if not gpus or min(gpus) < 1:
+        return {}
+    low, high = math.floor(math.log2(min(gpus))), math.ceil(math.log2(max(gpus)))
+    powers = [2**e for e in range(low, high + 1)]
+    every = max(1, math.ceil(len(powers) / 4))
+    if every > 1:  # powers of 2**every from the top down, so the largest count is named
+        powers = powers[::-1][::every][::-1]
+    return {"tickmode": "array", "tickvals": powers, "ticktext": [str(v) for v in powers]}
 
 
 def _scaling_traces(name: str, pts: list[ScalingPoint]) -> list[go.Scatter]:

@@ -51,16 +51,19 @@ class WaitMatcher:
             return None
         key = f"{e.step}|{e.op}|{e.bytes}|{k}"
         peers = pending.setdefault(key, {})
-        peers[str(e.rank)] = [e.start, e.end]
+        # as strings: nanoseconds since the epoch pass 2**53, and a notebook's JSON goes
+        # through JavaScript numbers on a save from JupyterLab (they would lose digits)
+        peers[str(e.rank)] = [str(e.start), str(e.end)]
         if len(peers) < e.group_size:
             return None
         del pending[key]
         if e.group_size != world:  # a subgroup: which ranks it holds is not recorded
             return None
-        latest = max(start for start, _ in peers.values())
+        times = {int(r): (int(start), int(end)) for r, (start, end) in peers.items()}
+        latest = max(start for start, _ in times.values())
         return {
-            int(r): (start, max(0, min(latest - start, end - start)))
-            for r, (start, end) in peers.items()
+            r: (start, max(0, min(latest - start, end - start)))
+            for r, (start, end) in times.items()
         }
 
     def _forget(self, rank: int, before: int) -> None:

@@ -305,7 +305,7 @@ class Stepper:
         its per-step summaries, bucketed to min/max envelopes (a flat cost at any length).
         ``steps=(first, last)`` zooms into recorded steps: their full detail."""
         store = self.session.store
-        ranks = list(range(self.cluster.world_size))
+        ranks = self.session.run_ranks  # one panel for ``single``: rank 0 alone trains
         reference = self.reference_losses() if self.reference else None
         if steps is None and not store.whole_run_in_window():
             from workbench.plots.run_summary import summary_figures
