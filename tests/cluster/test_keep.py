@@ -207,9 +207,12 @@ def test_kept_cluster_survives_a_restart_and_is_attached(kernel: Kernel) -> None
         seconds = float(re.search(r"attached to kept cluster 't44' in ([0-9.]+) s", said)[1])
         print(f"attach took {seconds:.3f} s")
         assert kernel.run("%%wb\nprint(z)") == "[rank 0]\n7\n[rank 1]\n17\n"
-        # the stepper's run, taken up from the engines: its events and step index
-        assert kernel.run(f"import workbench as wb\ns = wb.Stepper.attach()\n{report}") == before
-        assert before.split()[1:] == ["1", "8"]
+        # the stepper's run, taken up from the engines: its step index and the events the
+        # engines still hold (those of its last call: the old kernel had acknowledged and
+        # so let go of the earlier ones, which bounds an engine's memory on a long run)
+        after = kernel.run(f"import workbench as wb\ns = wb.Stepper.attach()\n{report}")
+        assert after.split()[1:] == before.split()[1:] == ["1", "8"]
+        assert 0 < int(after.split()[0]) <= int(before.split()[0])
         assert kernel.run("s.step()\nprint(s.session.step_index)").strip() == "2"
         assert "this kernel" in kernel.run("%wb list")
         # this test process is a second kernel of the same user: refused, named

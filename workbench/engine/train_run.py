@@ -155,7 +155,7 @@ def pull_events(cursor: int) -> dict[str, Any]:
 def describe_run() -> dict[str, Any] | None:
     """This rank's run as a new kernel's stepper takes it up (``Stepper.attach``): its
     ``RunSpec`` fields (None for a run of the user's own model), its phases, where it stands
-    and every event recorded since it was built; None when this rank holds no run."""
+    and the events its recorder still holds (not yet acknowledged); None when it holds none."""
     train_step = engine_state().get(RUN)
     if train_step is None:
         return None

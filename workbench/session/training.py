@@ -182,8 +182,8 @@ class TrainingSession:
 
     def adopt(self, results: list[dict[str, Any]]) -> None:
         """Take up the run the engines already hold (``train_run.describe_run`` of each
-        run rank, in rank order): its phases, where each rank stands and every event it
-        recorded, as if this session had built it (``Stepper.attach``)."""
+        run rank, in rank order): its phases, where each rank stands and the events they still
+        hold, as if this session had built it (``Stepper.attach``)."""
         self._state = RunState(spec=self._state.spec)
         self._built(results, keep_events=True)
 

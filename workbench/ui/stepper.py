@@ -172,7 +172,8 @@ class Stepper:
     def attach(cls, cluster: Cluster | None = None, **settings: Any) -> Stepper:
         """The run the engines of ``cluster`` (default: the current one, e.g. a kept cluster
         just attached with ``%wb attach``) still hold, taken up by a new stepper: the same
-        options, its step index and phase, and every event it recorded. ``settings`` are
+        options, its step index and phase, and the events the engines still hold (those of
+        the run's last call; the recorder lets go of what a kernel acknowledged). ``settings`` are
         the stepper's own (``timeout``, ``checkpoint_dir``, ``checkpoint_every``,
         ``keep_last``, ``capacity``...), which the engines do not hold. A run of your own
         model is not taken up (its factories lived in the kernel that built it): build it
