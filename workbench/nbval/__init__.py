@@ -11,10 +11,8 @@ The user's file must be a regular text file; an invalid regex in it is one error
 
 from __future__ import annotations
 
-import os
 import re
 import socket
-import stat
 from pathlib import Path
 
 __all__ = [
@@ -61,14 +59,9 @@ def read_user_file(path: str) -> str:
     """The text of the user's sanitizer file: a regular file of at most
     ``MAX_USER_BYTES`` (a FIFO would block, ``/dev/zero`` never end); ValueError or
     OSError naming what is wrong."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file; give a text file of regex:/replace: lines")
-        data = file.read(MAX_USER_BYTES + 1)
-    if len(data) > MAX_USER_BYTES:
-        raise ValueError(f"larger than {MAX_USER_BYTES // 1024} KiB, which no sanitizer is")
-    return data.decode("utf-8", errors="replace")
+    from workbench.files import read_regular
+
+    return read_regular(path, MAX_USER_BYTES).decode("utf-8", errors="replace")
 
 
 def sanitize(text: str, rules: list[tuple[str, str]]) -> str:

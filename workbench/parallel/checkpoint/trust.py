@@ -112,21 +112,19 @@ def checkpoint_key(path: str | os.PathLike[str] | None = None) -> bytes:
 
 
 def open_regular(path: Path, what: str) -> BinaryIO:
-    """``path`` opened for reading only if it is a regular file: never through a link
-    (``O_NOFOLLOW``), and never waiting on a FIFO or device swapped in after a check
-    (``O_NONBLOCK``, then ``fstat`` of what was opened). FileNotFoundError when absent."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    """``path`` opened for reading only if it is a regular file: never through a link,
+    and never waiting on a FIFO or device swapped in after a check (``files``).
+    FileNotFoundError when absent."""
+    from workbench.files import open_regular as open_file
+
     try:
-        fd = os.open(path, flags)
+        return open_file(path, follow=False)
     except FileNotFoundError:
         raise
+    except ValueError as exc:
+        raise CheckpointError(f"{what} is {exc}; refusing to read it") from None
     except OSError as exc:  # ELOOP: a symbolic link
         raise CheckpointError(f"{what} cannot be read ({exc.strerror}); refusing it") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CheckpointError(f"{what} is not a regular file; refusing to read it")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
 
 
 def file_digest(path: Path) -> str:
