@@ -10,7 +10,9 @@ on the other hosts (a remote pid is never signalled from here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
 from typing import Any
 
@@ -69,12 +71,25 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
         known = {p.pid for p in processes}
         processes += [p for p in started_for(ipp_cluster.cluster_id) if p.pid not in known]
     await asyncio.to_thread(reap, processes)
+    if ipp_cluster is not None and engines.owns:  # its controller is gone: nothing rewrites it
+        _remove_engine_state(ipp_cluster)
     engines.known = {}
     if dog is not None:
         watchdog.stop(dog)
     run_dir, engines.run_dir = engines.run_dir, None
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _remove_engine_state(ipp_cluster: Any) -> None:
+    """The controller's hub records its engines in ``<profile>/log/engines<id>.json``
+    (for ``--restore``, which a cluster of ours never uses) and never removes it: one file
+    per start would pile up in the user's profile."""
+    profile_dir = getattr(ipp_cluster, "profile_dir", None)
+    cluster_id = getattr(ipp_cluster, "cluster_id", None)
+    if profile_dir and cluster_id:
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(profile_dir, "log", f"engines{cluster_id}.json"))
 
 
 async def _ask_engines_to_exit(
