@@ -18,7 +18,8 @@ pytestmark = pytest.mark.engines
 def _profile_logs() -> set[Path]:
     from IPython.paths import get_ipython_dir
 
-    return set((Path(get_ipython_dir()) / "profile_default" / "log").glob("*"))
+    profile = Path(get_ipython_dir()) / "profile_default"
+    return set((profile / "log").glob("*")) | set((profile / "security").glob("*"))
 
 
 def test_start_stop_leaves_no_processes_and_no_files() -> None:
@@ -34,7 +35,7 @@ def test_start_stop_leaves_no_processes_and_no_files() -> None:
         assert len(started) >= 3  # controller + 2 engines (+ schedulers, nannies)
     assert cluster.state == "stopped"
     assert alive(started) == []
-    assert _profile_logs() - logs == set()  # the controller's engines<id>.json is gone too
+    assert _profile_logs() - logs == set()  # engines<id>.json, connection files
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "via-controller"])

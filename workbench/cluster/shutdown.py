@@ -84,12 +84,21 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
 def _remove_engine_state(ipp_cluster: Any) -> None:
     """The controller's hub records its engines in ``<profile>/log/engines<id>.json``
     (for ``--restore``, which a cluster of ours never uses) and never removes it: one file
-    per start would pile up in the user's profile."""
+    per start would pile up in the user's profile. Its connection files are removed too:
+    ipyparallel does, but a soak of 31 starts left one pair behind (a controller ended
+    before its own clean-up ran)."""
     profile_dir = getattr(ipp_cluster, "profile_dir", None)
     cluster_id = getattr(ipp_cluster, "cluster_id", None)
-    if profile_dir and cluster_id:
+    if not (profile_dir and cluster_id):
+        return
+    left = [os.path.join(profile_dir, "log", f"engines{cluster_id}.json")]
+    left += [
+        os.path.join(profile_dir, "security", f"ipcontroller-{cluster_id}-{kind}.json")
+        for kind in ("client", "engine")
+    ]
+    for path in left:
         with contextlib.suppress(OSError):
-            os.remove(os.path.join(profile_dir, "log", f"engines{cluster_id}.json"))
+            os.remove(path)
 
 
 async def _ask_engines_to_exit(
