@@ -200,6 +200,26 @@ def _failed_load(cluster: Any, out: dict[str, Any], home: Path) -> None:
         out["recover_error"] = f"{type(exc).__name__}: {exc}"
 
 
+def _one_rank_dies(cluster: Any, out: dict[str, Any]) -> None:
+    """The last rank's engine is SIGKILLed while the others wait in a collective: what
+    the waiting call and then a recovery say (under mpi: mpiexec ends the whole job)."""
+    last = cluster.world_size - 1
+    cell = (
+        "import os, signal, torch\n"
+        f"if rank == {last}:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "t = torch.ones(1)\ndist.all_reduce(t)"
+    )
+    for key, call in (
+        ("cell_error", lambda: cluster.execute(cell, timeout=120)),
+        ("recover_error", cluster.recover_sync),
+    ):
+        try:
+            call()
+            out[key] = None
+        except Exception as exc:
+            out[key] = f"{type(exc).__name__}: {exc}"
+
+
 def main(cfg: dict[str, Any], out_path: str) -> None:
     from workbench.cluster import Cluster
 
@@ -238,6 +258,8 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
             import partition_scenario
 
             partition_scenario.cut_off_and_go_on(cluster, out, home)
+        if cfg["scenario"] == "mpi_rank_death":
+            _one_rank_dies(cluster, out)
         if cfg["scenario"] == "orphan":  # the test SIGKILLs this process (the "kernel")
             out["pid"] = os.getpid()
             tmp = Path(f"{out_path}.tmp")
