@@ -32,7 +32,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-__all__ = ["install", "installed"]
+__all__ = ["flush_c_stdio", "install", "installed"]
 
 _CAPTURE: list[FdCapture] = []  # at most one per engine process
 _CHUNK = 65536
@@ -76,7 +76,7 @@ def _log_fd(fd: int) -> int:
 _LIBC: list[Any] = []  # the C library, loaded once (a dlopen per cell costs ~50 us)
 
 
-def _flush_c_stdio() -> None:
+def flush_c_stdio() -> None:
     """``fflush(NULL)``: C's stdout is block-buffered when it is not a terminal."""
     with contextlib.suppress(Exception):
         if not _LIBC:
@@ -91,7 +91,7 @@ class FdCapture:
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             with contextlib.suppress(Exception):
                 stream.flush()  # type: ignore[union-attr]
-        _flush_c_stdio()
+        flush_c_stdio()
         self._lock = threading.Lock()
         self._targets: dict[int, TextIO] = {}  # read end -> the cell's stream (in a cell)
         self._echo: dict[int, int] = {}  # read end -> the original descriptor (the log)
@@ -129,7 +129,7 @@ class FdCapture:
                 os.dup2(spare, fd)
 
     def begin_cell(self) -> None:
-        _flush_c_stdio()  # what C printed before the cell is not this cell's
+        flush_c_stdio()  # what C printed before the cell is not this cell's
         self._put_back_fds()
         with self._lock:
             self._drain()
@@ -139,7 +139,7 @@ class FdCapture:
             }
 
     def end_cell(self) -> None:
-        _flush_c_stdio()
+        flush_c_stdio()
         self._put_back_fds()
         with self._lock:
             self._drain()

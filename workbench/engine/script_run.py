@@ -40,6 +40,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from workbench.engine import group_guard
+from workbench.engine.cell_fds import flush_c_stdio
 from workbench.engine.state import engine_state
 
 __all__ = ["ScriptExit", "run_script", "torchrun_environment"]
@@ -164,17 +165,8 @@ def _end_if_forked(engine: int, code: Any) -> None:
     else:  # sys.exit("message"): printed, status 1, as Python does
         os.write(2, f"{code}\n".encode(errors="replace"))
         status = 1
-    _flush_c_stdio()
+    flush_c_stdio()
     os._exit(status)
-
-
-def _flush_c_stdio() -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except Exception:  # no C library to flush: nothing buffered there
-        return
 
 
 @contextmanager
