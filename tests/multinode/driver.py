@@ -205,7 +205,7 @@ def _one_rank_dies(cluster: Any, out: dict[str, Any]) -> None:
     the waiting call and then a recovery say (under mpi: mpiexec ends the whole job)."""
     last = cluster.world_size - 1
     cell = (
-        "import os, signal, torch\n"
+        "import os, signal, torch\nimport torch.distributed as dist\n"
         f"if rank == {last}:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
         "t = torch.ones(1)\ndist.all_reduce(t)"
     )
