@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "workbench.errors",
             "workbench.config",
+            "workbench.files",
             "workbench.lazy",
             "workbench.validate",
             "workbench.vocab",

@@ -7,6 +7,8 @@ layers (trace, planner, parallel) never pull in the notebook stack.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 from workbench.errors import (
@@ -72,6 +74,21 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module("workbench.trace")
     return _lazy(name)
+
+
+class _Package(types.ModuleType):
+    """``workbench.export`` and ``workbench.compare`` are functions of modules of the same
+    name: importing the module (the CLI, ``%wb export``) would set the package's attribute
+    to the module, and a later ``wb.export(...)`` would call a module. The function stays."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        module = isinstance(value, types.ModuleType) and value.__name__ == _LAZY.get(name)
+        if module and value.__name__.rpartition(".")[2] == name:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -71,3 +71,47 @@ def test_watch_keeps_quiet_while_pings_arrive_and_fences_when_they_stop() -> Non
         watcher.join(BOUND_S)
         pub.close(linger=0)
         context.term()
+
+
+def test_pings_queued_while_the_thread_could_not_run_count_before_it_decides() -> None:
+    # The main thread held the GIL past the bound just after the fence's poll timed out:
+    # the thread wakes to a clock past the bound, with pings queued meanwhile. The clock
+    # stands in for that: when first read, it publishes pings (queued, not yet read) and
+    # jumps past the bound. A controller that pinged all along is not silence.
+    context = zmq.Context()
+    pub = context.socket(zmq.PUB)
+    pub.linger = 0
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    fenced, stop = threading.Event(), threading.Event()
+    start = time.monotonic()
+    reads: list[float] = []
+
+    def clock() -> float:
+        if not reads:
+            for _ in range(10):  # slow joiner: the subscription may still be on its way
+                pub.send(b"1.0")
+                time.sleep(0.05)
+            time.sleep(0.3)  # queued on the SUB socket by zmq's I/O thread
+        reads.append(time.monotonic())
+        if len(reads) >= 6:
+            stop.set()
+        return start + 1000.0  # far past the bound
+
+    silence = Silence(after_s=30.0, last_ping=start)
+    watcher = threading.Thread(
+        target=watch,
+        args=(f"tcp://127.0.0.1:{port}", silence, fenced.set),
+        kwargs={"stop": stop, "clock": clock},
+        daemon=True,
+    )
+    try:
+        time.sleep(0.3)  # the publisher has nothing to send yet: the first poll times out
+        watcher.start()
+        watcher.join(BOUND_S)
+        assert not watcher.is_alive()
+        assert not fenced.is_set()
+    finally:
+        stop.set()
+        watcher.join(BOUND_S)
+        pub.close(linger=0)
+        context.term()

@@ -123,3 +123,22 @@ def test_an_ssh_engine_on_a_host_that_went_silent_is_gone(monkeypatch: pytest.Mo
     monkeypatch.setattr(ssh_launcher, "probe_host", lambda host: True)
     with pytest.raises(RuntimeError, match="ssh node-b"):
         el.wait_one(1.0)
+
+
+def test_under_mpi_one_ranks_death_is_the_end_of_the_job_not_lost_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # mpiexec ends every rank when one dies: every engine leaves the controller, and a
+    # probe may find the hosts as silent as a lost one. Neither a shrink nor a spare can
+    # join a job that ended: the way on is a full restart.
+    import workbench.cluster.host_loss as host_loss
+
+    monkeypatch.setattr(host_loss, "probe_host", lambda host, port=22: False)
+    ranks = ranks_on([("wbn1", 2), ("wbn2", 2)])
+    error = lost_engines_error(ranks, [3], None, _Client([]), launcher="mpi")
+    assert not isinstance(error, HostLost)
+    assert isinstance(error, EngineDied) and error.ranks == [3]
+    text = str(error)
+    assert "rank 3" in text and "mpiexec" in text and "ended" in text
+    assert "`%wb restart --full`" in text and "checkpoint" in text
+    assert "shrink" not in text and "is lost" not in text

@@ -15,9 +15,17 @@ from workbench.cluster import Cluster
 pytestmark = pytest.mark.engines
 
 
-def test_start_stop_leaves_no_processes() -> None:
+def _profile_logs() -> set[Path]:
+    from IPython.paths import get_ipython_dir
+
+    profile = Path(get_ipython_dir()) / "profile_default"
+    return set((profile / "log").glob("*")) | set((profile / "security").glob("*"))
+
+
+def test_start_stop_leaves_no_processes_and_no_files() -> None:
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
+    logs = _profile_logs()
     with Cluster(n=2, backend="gloo") as cluster:
         assert cluster.state == "running"
         assert cluster.timings["total_s"] > 0
@@ -27,6 +35,7 @@ def test_start_stop_leaves_no_processes() -> None:
         assert len(started) >= 3  # controller + 2 engines (+ schedulers, nannies)
     assert cluster.state == "stopped"
     assert alive(started) == []
+    assert _profile_logs() - logs == set()  # engines<id>.json, connection files
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "via-controller"])

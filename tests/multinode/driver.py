@@ -263,6 +263,26 @@ def _attach_kept(cfg: dict[str, Any], out_path: str) -> None:
     Path(out_path).write_text(json.dumps(out, indent=1))
 
 
+def _one_rank_dies(cluster: Any, out: dict[str, Any]) -> None:
+    """The last rank's engine is SIGKILLed while the others wait in a collective: what
+    the waiting call and then a recovery say (under mpi: mpiexec ends the whole job)."""
+    last = cluster.world_size - 1
+    cell = (
+        "import os, signal, torch\nimport torch.distributed as dist\n"
+        f"if rank == {last}:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "t = torch.ones(1)\ndist.all_reduce(t)"
+    )
+    for key, call in (
+        ("cell_error", lambda: cluster.execute(cell, timeout=120)),
+        ("recover_error", cluster.recover_sync),
+    ):
+        try:
+            call()
+            out[key] = None
+        except Exception as exc:
+            out[key] = f"{type(exc).__name__}: {exc}"
+
+
 def main(cfg: dict[str, Any], out_path: str) -> None:
     from workbench.cluster import Cluster
 
@@ -310,6 +330,8 @@ def main(cfg: dict[str, Any], out_path: str) -> None:
             partition_scenario.cut_off_and_go_on(cluster, out, home)
         if cfg["scenario"] == "keep":  # kept: what the next "kernel" must find again
             cluster.execute("z = rank * 10 + 7")
+        if cfg["scenario"] == "mpi_rank_death":
+            _one_rank_dies(cluster, out)
         if cfg["scenario"] in ("orphan", "keep"):  # the test SIGKILLs this process (the "kernel")
             out["pid"] = os.getpid()
             tmp = Path(f"{out_path}.tmp")

@@ -38,3 +38,13 @@ def test_mpiexec_failure_surfaces_at_once_with_its_own_output(bed: Bed) -> None:
     assert "no-such-mpiexec-option" in report["error"]  # mpiexec's own words
     assert "start_timeout" not in report["error"]
     assert report["left"] == []
+
+
+def test_one_ranks_death_is_reported_as_the_end_of_the_mpi_job_not_lost_hosts(bed: Bed) -> None:
+    report = bed.drive({"scenario": "mpi_rank_death", "launcher": "mpi", "hosts": HOSTS, "n": 4})
+    assert report.get("error") is None, report.get("traceback")
+    for key in ("cell_error", "recover_error"):
+        said = report[key]
+        assert said is not None and not said.startswith("HostLost"), said
+        assert "mpiexec then ended the whole MPI job" in said and "%wb restart --full" in said
+    assert report["left"] == []

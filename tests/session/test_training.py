@@ -220,7 +220,7 @@ def test_rank1_failing_a_save_fails_it_on_every_rank(
         cluster.run(_fail_rank1_saves, False)
     assert info.value.ranks == [1]
     assert [m["step"] for m in saved.checkpoints()] == [1]
-    assert not list(Path(str(saved.checkpoint_dir)).glob(".tmp-*"))
+    assert not list(Path(str(saved.checkpoint_dir)).glob(".wb-tmp-*"))
     saved.step()
     assert saved.save().endswith("step-00000003")
 

@@ -75,9 +75,19 @@ def install(
     with tempfile.TemporaryDirectory(prefix="wb-kernel-") as tmp:
         (Path(tmp) / "kernel.json").write_text(json.dumps(kernel_json(display_name), indent=1))
         write_logos(Path(tmp))  # the launcher's icon (logo-svg.svg, logo-32x32/64x64.png)
-        return str(
-            KernelSpecManager().install_kernel_spec(tmp, kernel_name=name, user=user, prefix=prefix)
-        )
+        try:
+            return str(
+                KernelSpecManager().install_kernel_spec(
+                    tmp, kernel_name=name, user=user, prefix=prefix
+                )
+            )
+        except OSError as exc:  # a file in the way, no permission, a read-only file system
+            where = f"prefix {prefix!r}" if prefix is not None else "the Jupyter directory"
+            raise ConfigError(
+                f"cannot install the kernel spec under {where}: "
+                f"{exc.strerror or exc} ({exc.filename}); give a writable --prefix, "
+                "--user or --sys-prefix"
+            ) from None
 
 
 def run(args: argparse.Namespace) -> int:

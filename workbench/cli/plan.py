@@ -17,6 +17,7 @@ from typing import Any
 
 from workbench.cli.plan_args import add_plan_arguments
 from workbench.errors import ConfigError, ParallelError
+from workbench.files import read_regular
 from workbench.planner import (
     GPUS,
     LINKS,
@@ -96,10 +97,15 @@ def _reserved(gb: float, memory: int) -> int:
     return reserved
 
 
+_MAX_PROFILE_BYTES = 1024 * 1024
+
+
 def _hardware_json(path: Path) -> HardwareSpec:
     """A profile from ``workbench calibrate --out`` (or a bare HardwareSpec dict)."""
-    try:
-        data = json.loads(path.read_text())
+    try:  # a profile is a few KiB; a FIFO or /dev/zero is refused, not read
+        data = json.loads(read_regular(path, _MAX_PROFILE_BYTES))
+    except RecursionError:
+        raise ConfigError(f"--hardware-json {path}: nested too deeply to be a profile") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise ConfigError(f"--hardware-json {path}: cannot read it as JSON ({reason})") from exc

@@ -20,6 +20,7 @@ from jupyter_client.session import Session
 
 from workbench.cluster.live_inbox import LiveInbox, capped, signed_messages
 from workbench.engine.direct_cells import (
+    MAX_CELL_CHARS,
     REPLY_TYPE,
     REQUEST_TYPE,
     TARGET,
@@ -177,6 +178,10 @@ class DirectCells:
             with self._lock:
                 self._inbox.drain()
 
+    def live_port(self) -> int | None:
+        """The loopback port progress output arrives on (None until a live cell)."""
+        return None if self._inbox is None else self._inbox.port
+
     def known(self, engine_id: int) -> bool:
         return engine_id in self._channels
 
@@ -215,7 +220,7 @@ class DirectCells:
         With ``live`` the engine also sends what the cell prints while it runs; ``debug``:
         where its pdb prompts go (None: ``breakpoint()`` raises there)."""
         channel = self._channels.get(engine_id)
-        if channel is None:
+        if channel is None or len(code) > MAX_CELL_CHARS:  # the engine would drop it unread
             return None
         if live and self._inbox is None:
             with self._lock:

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Any
 
-from workbench.cluster.host_loss import host_lost
+from workbench.cluster.host_loss import host_lost, mpi_job_ended
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.slurm_nodes import host_answers
@@ -153,6 +153,8 @@ def lost_engines_error(
     one of them still has a process (looked at on this host only) that does not answer;
     ``HostLost`` when their host is gone whole (``host_loss.py``; needs ``client``; under
     ``launcher="slurm"`` a node Slurm has out of service is gone too: ``slurm_nodes.py``)."""
+    if launcher == "mpi":  # one rank's death ends mpiexec's whole job: no host is lost
+        return mpi_job_ended(lost)
     gone_host = host_lost(ranks, lost, client, host_answers if launcher == "slurm" else None)
     if gone_host is not None:
         return gone_host

@@ -28,15 +28,32 @@ from workbench.cluster.elastic import probe_host
 from workbench.cluster.processes import is_local
 from workbench.cluster.ranks import RankAssignment
 from workbench.engine import control_sever
-from workbench.errors import HostLost
+from workbench.errors import EngineDied, HostLost
 
-__all__ = ["HOST_SILENCE_S", "host_lost", "sever_stuck"]
+__all__ = ["HOST_SILENCE_S", "host_lost", "mpi_job_ended", "sever_stuck"]
 
 log = logging.getLogger("workbench.cluster")
 
 # An unreachable host's other engines miss the same heartbeats as the first one found dead;
 # the controller drops them within a period or two of it (500 ms each across hosts).
 HOST_SILENCE_S = 6.0
+
+
+def mpi_job_ended(lost: list[int]) -> EngineDied:
+    """What a rank's death is under ``launcher="mpi"``: one ``mpiexec`` holds every engine
+    and ends the whole job when one rank exits, so every engine leaves the controller at
+    once, on every host. That is neither a lost host (the hosts are fine; probing them
+    proves nothing either way) nor something a replacement or a shrink can mend: nothing
+    can join a job that ended."""
+    first = f"rank {lost[0]}" if len(lost) == 1 else f"ranks {lost}"
+    return EngineDied(
+        f"{first} died, and mpiexec then ended the whole MPI job (launcher='mpi' runs "
+        "every engine in one mpiexec job, which ends every rank when one exits): no "
+        "engine is left on any host, and nothing can be added to a job that ended. "
+        "Restart the whole job with `%wb restart --full` (cluster.restart_sync()) and "
+        "load the last checkpoint.",
+        ranks=lost,
+    )
 
 
 def host_lost(

@@ -15,12 +15,17 @@ from typing import Any
 
 import zmq
 
-from workbench.engine.live_push import OUTPUT_TYPE
+from workbench.engine.live_push import MAX_MESSAGE_BYTES, OUTPUT_TYPE, cap_receiving
 
-__all__ = ["LiveInbox", "capped", "signed_messages"]
+__all__ = ["BATCH", "LiveInbox", "capped", "signed_messages"]
 
 _ENGINE = "wb_engine_id"  # the output header's field naming the engine it came from
 _MAX_CHARS = 8 * 1024 * 1024  # per cell and stream; the final reply has the whole text
+# Messages read per call of ``signed_messages``: a flood (any local process can connect)
+# never keeps a reader, and the lock the replies also need, in a loop. A real engine
+# sends at most two output messages per 0.1 s, and replies come one per cell.
+BATCH = 64
+_LIVE_HWM = 16  # queued messages per connection the kernel holds before zmq stops reading
 
 
 class LiveInbox:
@@ -32,10 +37,12 @@ class LiveInbox:
         self._find = find
         self.socket = context.socket(zmq.PULL)
         self.socket.linger = 0
-        self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
+        cap_receiving(self.socket, MAX_MESSAGE_BYTES, _LIVE_HWM)  # set before bind: applies to
+        self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")  # every connection
 
     def drain(self) -> None:
-        """Deliver every message that arrived (never waits)."""
+        """Deliver what arrived, at most ``BATCH`` messages (never waits: the caller's
+        wait loop calls again, so a cell's timeout holds under any flood)."""
         if self.socket.closed:
             return
         for msg in signed_messages(self.socket, self.session):
@@ -61,10 +68,10 @@ class LiveInbox:
 
 
 def signed_messages(socket: zmq.Socket, session: Any) -> Iterator[dict[str, Any]]:
-    """Every message waiting on ``socket`` (never waits) that is signed with ``session``'s
-    key and well formed; anything else (malformed, a replay, another key) is dropped:
-    any local process can connect to these loopback sockets."""
-    while True:
+    """The messages waiting on ``socket``, at most ``BATCH`` read (never waits), that are
+    signed with ``session``'s key and well formed; anything else (malformed, a replay,
+    another key) is dropped: any local process can connect to these loopback sockets."""
+    for _ in range(BATCH):
         try:
             frames = socket.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:

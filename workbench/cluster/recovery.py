@@ -34,7 +34,7 @@ import psutil
 from workbench import validate
 from workbench.cluster.elastic import shrunk_ranks
 from workbench.cluster.engines import EngineSet
-from workbench.cluster.host_loss import sever_stuck
+from workbench.cluster.host_loss import mpi_job_ended, sever_stuck
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment, relocalize
 from workbench.cluster.registration import gather, new_engines
@@ -211,14 +211,8 @@ async def _start_replacements(
             "replacement engines yourself, then cluster.restart_sync()"
         )
     launcher = engines.config.launcher
-    if launcher == "mpi":
-        # one mpiexec holds every engine: nothing can be added to it, and mpiexec ends the
-        # whole job when one rank dies
-        raise ClusterError(
-            f"ranks {dead} died, and launcher='mpi' started every engine as one mpiexec "
-            "job, which cannot take a replacement engine; restart the whole job with "
-            "`%wb restart --full` (cluster.restart_sync()) and load the last checkpoint"
-        )
+    if launcher == "mpi":  # one mpiexec holds every engine: nothing can be added to it
+        raise mpi_job_ended(dead)
     if launcher not in ("ssh", "slurm"):
         await ipp_cluster.start_engines(len(dead))
         return
@@ -291,6 +285,8 @@ async def recover(
     dead = sorted(
         {*report.unresponsive, *(r.rank for r in ranks if _gone(engines, ranks, r.rank, ids))}
     )
+    if dead and engines.config.launcher == "mpi":  # mpiexec ended every rank: no host lost
+        raise mpi_job_ended(dead)
     if not shrink:
         move_to_spares(engines, ranks, dead)  # a lost host's ranks: to a spare, or HostLost
     if shrink:

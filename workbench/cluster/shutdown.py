@@ -10,7 +10,9 @@ on the other hosts (a remote pid is never signalled from here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
 from typing import Any
 
@@ -75,6 +77,8 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
         known = {p.pid for p in processes}
         processes += [p for p in started_for(ipp_cluster.cluster_id) if p.pid not in known]
     await asyncio.to_thread(reap, processes)
+    if ipp_cluster is not None and engines.owns:  # its controller is gone: nothing rewrites it
+        _remove_engine_state(ipp_cluster)
     engines.known = {}
     if dog is not None:
         watchdog.stop(dog)
@@ -84,6 +88,26 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
     if kept is not None:  # a kept cluster stopped in the kernel that started it
         engines.forget_kept()
         kept.remove()
+
+
+def _remove_engine_state(ipp_cluster: Any) -> None:
+    """The controller's hub records its engines in ``<profile>/log/engines<id>.json``
+    (for ``--restore``, which a cluster of ours never uses) and never removes it: one file
+    per start would pile up in the user's profile. Its connection files are removed too:
+    ipyparallel does, but a soak of 31 starts left one pair behind (a controller ended
+    before its own clean-up ran)."""
+    profile_dir = getattr(ipp_cluster, "profile_dir", None)
+    cluster_id = getattr(ipp_cluster, "cluster_id", None)
+    if not (profile_dir and cluster_id):
+        return
+    left = [os.path.join(profile_dir, "log", f"engines{cluster_id}.json")]
+    left += [
+        os.path.join(profile_dir, "security", f"ipcontroller-{cluster_id}-{kind}.json")
+        for kind in ("client", "engine")
+    ]
+    for path in left:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 async def _ask_engines_to_exit(

@@ -14,7 +14,9 @@ to the original descriptors, so the engine's log keeps everything, as before.
 
 The pipes are never closed while the engine lives: a child process that inherited fd 1
 (a DataLoader worker) keeps writing after the cell, into the log, instead of failing
-with a broken pipe. At ``post_execute`` C's stdio buffers are flushed and what is left in
+with a broken pipe. A spare of each write end is kept: fds 1 and 2 a cell (a script)
+closed or redirected are pointed back at the pipes when the next cell begins and ends.
+At ``post_execute`` C's stdio buffers are flushed and what is left in
 the pipes is read on the cell's own thread, so a cell's C output is complete in its reply.
 """
 
@@ -30,7 +32,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-__all__ = ["install", "installed"]
+__all__ = ["flush_c_stdio", "install", "installed"]
 
 _CAPTURE: list[FdCapture] = []  # at most one per engine process
 _CHUNK = 65536
@@ -74,7 +76,7 @@ def _log_fd(fd: int) -> int:
 _LIBC: list[Any] = []  # the C library, loaded once (a dlopen per cell costs ~50 us)
 
 
-def _flush_c_stdio() -> None:
+def flush_c_stdio() -> None:
     """``fflush(NULL)``: C's stdout is block-buffered when it is not a terminal."""
     with contextlib.suppress(Exception):
         if not _LIBC:
@@ -89,18 +91,22 @@ class FdCapture:
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             with contextlib.suppress(Exception):
                 stream.flush()  # type: ignore[union-attr]
-        _flush_c_stdio()
+        flush_c_stdio()
         self._lock = threading.Lock()
         self._targets: dict[int, TextIO] = {}  # read end -> the cell's stream (in a cell)
         self._echo: dict[int, int] = {}  # read end -> the original descriptor (the log)
         self._decoders: dict[int, Any] = {}
+        # fd -> a spare of the pipe's write end (not inherited): fd 1 or 2 put back from it
+        # when a cell closed or redirected it, and the pipe never reads end-of-file.
+        self._spares: dict[int, int] = {}
         for fd in (1, 2):
             read_end, write_end = os.pipe()
             self._echo[read_end] = os.dup(_log_fd(fd))
             os.set_blocking(read_end, False)
             os.dup2(write_end, fd)
-            os.close(write_end)
+            self._spares[fd] = write_end
             self._decoders[read_end] = codecs.getincrementaldecoder("utf-8")("replace")
+        self._open = set(self._echo)  # read ends not at end-of-file
         self._names = dict(zip(self._echo, ("stdout", "stderr"), strict=True))
         if faulthandler.is_enabled():  # a crash dump must reach the log, not a pipe
             faulthandler.enable(file=self._echo[self._read_end("stderr")], all_threads=True)
@@ -109,8 +115,22 @@ class FdCapture:
     def _read_end(self, name: str) -> int:
         return next(fd for fd, n in self._names.items() if n == name)
 
+    def _put_back_fds(self) -> None:
+        """Point fds 1 and 2 at the pipes again where the cell (a script) closed them or
+        pointed them elsewhere: the next file a cell opens would get fd 1, and C-level
+        output would land in it."""
+        for fd, spare in self._spares.items():
+            try:
+                now, ours = os.fstat(fd), os.fstat(spare)
+                same = (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino)
+            except OSError:  # closed
+                same = False
+            if not same:
+                os.dup2(spare, fd)
+
     def begin_cell(self) -> None:
-        _flush_c_stdio()  # what C printed before the cell is not this cell's
+        flush_c_stdio()  # what C printed before the cell is not this cell's
+        self._put_back_fds()
         with self._lock:
             self._drain()
             self._targets = {
@@ -119,16 +139,16 @@ class FdCapture:
             }
 
     def end_cell(self) -> None:
-        _flush_c_stdio()
+        flush_c_stdio()
+        self._put_back_fds()
         with self._lock:
             self._drain()
             self._targets = {}
 
     def _pump(self) -> None:
-        ends = list(self._echo)
-        while True:
+        while self._open:
             try:
-                ready, _, _ = select.select(ends, [], [])
+                ready, _, _ = select.select(list(self._open), [], [])
             except InterruptedError:
                 continue
             with self._lock:
@@ -146,7 +166,8 @@ class FdCapture:
             data = os.read(fd, _CHUNK)
         except BlockingIOError:
             return False
-        if not data:
+        if not data:  # end-of-file (no writer left): never selected again, no busy loop
+            self._open.discard(fd)
             return False
         with contextlib.suppress(OSError):
             os.write(self._echo[fd], data)

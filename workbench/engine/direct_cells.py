@@ -39,10 +39,11 @@ from typing import Any
 
 from workbench.engine.await_cells import execute_cell
 from workbench.engine.hosts import net_space
-from workbench.engine.live_push import LivePusher, LiveText
+from workbench.engine.live_push import LivePusher, LiveText, cap_receiving
 from workbench.engine.rank_debug import arm_next_cell
 
 __all__ = [
+    "MAX_CELL_CHARS",
     "REPLY_TYPE",
     "REQUEST_TYPE",
     "TARGET",
@@ -57,6 +58,13 @@ log = logging.getLogger("workbench.engine")
 REQUEST_TYPE = "wb_cell_request"
 REPLY_TYPE = "wb_cell_reply"
 TARGET = "wb_engine_id"  # the request header's field naming the engine it is for
+# What a request frame may be: any local process can connect to the cell socket, and zmq
+# would otherwise hold any frame it sends in memory. A cell's source longer than
+# ``MAX_CELL_CHARS`` (JSON-escaped, at most 6 bytes a character) goes through the
+# controller instead (``DirectCells.send``).
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+MAX_CELL_CHARS = (MAX_REQUEST_BYTES - 64 * 1024) // 6
+_REQUEST_HWM = 8  # queued requests per connection (the kernel sends one cell at a time)
 
 _SERVER: list[DirectCellServer] = []  # at most one per engine process
 
@@ -141,6 +149,7 @@ class DirectCellServer:
         self.session = json_session(kernel.session)
         socket = zmq.Context.instance().socket(zmq.ROUTER)
         socket.linger = 0
+        cap_receiving(socket, MAX_REQUEST_BYTES, _REQUEST_HWM)
         self.port = socket.bind_to_random_port("tcp://127.0.0.1")
         self.stream = ZMQStream(socket)  # the current (kernel's) event loop: we run on it
         self.stream.on_recv(self._on_recv, copy=True)

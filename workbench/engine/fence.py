@@ -135,15 +135,28 @@ def watch(
     try:
         while stop is None or not stop.is_set():
             if sub.poll(_POLL_MS):
-                while sub.poll(0):  # every ping queued meanwhile: only the latest counts
-                    sub.recv_multipart()
+                _read_queued(sub)
                 silence.heard(clock())
-            elif silence.expired(clock()):
+                continue
+            now = clock()
+            # The poll timed out, but this thread may have woken long after (the main
+            # thread held the GIL in one C call past the bound): what queued meanwhile is
+            # read before deciding, so a live controller is never taken for silence.
+            if sub.poll(0):
+                _read_queued(sub)
+                silence.heard(now)
+            elif silence.expired(now):
                 on_expiry()
                 return
     finally:
         sub.close(linger=0)
         context.term()
+
+
+def _read_queued(sub: Any) -> None:
+    """Every ping queued on ``sub`` (only the latest counts)."""
+    while sub.poll(0):
+        sub.recv_multipart()
 
 
 def start(after_s: float, on_expiry: Callable[[], None] = end_engine) -> bool:

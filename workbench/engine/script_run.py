@@ -15,8 +15,13 @@ when the script does:
   registers while it is first imported stay: the module outlives the script);
 - process groups it created are destroyed; the cluster's is kept (``group_guard``);
 - ``sys.argv``, ``sys.path``, the working directory, the environment, torch's thread
-  count and every signal handler it changed are put back, and modules it imported from
-  its own folder are forgotten, so an edited helper module is read again next time.
+  count, every signal handler it changed, the signal mask and the timers (``alarm``,
+  ``setitimer``) are put back, and modules it imported from its own folder are
+  forgotten, so an edited helper module is read again next time;
+- a child it forks (``os.fork``) ends where a process would: at ``sys.exit``, an
+  uncaught exception or the script's end, with ``os._exit`` and that exit status; it
+  never goes on as a copy of the engine. File descriptors 1 and 2 it closes or
+  redirects are put back when the cell ends (``cell_fds``).
 
 ``SystemExit`` with code 0 or None is success, as for a process; any other code is this
 rank's failure (``ScriptExit``).
@@ -35,9 +40,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from workbench.engine import flight, group_guard
+from workbench.engine.cell_fds import flush_c_stdio
 from workbench.engine.state import engine_state
 
 __all__ = ["ScriptExit", "run_script", "torchrun_environment"]
+
+
+_TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)  # REAL: alarm()
 
 
 class ScriptExit(RuntimeError):
@@ -123,20 +132,44 @@ def _reset_accelerate() -> None:
 
 
 def _run_main(path: str, rank: int) -> None:
+    engine = os.getpid()
     try:
         with group_guard.script_running():
             runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
+        _end_if_forked(engine, exc.code)
         if exc.code not in (None, 0):
             raise ScriptExit(
                 f"{os.path.basename(path)} exited with code {exc.code!r} on rank {rank}"
             ) from None
     except BaseException as exc:
+        if os.getpid() != engine:
+            os.write(2, traceback.format_exc().encode(errors="replace"))
+            _end_if_forked(engine, 1)
         # The traceback from the script's own first frame on: runpy's frames say nothing.
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != path:
             tb = tb.tb_next
         raise exc.with_traceback(tb or exc.__traceback__)  # noqa: B904 (the same exception)
+    _end_if_forked(engine, 0)
+
+
+def _end_if_forked(engine: int, code: Any) -> None:
+    """In a child the script forked (``os.fork``), end the process here with the exit
+    status a process would have had: it is a copy of the engine, and must never go back
+    to serving cells (its parent's ``waitpid`` would never return). Nothing else of the
+    engine's is run in it (``os._exit``: no atexit handlers, no buffers of the engine's)."""
+    if os.getpid() == engine:
+        return
+    if code is None:
+        status = 0
+    elif isinstance(code, int) and not isinstance(code, bool):
+        status = code & 0xFF
+    else:  # sys.exit("message"): printed, status 1, as Python does
+        os.write(2, f"{code}\n".encode(errors="replace"))
+        status = 1
+    flush_c_stdio()
+    os._exit(status)
 
 
 @contextmanager
@@ -147,10 +180,17 @@ def _restored(folder: str) -> Iterator[None]:
     argv, path, cwd = list(sys.argv), list(sys.path), os.getcwd()
     environ, threads = dict(os.environ), torch.get_num_threads()
     handlers = {s: signal.getsignal(s) for s in signal.valid_signals()}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    timers = {t: signal.getitimer(t) for t in _TIMERS}
     modules = set(sys.modules)
     try:
         yield
     finally:
+        # What it blocked or scheduled would outlive it: a blocked SIGINT no timeout can
+        # interrupt, an alarm that kills the engine later.
+        for timer, (value, interval) in timers.items():
+            signal.setitimer(timer, value, interval)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         sys.argv[:] = argv
         sys.path[:] = path
         os.chdir(cwd)

@@ -37,11 +37,11 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not hasattr(config.option, "nbval_sanitize_with"):
         raise pytest.UsageError(f"{OPTION} needs nbval: pip install nbval")
-    from workbench.nbval import merged_rules
+    from workbench.nbval import merged_rules, read_user_file
 
     own = config.option.nbval_sanitize_with
     try:
-        text = merged_rules(Path(own).read_text() if own else None)
+        text = merged_rules(read_user_file(own) if own else None)
     except (OSError, ValueError) as exc:
         raise pytest.UsageError(f"{OPTION}: --nbval-sanitize-with {own}: {exc}") from None
     fd, path = tempfile.mkstemp(prefix="workbench-nbval-", suffix=".cfg")

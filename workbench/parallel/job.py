@@ -53,7 +53,106 @@ def read_job(path: str | os.PathLike[str]) -> dict[str, Any]:
         )
     if job.get("kind") not in ("preset", "user"):
         raise ConfigError(f"job kind={job.get('kind')!r} is not valid; choose 'preset' or 'user'")
+    where = f"job file {str(file)!r}"
+    _check_steps_and_checkpoint(job, where)
+    if job["kind"] == "preset":
+        _check_preset(job, where)
+    else:
+        _check_user(job, where)
     return job
+
+
+# A job file may come from anywhere (``export --job``, a copy on a cluster): every field
+# the job reads is checked here, so a malformed one is one line naming it, before any
+# file is written or any process joins a group.
+_ROLES = ("model", "data", "loss", "optimizer")
+
+
+def _bad(where: str, field: str, value: Any, expected: str) -> ConfigError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return ConfigError(f"{where}: {field}={shown} is not valid; it must be {expected}")
+
+
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _check_steps_and_checkpoint(job: dict[str, Any], where: str) -> None:
+    if "steps" in job and not _whole(job["steps"], 1):
+        raise _bad(where, "steps", job.get("steps"), "an integer >= 1")
+    section = job.get("checkpoint")
+    if section is None:
+        return
+    if not isinstance(section, dict):
+        raise _bad(where, "checkpoint", section, "an object with dir, every, keep_last, or null")
+    if not isinstance(section.get("dir"), str) or not section["dir"]:
+        raise _bad(where, "checkpoint.dir", section.get("dir"), "a folder path")
+    if not _whole(section.get("every"), 1):
+        raise _bad(where, "checkpoint.every", section.get("every"), "an integer >= 1")
+    keep = section.get("keep_last")
+    if keep is not None and not _whole(keep, 1):
+        raise _bad(where, "checkpoint.keep_last", keep, "an integer >= 1 or null")
+
+
+def _check_preset(job: dict[str, Any], where: str) -> None:
+    from dataclasses import fields
+
+    from workbench.parallel.run_spec import RunSpec
+
+    spec = job.get("spec")
+    if not isinstance(spec, dict):
+        raise _bad(where, "spec", spec, "an object of RunSpec fields")
+    known = [f.name for f in fields(RunSpec)]
+    unknown = sorted(set(spec) - set(known))
+    if unknown:
+        raise _bad(where, "spec field", unknown[0], f"one of {known}")
+    try:
+        RunSpec(**spec)
+    except WorkbenchError as exc:
+        raise ConfigError(f"{where}: spec: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: spec is not valid: {exc}") from None
+
+
+def _check_user(job: dict[str, Any], where: str) -> None:
+    from dataclasses import fields
+
+    from workbench.parallel.user_model import UserRun
+
+    factories = job.get("factories")
+    if not isinstance(factories, dict):
+        raise _bad(where, "factories", factories, f"an object of {list(_ROLES)} -> 'module:attr'")
+    for role, name in factories.items():
+        if role not in _ROLES:
+            raise _bad(where, "factories role", role, f"one of {list(_ROLES)}")
+        if name is None and role != "model":
+            continue
+        module, sep, attr = name.partition(":") if isinstance(name, str) else ("", "", "")
+        if not (sep and module and attr):
+            raise _bad(where, f"factories.{role}", name, "an import path 'package.module:attr'")
+    if "model" not in factories:
+        raise _bad(where, "factories.model", None, "an import path 'package.module:attr'")
+    layout = job.get("layout")
+    if not isinstance(layout, dict):
+        raise _bad(where, "layout", layout, "an object of Layout fields (dp, tp, pp, ...)")
+    known = [f.name for f in fields(Layout)]
+    if set(layout) - set(known):
+        raise _bad(where, "layout field", sorted(set(layout) - set(known))[0], f"one of {known}")
+    try:
+        Layout(**{**layout, "pp_split": layout.get("pp_split")})
+    except WorkbenchError as exc:
+        raise ConfigError(f"{where}: layout: {exc}") from None
+    if not isinstance(job.get("strategy"), str):
+        raise _bad(where, "strategy", job.get("strategy"), "a string")
+    options = job.get("options")
+    taken = {*_ROLES, "layout", "strategy"}
+    allowed = sorted(f.name for f in fields(UserRun) if f.name not in taken)
+    if not isinstance(options, dict):
+        raise _bad(where, "options", options, f"an object of {allowed}")
+    if set(options) - set(allowed):
+        raise _bad(where, "option", sorted(set(options) - set(allowed))[0], f"one of {allowed}")
 
 
 def import_by_name(role: str, name: str) -> Any:

@@ -151,6 +151,11 @@ def check_layout(
                 f"virtual_stages={v}"
             )
         return
+    if v > model.layers:
+        raise ParallelError(
+            f"virtual_stages={v} is more model chunks than layers={model.layers}; "
+            f"valid virtual_stages: 1..{model.layers}"
+        )
     if pp * v > model.layers:
         raise ParallelError(
             f"pp={pp} (x virtual_stages={v}) is more stages than "

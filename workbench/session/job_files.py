@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import asdict, dataclass
@@ -27,7 +28,7 @@ from workbench.errors import ConfigError
 from workbench.parallel.job import JOB_FORMAT
 from workbench.parallel.run_spec import RunSpec
 
-__all__ = ["Export", "JobShape", "job_for_run", "json_option", "write_export"]
+__all__ = ["Export", "JobShape", "job_for_run", "json_option", "shell_word", "write_export"]
 
 JOB_FILE = "run.json"
 TORCHRUN_FILE = "torchrun.sh"
@@ -134,25 +135,50 @@ def job_for_run(spec: Any, world: int, steps: int) -> dict[str, Any]:
     return {"format": JOB_FORMAT, **body, "steps": steps}
 
 
+def _module_root(module_name: str) -> Path | None:
+    """The folder whose entry on ``sys.path`` makes ``module_name`` importable, found
+    without importing anything: only its top-level package is located
+    (``find_spec`` of a dotted name would import the parents, running their code)."""
+    import importlib.util
+
+    top = module_name.partition(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise ConfigError(
+            f"the job's factory module {module_name!r} is not importable here (no "
+            f"{top!r} on sys.path); run the export where the notebook's modules are"
+        )
+    if spec.submodule_search_locations:  # a package (or a namespace package)
+        location = Path(next(iter(spec.submodule_search_locations)))
+    elif spec.origin and spec.has_location:
+        location = Path(spec.origin)
+    else:  # built in or frozen: nothing to put on the path
+        return None
+    return location.resolve().parent
+
+
 def _module_roots(job: dict[str, Any]) -> list[str]:
     """The folders to put on ``PYTHONPATH`` so the job imports the user's modules."""
-    import importlib
-
     roots: list[str] = []
     for name in (job.get("factories") or {}).values():
         if not name:
             continue
-        module_name = name.partition(":")[0]
-        module = importlib.import_module(module_name)
-        file = getattr(module, "__file__", None)
-        if file is None or "site-packages" in file:
+        root = _module_root(name.partition(":")[0])
+        if root is None or "site-packages" in root.parts:
             continue
-        root = Path(file).resolve().parent
-        for _ in range(module_name.count(".") + (Path(file).stem == "__init__")):
-            root = root.parent
         if str(root) not in roots:
             roots.append(str(root))
     return roots
+
+
+def _job_name(text: str) -> str:
+    """``text`` as a Slurm job name that is one safe word: anything but letters, digits,
+    ``.``, ``_`` and ``-`` (a newline would start a new line of the script) becomes
+    ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:100] or "workbench"
 
 
 def _torchrun() -> str:
@@ -177,16 +203,33 @@ def torchrun_argv(target: list[str], procs: int, *, port: int = DEFAULT_PORT) ->
     ]
 
 
+def shell_word(text: str) -> str:
+    """``text`` as one bash word on one line: ``shlex.quote``, or ANSI-C quoting
+    (``$'...'``) where it holds a newline or another control character, so no path or
+    argument (a file name may hold a newline) spans lines of a generated script."""
+    if text.isprintable():
+        return shlex.quote(text)
+    escaped = []
+    for c in text:
+        if c in "\\'":
+            escaped.append(f"\\{c}")
+        elif c.isprintable():
+            escaped.append(c)
+        else:
+            escaped.append(f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\U{ord(c):08x}")
+    return "$'" + "".join(escaped) + "'"
+
+
 def _preamble(cwd: str, roots: list[str], key_dir: str | None) -> list[str]:
-    lines = ["set -euo pipefail", f"cd {shlex.quote(cwd)}"]
+    lines = ["set -euo pipefail", f"cd {shell_word(cwd)}"]
     if roots:
-        joined = shlex.quote(os.pathsep.join(roots))
+        joined = shell_word(os.pathsep.join(roots))
         lines.append(f'export PYTHONPATH={joined}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     if key_dir is not None:
-        key = shlex.quote(str(Path(key_dir) / "checkpoint.key"))
+        key = shell_word(str(Path(key_dir) / "checkpoint.key"))
         lines += [
             "# checkpoints are signed with the notebook's key (never copied into this folder)",
-            f"export WORKBENCH_STATE_DIR={shlex.quote(key_dir)}",
+            f"export WORKBENCH_STATE_DIR={shell_word(key_dir)}",
             f"if [ ! -f {key} ]; then",
             f'  echo "error: the checkpoint key {key} is missing on $(hostname); share'
             ' that folder (mode 0700) or copy the key there with mode 0600" >&2',
@@ -198,7 +241,7 @@ def _preamble(cwd: str, roots: list[str], key_dir: str | None) -> list[str]:
 
 def torchrun_script(argv: list[str], preamble: list[str]) -> str:
     port_flag = argv.index("--master-port")
-    shown = [shlex.quote(a) for a in argv]
+    shown = [shell_word(a) for a in argv]
     shown[port_flag + 1] = f'"${{MASTER_PORT:-{argv[port_flag + 1]}}}"'
     # the launcher, its four flags one per line, then what it runs
     lines = [shown[0], *(" ".join(shown[i : i + 2]) for i in range(1, 9, 2)), " ".join(shown[9:])]
@@ -232,7 +275,7 @@ def _srun_line(target: list[str], procs_per_node: int) -> str:
         '    --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" "$@"',
     ]
     program = shlex.quote("\n".join(per_node))
-    args = " ".join(shlex.quote(a) for a in target)
+    args = " ".join(shell_word(a) for a in target)
     return f"srun --kill-on-bad-exit=1 bash -c {program} \\\n    torchrun {args}"
 
 
@@ -241,7 +284,7 @@ def sbatch_script(target: list[str], shape: JobShape, preamble: list[str], name:
     (by name: torchrun hosts the rendezvous on the node whose own name it is)."""
     head = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={name}",
+        f"#SBATCH --job-name={_job_name(name)}",
         f"#SBATCH --nodes={shape.nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --cpus-per-task={shape.procs_per_node}",
@@ -255,7 +298,7 @@ def sbatch_script(target: list[str], shape: JobShape, preamble: list[str], name:
             "# the first node of the allocation hosts the rendezvous",
             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             f"MASTER_PORT=${{MASTER_PORT:-{DEFAULT_PORT}}}",
-            f"TORCHRUN=${{TORCHRUN:-{shlex.quote(_torchrun())}}}",
+            f"TORCHRUN=${{TORCHRUN:-{shell_word(_torchrun())}}}",
             "export MASTER_ADDR MASTER_PORT TORCHRUN",
             _NODE_INTERFACE,
             "export -f node_interface",
@@ -277,7 +320,13 @@ def write_export(
     """Write ``run.json`` (for ``job``) or nothing more (for ``script``: path, args), then
     ``torchrun.sh`` and ``job.sbatch``, into ``directory``."""
     folder = Path(directory).absolute()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file there, or a folder we may not write into
+        raise ConfigError(
+            f"cannot export into {str(folder)!r}: {exc.strerror or exc}; give a folder "
+            "that is new or empty and writable"
+        ) from None
     files: dict[str, Path] = {}
     if job is not None:
         files["job"] = folder / JOB_FILE

@@ -108,6 +108,8 @@ def parse_meta(data: bytes, where: str) -> dict[str, Any]:
     name = f"meta.json of the checkpoint at {where}"
     try:
         meta = json.loads(data)
+    except RecursionError:  # nested deeper than the parser's stack: no meta.json of ours
+        raise CheckpointError(f"{name} is nested too deeply to be a checkpoint's") from None
     except ValueError as exc:
         raise CheckpointError(f"{name} is not JSON: {exc}") from None
     if not isinstance(meta, dict):

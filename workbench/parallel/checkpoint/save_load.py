@@ -12,11 +12,12 @@ A checkpoint is a directory ``<root>/step-00000003`` holding
 - ``manifest.json``: the SHA-256 sum of every other file, signed (HMAC) with a key kept
   outside the checkpoint (``checkpoint.trust``).
 
-Saving is atomic: every rank writes into ``<root>/.tmp-step-00000003``; only after all
+Saving is atomic: every rank writes into ``<root>/.wb-tmp-step-00000003``; only after all
 ranks finished does rank 0 write ``meta.json`` and the manifest and rename the directory
 into place (``checkpoint.write``). A save that fails or dies halfway leaves the previous
-checkpoint untouched (and at most a ``.tmp-*`` directory that loads ignore and the next
-save removes).
+checkpoint untouched (and at most a ``.wb-tmp-*`` directory that loads ignore and the
+next save removes). A load without a step takes the newest checkpoint signed with the key,
+warning which newer ones it skipped (``checkpoint.verify.newest_signed``).
 
 Loading is all-or-nothing: the manifest's signature and every sum are checked (the files
 split among the ranks), ``meta.json`` and the RNG files parsed and checked
@@ -147,7 +148,7 @@ def save_checkpoint(
         with steps.local():
             if rank == 0:  # only rank 0 signs; a bad key fails before anything is written
                 key = checkpoint_key() if key is None else key
-                prepare(root, tmp)
+                prepare(root, tmp, final)
         steps.agree(kept)
         shapes: dict[str, list[int]] = {}
         try:

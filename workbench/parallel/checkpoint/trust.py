@@ -101,8 +101,24 @@ def checkpoint_key(path: str | os.PathLike[str] | None = None) -> bytes:
     return key
 
 
+def open_regular(path: Path, what: str) -> BinaryIO:
+    """``path`` opened for reading only if it is a regular file: never through a link,
+    and never waiting on a FIFO or device swapped in after a check (``files``).
+    FileNotFoundError when absent."""
+    from workbench.files import open_regular as open_file
+
+    try:
+        return open_file(path, follow=False)
+    except FileNotFoundError:
+        raise
+    except ValueError as exc:
+        raise CheckpointError(f"{what} is {exc}; refusing to read it") from None
+    except OSError as exc:  # ELOOP: a symbolic link
+        raise CheckpointError(f"{what} cannot be read ({exc.strerror}); refusing it") from None
+
+
 def file_digest(path: Path) -> str:
-    with open(path, "rb") as f:
+    with open_regular(path, f"{path.name} of the checkpoint at {str(path.parent)!r}") as f:
         return stream_digest(f)
 
 
@@ -116,7 +132,7 @@ def stream_digest(stream: BinaryIO) -> str:
 
 def read_capped(path: Path, what: str) -> bytes:
     """The bytes of one of a checkpoint's small files, at most ``SMALL_FILE_BYTES``."""
-    with open(path, "rb") as f:
+    with open_regular(path, what) as f:
         data = f.read(SMALL_FILE_BYTES + 1)
     if len(data) > SMALL_FILE_BYTES:
         raise CheckpointError(
@@ -160,16 +176,23 @@ def read_manifest(directory: Path, key: bytes) -> dict[str, str]:
     """The file -> SHA-256 map of ``directory``, once its HMAC checks out."""
     path = directory / MANIFEST
     where = f"{str(directory)!r}"
-    if not path.is_file():
+    try:
+        with open_regular(path, f"{MANIFEST} of the checkpoint at {where}") as f:
+            data = f.read(_MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
         raise CheckpointError(
             f"the checkpoint at {where} has no {MANIFEST}, so nothing vouches for its files "
             "(saved by an older workbench, or not by you); only checkpoints signed with "
             "your checkpoint key are loaded"
-        )
-    if path.stat().st_size > _MAX_MANIFEST_BYTES:
+        ) from None
+    if len(data) > _MAX_MANIFEST_BYTES:
         raise CheckpointError(f"{MANIFEST} of the checkpoint at {where} is too large")
     try:
-        manifest: Any = json.loads(path.read_bytes())
+        manifest: Any = json.loads(data)
+    except RecursionError:
+        raise CheckpointError(
+            f"{MANIFEST} of the checkpoint at {where} is nested too deeply"
+        ) from None
     except ValueError as exc:
         raise CheckpointError(
             f"{MANIFEST} of the checkpoint at {where} is not JSON: {exc}"

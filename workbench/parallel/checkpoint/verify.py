@@ -8,12 +8,18 @@ reads the shards into copies; a failure here leaves the run untouched.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from workbench.errors import CheckpointError
-from workbench.parallel.checkpoint.layout import PREFIX, choose_checkpoint, rng_name
+from workbench.parallel.checkpoint.layout import (
+    PREFIX,
+    choose_checkpoint,
+    committed_checkpoints,
+    rng_name,
+)
 from workbench.parallel.checkpoint.meta import RngState, parse_meta, parse_rng
 from workbench.parallel.checkpoint.steps import rank_of, world_of
 from workbench.parallel.checkpoint.trust import (
@@ -41,9 +47,10 @@ def verify(train_step: TrainStep, root: Path, step: int | None, key: bytes | Non
     """Rank-local: the checkpoint is signed, this rank's share of the files is intact,
     ``meta.json`` and this rank's RNG files are valid and match the run."""
     rank, world = rank_of(train_step), world_of(train_step)
-    path = choose_checkpoint(root, step)
+    key = checkpoint_key() if key is None else key
+    path = choose_checkpoint(root, step) if step is not None else newest_signed(root, key)
     where = repr(str(path))
-    digests = read_manifest(path, checkpoint_key() if key is None else key)
+    digests = read_manifest(path, key)
     # The shards are checked once in all, split among the ranks (agree() then tells every
     # rank); the small files each rank parses itself are read once and checked here.
     names = sorted(digests)
@@ -66,6 +73,42 @@ def verify(train_step: TrainStep, root: Path, step: int | None, key: bytes | Non
             where,
         )
     return Verified(path=path, digests=digests, meta=meta, rng=rng)
+
+
+def _signed_step(path: Path, key: bytes) -> None:
+    """What every rank can check of a checkpoint alike (the same files): its manifest is
+    signed with ``key`` and its ``meta.json`` is the one it vouches for, of this step."""
+    digests = read_manifest(path, key)
+    meta = parse_meta(read_verified(path, digests, "meta.json"), repr(str(path)))
+    if meta["step"] != int(path.name[len(PREFIX) :]):
+        raise CheckpointError(f"its meta.json says step {meta['step']}")
+
+
+def newest_signed(root: Path, key: bytes) -> Path:
+    """The newest checkpoint under ``root`` that is signed with ``key`` (a load without a
+    step: what rollback uses). Newer ones that are not (a folder someone else put there,
+    one changed after the save) are skipped with a warning naming each and why, so one
+    stray ``step-N`` does not stop every rollback."""
+    skipped: list[str] = []
+    for _, path in sorted(committed_checkpoints(root).items(), reverse=True):
+        try:
+            _signed_step(path, key)
+        except CheckpointError as exc:
+            skipped.append(f"{path.name} ({exc})")
+            continue
+        if skipped:
+            warnings.warn(
+                f"loading {path.name}; newer checkpoints under {str(root)!r} were skipped: "
+                + "; ".join(skipped),
+                stacklevel=3,
+            )
+        return path
+    if skipped:
+        raise CheckpointError(
+            f"no checkpoint under {str(root)!r} is signed with your checkpoint key: "
+            + "; ".join(skipped)
+        )
+    return choose_checkpoint(root, None)  # none at all: its error says so
 
 
 def _check_fits_run(train_step: TrainStep, meta: dict[str, Any], where: str) -> None:
