@@ -18,6 +18,7 @@ def _fake_engines() -> Any:
         check_controller=lambda: None,
         state="degraded",
         client_unchecked=lambda: SimpleNamespace(ids=[0, 2]),
+        config=SimpleNamespace(launcher="local"),
     )
 
 

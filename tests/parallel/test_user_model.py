@@ -141,15 +141,15 @@ def test_degrees_must_divide_the_world_size() -> None:
         Layout(tp=2).dims(4)
     with pytest.raises(ConfigError, match=r"zero=4"):
         Layout(zero=4)
-    assert Layout(tp=2, zero=3).dims(4).sizes == {"pp": 1, "dp": 2, "tp": 2}
+    assert Layout(tp=2, zero=3).dims(4).sizes == {"pp": 1, "dp": 2, "cp": 1, "tp": 2}
 
 
 def test_presets_are_shorthands_for_dimensions() -> None:
     assert layout_for("fsdp", 4) == Layout(dp=4, zero=3)
     assert layout_for("zero1", 2) == Layout(dp=2, zero=1)
     assert layout_for("dp", 2, overlap=False) == Layout(dp=2, overlap=False)
-    assert layout_for("dp_tp", 4).dims(4).sizes == {"pp": 1, "dp": 2, "tp": 2}
-    assert layout_for("pp", 2).dims(2).sizes == {"pp": 2, "dp": 1, "tp": 1}
+    assert layout_for("dp_tp", 4).dims(4).sizes == {"pp": 1, "dp": 2, "cp": 1, "tp": 2}
+    assert layout_for("pp", 2).dims(2).sizes == {"pp": 2, "dp": 1, "cp": 1, "tp": 1}
     with pytest.raises(ConfigError, match="strategy='ddp'.*fsdp"):
         layout_for("ddp", 2)
 
@@ -256,8 +256,8 @@ def test_user_model_pipeline_composed_with_dp_and_tp_on_four_ranks() -> None:
 
 
 def test_pipeline_composes_with_dp_and_tp_on_the_mesh() -> None:
-    assert Layout(pp=2, dp=2).dims(4).sizes == {"pp": 2, "dp": 2, "tp": 1}
-    assert Layout(pp=2, tp=2).dims(4).sizes == {"pp": 2, "dp": 1, "tp": 2}
+    assert Layout(pp=2, dp=2).dims(4).sizes == {"pp": 2, "dp": 2, "cp": 1, "tp": 1}
+    assert Layout(pp=2, tp=2).dims(4).sizes == {"pp": 2, "dp": 1, "cp": 1, "tp": 2}
     assert Layout(pp=2, dp=2, zero=3).describe(4) == "dp=2 FSDP2 (ZeRO-3) x pp=2"
     with pytest.raises(ParallelError, match=r"zero=0 is not valid there"):
         Layout(pp=2, dp=2, tp=2).dims(8)  # dp x tp still needs FSDP, with or without pp
@@ -281,7 +281,7 @@ def test_user_spec_and_user_run_share_one_declaration_of_their_options() -> None
     spec_only = {f.name for f in fields(UserSpec)} - shared
     run_only = {f.name for f in fields(UserRun)} - shared
     assert shared == {
-        "batch_size", "grad_accum", "microbatches", "schedule",
+        "batch_size", "grad_accum", "microbatches", "schedule", "stages_per_rank",
         "precision", "checkpointing", "seed", "trace", "per_module",
     }  # fmt: skip
     # Nothing else is declared twice (strategy is a preset name on the client, a label there).
@@ -293,7 +293,9 @@ def test_user_spec_and_user_run_share_one_declaration_of_their_options() -> None
     )
     run = UserRun(model=um.make_model, data=um.make_data, loss=um.lm_loss, **spec.options())
     assert run.options() == spec.options() and run.seed == 3 and run.microbatches == 4
-    with pytest.raises(ConfigError, match=r"schedule='zigzag' is not valid; choose from"):
+    with pytest.raises(
+        ConfigError, match=r"schedule='zigzag' is not valid; choose one of: 'gpipe'"
+    ):
         user_spec(
             um.make_model, "dp", {"data": um.make_data, "loss": um.lm_loss, "schedule": "zigzag"}
         )
