@@ -26,7 +26,7 @@ VIEWPORT = sp.PROJECTOR  # what a class sees (issue 49); the widget is shot whol
 IMAGES = {"memory": "stepper.png", "communication": "stepper_comm.png", "loss": "stepper_loss.png"}
 
 
-def shoot(out: Path, steps: int = 4) -> dict[str, Any]:
+def shoot(out: Path, steps: int = 3) -> dict[str, Any]:
     """Drive the stepper ``steps`` steps, screenshot each tab into ``out``; returns what was
     drawn (``figure_probes.drawn_figures``, every tab shown once), the page's text after
     the start and the processes left behind after a clean shutdown."""
@@ -74,7 +74,12 @@ def shoot(out: Path, steps: int = 4) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DOCS, help="folder for the PNGs")
-    parser.add_argument("--steps", type=int, default=4, help="whole steps to run first")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        help="whole steps to run first (3: every phase named at 1,280 px)",
+    )
     args = parser.parse_args(argv)
     reason = browser_missing()
     if reason:

@@ -152,15 +152,6 @@ def _drive(session: BrowserSession) -> None:
     )
     _shot(widget, "08-reset-phase")
 
-    # The figures follow their box: the left sidebar opened and closed again.
-    page.locator(".lm-TabBar-tab", has_text="memory").click()
-    for side in ("expandLeft", "collapseLeft"):
-        page.evaluate(f"() => window.jupyterapp.shell.{side}()")
-        page.wait_for_timeout(300)
-        sp.wait_figures(
-            page, "f.memory.width > 0 && Math.abs(f.memory.plotWidth - f.memory.width) <= 2"
-        )
-
     session.run_cell(3)
     page.get_by_text(sp.STOPPED).wait_for()
     _shot(page, "09-stopped")

@@ -26,9 +26,10 @@ __all__ = [
     "spaced",
 ]
 
-# On two staggered lines, about 800 px of axis (the stepper's tab) holds 30 phase names
-# ("optimizer" is the widest, ~50 px); past that they would overlap, so steps only.
-MAX_PHASE_TICKS = 30
+# On two staggered lines, about 550 px of axis (the stepper's figure beside its controls
+# at 1,280 px) holds 20 phase names ("optimizer" is the widest, ~50 px); past that they
+# would overlap ("backward" over "optimizer" at 22 was seen), so steps only.
+MAX_PHASE_TICKS = 20
 MAX_STEP_TICKS = 25
 # "step 12" in bold is ~50 px: an axis of ~700 px (the stepper's figure beside its controls
 # at 1,280 px) holds 12 of them with room between, so labels are at least 1/12 of it apart.
