@@ -43,6 +43,10 @@ SKIPS = {
     "tests/session/test_job_export.py exports a torchrun script and runs it",
     "python3 -m venv .venv-gpu": "a GPU machine's venv (CUDA wheels); make gpu-check runs it "
     "(tools/gpu_check.sh, dry-run here)",
+    'raise ValueError(f"bad batch {batch}")': "a transcript of pdb commands typed at the "
+    "notebook's prompt; tests/magics/test_debug_magics.py types them into a real kernel",
+    "In [6]: %%wb --ranks 1": "a transcript of a breakpoint answered at the notebook's "
+    "prompt; tests/magics/test_debug_magics.py answers it in a real kernel",
 }
 # Nothing is run between blocks: the README is pasted top to bottom into one shell, as a
 # reader does (the stepper's block starts its own cluster when the first one was stopped).

@@ -242,10 +242,11 @@ def test_pauses_between_clicks_are_cut_out_of_the_timeline_and_marked() -> None:
 def test_step_labels_are_thinned_to_what_fits_side_by_side() -> None:
     # step 0 clicked phase by phase (wide, pauses kept at 1 ms each), then 12 narrow steps
     assert spaced([0, 1, 2, 3], 4) == [0, 1, 2, 3]
-    assert spaced([0.0, 1, 2, 12, 13, 24], 24) == [0, 2, 3, 5]
+    # labels at least 24 / 9 apart: 1 and 2 are too close to 0, 13 to 12
+    assert spaced([0.0, 1, 2, 12, 13, 24], 24) == [0, 3, 5]
     wide = [(0.0, 100.0)] + [(100.0 + 10 * i, 110.0 + 10 * i) for i in range(30)]
     fig = comm_timeline_figure(_spans(wide))
     centers = list(fig.layout.xaxis2.tickvals)
     extent = 400.0
     assert all(b - a >= extent / STEP_LABELS_ACROSS for a, b in itertools.pairwise(centers))
-    assert 8 <= len(centers) <= STEP_LABELS_ACROSS + 1
+    assert STEP_LABELS_ACROSS - 3 <= len(centers) <= STEP_LABELS_ACROSS + 1

@@ -154,7 +154,7 @@ def test_what_cannot_run_fails_before_any_engine_works(cluster: Cluster) -> None
         _stepper(cluster, tp=3, tp_plan=um.TP_PLAN)
     with pytest.raises(ConfigError, match=r"needs loss= as well"):
         Stepper(cluster=cluster, model=um.make_model, data=um.make_data)
-    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['overlapp'\]"):
+    with pytest.raises(ConfigError, match=r"unknown option 'overlapp'; did you mean 'overlap'"):
         _stepper(cluster, overlapp=True)
     assert UserCodeError.__mro__[1].__name__ == "WorkbenchError"
 

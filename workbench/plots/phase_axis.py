@@ -31,9 +31,10 @@ __all__ = [
 # would overlap ("backward" over "optimizer" at 22 was seen), so steps only.
 MAX_PHASE_TICKS = 20
 MAX_STEP_TICKS = 25
-# "step 12" in bold is ~50 px: an axis of ~700 px (the stepper's figure beside its controls
-# at 1,280 px) holds 12 of them with room between, so labels are at least 1/12 of it apart.
-STEP_LABELS_ACROSS = 12
+# "step 12" in bold is ~50 px: an axis of ~550 px (the stepper's figure beside its controls
+# at 1,280 px) holds 9 of them with room between, so labels are at least 1/9 of it apart
+# (at 1/12, "step 10" and "step 11" touched after Run 10).
+STEP_LABELS_ACROSS = 9
 _BOUNDARY = {"showgrid": True, "gridcolor": "#555555", "griddash": "dot", "gridwidth": 1}
 # On a time axis a short tick under each boundary, between the numbers. On a sample axis
 # none: a one-sample band's name ("optimizer", the last of a step) is wider than its band
