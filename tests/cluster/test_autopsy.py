@@ -11,7 +11,6 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +50,11 @@ while time.time() - started < 4:
 TOGETHER = "t = torch.ones(2)\ndist.all_reduce(t)\nfloat(t[0])"
 
 
-@pytest.fixture(scope="module")
-def shared() -> Iterator[Cluster]:
-    cluster = Cluster(n=2, backend="gloo")
-    cluster.start_sync()
-    try:
-        yield cluster
-    finally:
-        cluster.stop_sync()
-
-
 @pytest.fixture
-def healthy(shared: Cluster) -> Cluster:
-    """The module's cluster, recovered if a previous test left it blocked or degraded."""
-    if shared.state != "running" or shared.stuck_ranks:
-        shared.recover_sync()
-    assert shared.state == "running" and shared.stuck_ranks == []
-    return shared
+def healthy(own_cluster: Cluster) -> Cluster:
+    """The module's cluster (tests/cluster/conftest.py), made healthy again if a previous
+    test left it blocked or degraded."""
+    return own_cluster
 
 
 def _together(cluster: Cluster) -> list[str]:

@@ -216,6 +216,15 @@ class EngineDebug:
         self.installed = False  # install() ran: the hooks and cell events are in place
         self.line: KernelLine | None = None  # this cell's connection to the kernel, if opened
 
+    def watch_cells(self, shell: Any) -> None:
+        """Follow ``shell``'s cells (once): each cell's failure is kept, and let go when
+        the next cell starts."""
+        if self.installed:
+            return
+        shell.events.register("pre_run_cell", self.before_cell)
+        shell.events.register("post_run_cell", self.after_cell)
+        self.installed = True
+
     def before_cell(self, info: Any = None) -> None:
         self.failure = None  # a new cell: the old failed frame is let go
         self.address, self.armed_next = self.armed_next or _labelled_address(), None
@@ -291,9 +300,7 @@ def install() -> None:
         return
     sys.breakpointhook = _breakpointhook
     pdb.set_trace = _set_trace
-    shell.events.register("pre_run_cell", state.before_cell)
-    shell.events.register("post_run_cell", state.after_cell)
-    state.installed = True
+    state.watch_cells(shell)
 
 
 def debug_label(address: str) -> str:
