@@ -23,6 +23,12 @@ HAS_SYSTEM_PYTHON := $(shell test -x $(SYSTEM_PYTHON) && echo yes)
 VENV_TIER_IGNORE := $(if $(HAS_SYSTEM_PYTHON),$(addprefix --ignore=,$(SYSTEM_TESTS)))
 # Every pytest tier prints its 25 slowest tests: a new slow test shows in the next log.
 DURATIONS := --durations=25
+# The venv and unit tiers run on two pytest-xdist workers, a test file per worker at a time
+# (--dist loadfile: a module's shared cluster is started once). Most of an engine test is
+# waiting on other processes, so two workers overlap on two cores (benchmarks/README.md has
+# the measured times). PYTEST_WORKERS=0 runs them in this process, one by one.
+PYTEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 # Private IPython/Jupyter state: tests, demos and CI never touch ~/.ipython or ~/.jupyter.
 STATE := $(CURDIR)/.state
 export IPYTHONDIR := $(STATE)/ipython
@@ -65,7 +71,7 @@ test-lint: $(STAMP)
 	$(PY) -m ruff check workbench tests benchmarks notebooks/build.py
 
 test-venv: $(STAMP) state
-	$(PY) -m pytest -q -p no:cacheprovider $(DURATIONS) $(VENV_TIER_IGNORE) tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(DURATIONS) $(VENV_TIER_IGNORE) tests
 
 test-notebooks: $(STAMP) state
 	@if ls notebooks/*.ipynb >/dev/null 2>&1; then \
@@ -85,7 +91,7 @@ test-system-python: $(SYSTEM_STAMP) state
 
 # The unit tier: no engines, ranks or subprocesses (tests/conftest.py enforces it), < 1 min.
 test-fast: $(STAMP) state
-	WB_TEST_TIER=unit $(PY) -m pytest -q -p no:cacheprovider -m "not engines and not browser and not slow" tests
+	WB_TEST_TIER=unit $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not engines and not browser and not slow" tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check workbench tests benchmarks notebooks/build.py
