@@ -156,11 +156,15 @@ def setup_rank(
     that never arrives is an error, not a hang. With ``run_dir`` the engine's status thread
     (out-of-band in-flight record, see ``flight.py``) writes there.
     """
+    import sys
+
     import torch
     import torch.distributed as dist
 
-    import workbench
     from workbench.trace import Clock
+
+    # the user's ``wb``: this module's own package, loaded before it (no import of the façade)
+    workbench = sys.modules["workbench"]
 
     teardown_rank()  # a re-init (restart, new port) starts from a clean slate
     pending = engine_state().get(_PENDING_STORE)
