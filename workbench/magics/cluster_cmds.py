@@ -113,7 +113,7 @@ def start(magics: MagicsState, args: Any) -> None:
         if close is not None:
             close()
         cluster.progress = None
-    magics.started.append(cluster)  # and it is now the current cluster (Cluster.latest)
+    magics.remember(cluster)  # and it is now the current cluster (Cluster.latest)
     print(start_banner(cluster.ranks))
     if cluster.kept is not None:
         print(

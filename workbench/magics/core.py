@@ -69,6 +69,18 @@ class WorkbenchMagics(Magics):
         """The current cluster (``Cluster.latest()``): started here or from Python."""
         return Cluster.latest()
 
+    def remember(self, cluster: Cluster) -> None:
+        """`%wb start` / `%wb attach` made ``cluster`` here: held as long as the kernel."""
+        if cluster not in self.started:
+            self.started.append(cluster)
+
+    def stop_started(self) -> None:
+        """Stop what `%wb start` started here (the extension is unloaded)."""
+        for cluster in self.started:
+            if cluster.state != "stopped":
+                cluster.stop_sync()
+        self.started = []
+
     def running_started_here(self) -> Cluster | None:
         """A cluster `%wb start` started that still runs (or whose controller died)."""
         self.started = [c for c in self.started if c.state != "stopped"]

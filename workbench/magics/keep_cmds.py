@@ -41,8 +41,7 @@ def attach(magics: MagicsState, args: Any) -> None:
     except ConfigError as exc:  # an unknown or malformed name
         raise UsageError(str(exc)) from None
     seconds = time.perf_counter() - started
-    if cluster not in magics.started:
-        magics.started.append(cluster)  # now the current cluster, as after `%wb start`
+    magics.remember(cluster)  # now the current cluster, as after `%wb start`
     print(start_banner(cluster.ranks))
     lost = cluster.lost_ranks() if cluster.state == "degraded" else []
     print(
