@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -156,15 +157,10 @@ def setup_rank(
     that never arrives is an error, not a hang. With ``run_dir`` the engine's status thread
     (out-of-band in-flight record, see ``flight.py``) writes there.
     """
-    import sys
-
     import torch
     import torch.distributed as dist
 
     from workbench.trace import Clock
-
-    # the user's ``wb``: this module's own package, loaded before it (no import of the façade)
-    workbench = sys.modules["workbench"]
 
     teardown_rank()  # a re-init (restart, new port) starts from a clean slate
     pending = engine_state().get(_PENDING_STORE)
@@ -203,7 +199,7 @@ def setup_rank(
         device=device,
         dist=dist,
         torch=torch,
-        wb=workbench,
+        wb=sys.modules["workbench"],  # this package, loaded before its modules
     )
     return {"rank": assignment["rank"], "init_s": time.perf_counter() - started}
 
