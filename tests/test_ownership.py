@@ -23,12 +23,24 @@ from pathlib import Path
 from tests.test_layers import PACKAGE, _cycles, _imports, _imports_in, _module_name
 
 # "path::function::param.attr" -> why this function writes an object it was handed.
-WRITES_ALLOWED: dict[str, str] = {}
+WRITES_ALLOWED: dict[str, str] = {
+    "magics/__init__.py::load_ipython_extension::setattr(ipython)": (
+        "IPython's extension hook is handed the shell; the extension's magics object lives "
+        "on it (shell._workbench_magics) so unload and tests find the one this shell loaded"
+    ),
+    "nbval/plugin.py::pytest_configure::config.option.nbval_sanitize_with": (
+        "pytest's configure hook: nbval reads its sanitizer path from config.option lazily, "
+        "so the merged rules file is pointed at there, the one way pytest offers"
+    ),
+    "parallel/collectives.py::keep_for_backward::setattr(ctx)": (
+        "torch.autograd.Function hands forward a ctx to keep backward's non-tensor state "
+        "(process group, splits); every Function of parallel/ writes it through this one"
+    ),
+}
 MAX_WRITES_ALLOWED = 10
 # Issue 41 in progress: the writes and circles found on main before the redesign. Each fix
 # takes its line out (the test fails while a listed one no longer exists); both end empty.
 WRITES_TO_REMOVE: set[str] = {
-    "cli/demo.py::_run::args.strategies",
     "cluster/launch/warm.py::adopt::launcher._popen_process",
     "cluster/launch/warm.py::adopt::launcher.pid",
     "cluster/launch/warm.py::adopt::launcher.process",
@@ -61,53 +73,12 @@ WRITES_TO_REMOVE: set[str] = {
     "cluster/start_sequence.py::start_engines::engines.ssh_dir",
     "cluster/start_sequence.py::start_engines::engines.watch",
     "engine/live_push.py::cap_receiving::socket.rcvhwm",
-    "magics/__init__.py::load_ipython_extension::setattr(ipython)",
-    "magics/trace_cmds.py::trace_log::magics.trace_log",
-    "nbval/plugin.py::pytest_configure::config.option.nbval_sanitize_with",
-    "parallel/collectives.py::AllReduceBackward.forward::ctx.group",
-    "parallel/cp.py::_RingShift.forward::ctx.shard",
-    "parallel/ep.py::_AllToAll.forward::ctx.group",
-    "parallel/ep.py::_AllToAll.forward::ctx.splits",
     "parallel/pp.py::_mark_actions.wrap::setattr(stage)",
-    "planner/zero3_modules.py::_mark_reuse::uses.kept_until",
-    "plots/figure_patch.py::Patch.create::trace.meta",
-    "session/elastic_run.py::grow_and_roll_back::session._elastic_base",
-    "session/elastic_run.py::resize_and_roll_back::session._reference",
-    "session/elastic_run.py::session_grow::session.last_recovery",
-    "session/elastic_run.py::shrink_and_roll_back::session._elastic_base",
-    "trace/comm.py::CommTracer._await_tensor::flight.keys",
-    "trace/comm.py::CommTracer._begin::flight.cuda_start",
-    "trace/comm.py::CommTracer._begin::flight.phase",
-    "trace/comm.py::CommTracer._begin::flight.start",
-    "trace/comm.py::CommTracer._begin::flight.step",
-    "trace/comm.py::CommTracer._begin::flight.token",
-    "trace/comm.py::CommTracer._complete::flight.cuda_end",
-    "trace/comm.py::CommTracer._complete::flight.done",
-    "trace/summary.py::StepSummaries._add_span::table.origin",
-    "ui/stepper_view.py::_autosize::figure.layout.autosize",
-    "ui/stepper_view.py::_refit::figure.layout.autosize",
 }
-ROOT_IMPORTS_TO_REMOVE = ["workbench.engine.process_group:162", "workbench.trace.comm_source:15"]
+ROOT_IMPORTS_TO_REMOVE: list[str] = []
 CIRCLES_TO_BREAK: list[list[str]] = [
-    ["workbench.planner.model_spec", "workbench.planner.params", "workbench.planner.specs"],
     ["workbench.engine.direct_cells", "workbench.engine.rank_debug"],
     ["workbench.engine.memory_history", "workbench.engine.run_slot"],
-    ["workbench.session.elastic_run", "workbench.session.roll_back", "workbench.session.training"],
-    ["workbench.ui.stepper", "workbench.ui.stepper_view"],
-    [
-        "workbench.magics.autopsy_cmds",
-        "workbench.magics.checkpoint_cmds",
-        "workbench.magics.cluster_cmds",
-        "workbench.magics.core",
-        "workbench.magics.debug_cmds",
-        "workbench.magics.doctor_cmds",
-        "workbench.magics.export_cmds",
-        "workbench.magics.keep_cmds",
-        "workbench.magics.script_cmds",
-        "workbench.magics.step_cmds",
-        "workbench.magics.trace_cmds",
-        "workbench.magics.ui_cmds",
-    ],
 ]
 
 

@@ -1,41 +1,44 @@
-"""``%wb restart`` looks for the stepper's session only where a stepper can exist: with the
-stepper's module never imported it imports nothing (that import cost 1.5-5 s of the first
-recovery in a fresh kernel, issue 31)."""
+"""``%wb restart`` / ``%wb grow`` find the stepper's session through the registry in
+``session/current.py``: with no stepper made it imports nothing (importing the stepper's
+module cost 1.5-5 s of the first recovery in a fresh kernel, issue 31)."""
 
 from __future__ import annotations
 
+import gc
 import sys
-from types import SimpleNamespace
 
 import pytest
 
-from workbench.errors import ConfigError
 from workbench.magics import cluster_cmds
+from workbench.session import current
 
 STEPPER = "workbench.ui.stepper"
 
 
-def test_no_stepper_module_means_no_session_and_no_import(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+class _Session:  # the registry keeps a weak reference; only ``cluster`` is read
+    def __init__(self, cluster: object) -> None:
+        self.cluster = cluster
+
+
+@pytest.fixture(autouse=True)
+def _empty_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(current, "_current", [])
+
+
+def test_no_stepper_means_no_session_and_no_import(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, STEPPER, None)  # an import of it now raises
     assert cluster_cmds._session_on(object()) is None  # type: ignore[arg-type]
 
 
-def _stepper_module(current: object) -> SimpleNamespace:
-    def now() -> object:
-        if isinstance(current, Exception):
-            raise current
-        return current
-
-    return SimpleNamespace(Stepper=SimpleNamespace(current=now))
-
-
-def test_the_current_steppers_session_on_this_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_current_steppers_session_on_this_cluster() -> None:
     cluster, other = object(), object()
-    stepper = SimpleNamespace(cluster=cluster, session="the session")
-    monkeypatch.setitem(sys.modules, STEPPER, _stepper_module(stepper))
-    assert cluster_cmds._session_on(cluster) == "the session"  # type: ignore[arg-type]
+    first, second = _Session(cluster), _Session(other)
+    current.make_current(first)  # type: ignore[arg-type]
+    assert cluster_cmds._session_on(cluster) is first  # type: ignore[arg-type]
     assert cluster_cmds._session_on(other) is None  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, STEPPER, _stepper_module(ConfigError("no stepper yet")))
+    current.make_current(second)  # type: ignore[arg-type]  # a newer stepper's
     assert cluster_cmds._session_on(cluster) is None  # type: ignore[arg-type]
+    assert cluster_cmds._session_on(other) is second  # type: ignore[arg-type]
+    del second
+    gc.collect()
+    assert current.current_session() is None  # the registry does not keep it alive

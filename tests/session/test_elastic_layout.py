@@ -70,7 +70,6 @@ def test_data_parallel_layouts_lose_only_the_dead() -> None:
 
 def test_new_arguments_are_refused_before_anything_starts() -> None:
     from workbench.cluster import Cluster
-    from workbench.session.elastic_run import session_grow
     from workbench.session.training import TrainingSession
 
     cluster = Cluster(n=2, backend="gloo")  # never started: every check fires first
@@ -84,7 +83,7 @@ def test_new_arguments_are_refused_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match=r"shrink=1 is not valid"):
         session.recover(shrink=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"n=-1 is not valid"):
-        session_grow(session, -1)
+        session.grow(-1)
     assert cluster.state not in ("running", "degraded")
 
 
@@ -92,12 +91,11 @@ def test_a_run_of_your_own_model_is_not_resized() -> None:
     from types import SimpleNamespace
 
     from workbench.cluster import Cluster
-    from workbench.session.elastic_run import session_grow, shrink_and_roll_back
     from workbench.session.training import TrainingSession
 
     session = TrainingSession(Cluster(n=2, backend="gloo"), RunSpec(), elastic=True)
     session._state.spec = SimpleNamespace(strategy="dp")  # type: ignore[assignment]
     with pytest.raises(ConfigError, match="built-in models"):
-        shrink_and_roll_back(session)
+        session._shrink_and_roll_back()
     with pytest.raises(ConfigError, match="built-in models"):
-        session_grow(session, 1)
+        session.grow(1)

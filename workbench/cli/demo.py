@@ -56,13 +56,12 @@ def _run(args: argparse.Namespace) -> int:
             f"--model {args.model!r} is not valid; choose from {sorted(PRESETS)} or give "
             "your own factory as package.module:factory"
         )
-    if args.strategies is None:
-        args.strategies = "dp,zero1,fsdp,tp,megatron,pp"
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    given = args.strategies if args.strategies is not None else "dp,zero1,fsdp,tp,megatron,pp"
+    strategies = [s.strip() for s in given.split(",") if s.strip()]
     bad = [s for s in strategies if s not in STRATEGIES or s in ("single", "dp_tp")]
     if bad or not strategies:
         valid = [s for s in STRATEGIES if s not in ("single", "dp_tp")]
-        raise ConfigError(f"--strategies {bad or args.strategies!r} not valid; choose from {valid}")
+        raise ConfigError(f"--strategies {bad or given!r} not valid; choose from {valid}")
     if args.steps < 1:
         raise ConfigError(f"--steps {args.steps} is not valid; it must be >= 1")
     results = run_demo(

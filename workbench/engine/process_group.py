@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -159,7 +160,6 @@ def setup_rank(
     import torch
     import torch.distributed as dist
 
-    import workbench
     from workbench.trace import Clock
 
     teardown_rank()  # a re-init (restart, new port) starts from a clean slate
@@ -199,7 +199,7 @@ def setup_rank(
         device=device,
         dist=dist,
         torch=torch,
-        wb=workbench,
+        wb=sys.modules["workbench"],  # this package, loaded before its modules
     )
     return {"rank": assignment["rank"], "init_s": time.perf_counter() - started}
 

@@ -21,7 +21,4 @@ def load_ipython_extension(ipython: Any, import_s: float | None = None) -> None:
 def unload_ipython_extension(ipython: Any) -> None:
     magics: WorkbenchMagics | None = getattr(ipython, _KEY, None)
     if magics is not None:  # what %wb start started ends with the extension
-        for cluster in magics.started:
-            if cluster.state != "stopped":
-                cluster.stop_sync()
-        magics.started = []
+        magics.stop_started()

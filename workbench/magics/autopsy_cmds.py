@@ -8,7 +8,7 @@ from workbench.magics.args import MagicParser, parse_ranks
 from workbench.magics.registry import command
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 
 def _stacks_args(p: MagicParser) -> None:
@@ -16,7 +16,7 @@ def _stacks_args(p: MagicParser) -> None:
 
 
 @command("stacks", "every rank's Python stack now, without stopping what it runs", _stacks_args)
-def stacks(magics: WorkbenchMagics, args: Any) -> None:
+def stacks(magics: MagicsState, args: Any) -> None:
     cluster = magics.require_cluster()
     ranks = parse_ranks(args.ranks, cluster.world_size)
     for rank, text in cluster.stacks(ranks).items():

@@ -12,7 +12,7 @@ from workbench.magics.registry import command
 from workbench.magics.step_cmds import current_stepper
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 ACTIONS = ("save", "load", "list")
 
@@ -35,7 +35,7 @@ def _checkpoint_args(p: MagicParser) -> None:
 
 
 @command("checkpoint", "save, load or list checkpoints of the current stepper", _checkpoint_args)
-def checkpoint(magics: WorkbenchMagics, args: Any) -> Any:
+def checkpoint(magics: MagicsState, args: Any) -> Any:
     stepper = current_stepper(running=True)
     try:
         if args.action == "save":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,9 +24,10 @@ from workbench.magics.launcher_args import add_launcher_args, launcher_options_f
 from workbench.magics.progress import notebook_progress
 from workbench.magics.registry import command
 from workbench.magics.tables import start_banner, status_table
+from workbench.session.current import current_session
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 
 def _start_args(p: MagicParser) -> None:
@@ -87,7 +87,7 @@ def _start_args(p: MagicParser) -> None:
 
 
 @command("start", "start engines and join them into a process group", _start_args)
-def start(magics: WorkbenchMagics, args: Any) -> None:
+def start(magics: MagicsState, args: Any) -> None:
     mine = magics.running_started_here()
     if mine is not None and mine.state in ("running", "degraded"):
         raise UsageError(
@@ -113,7 +113,7 @@ def start(magics: WorkbenchMagics, args: Any) -> None:
         if close is not None:
             close()
         cluster.progress = None
-    magics.started.append(cluster)  # and it is now the current cluster (Cluster.latest)
+    magics.remember(cluster)  # and it is now the current cluster (Cluster.latest)
     print(start_banner(cluster.ranks))
     if cluster.kept is not None:
         print(
@@ -170,7 +170,7 @@ def make_cluster(args: Any) -> Cluster:
 
 
 @command("stop", "stop the engines and the controller", lambda p: None)
-def stop(magics: WorkbenchMagics, args: Any) -> None:
+def stop(magics: MagicsState, args: Any) -> None:
     cluster = magics.cluster
     if cluster is None:
         print("workbench: no cluster to stop")
@@ -196,7 +196,7 @@ def _restart_args(p: MagicParser) -> None:
     "otherwise stop and start again",
     _restart_args,
 )
-def restart(magics: WorkbenchMagics, args: Any) -> None:
+def restart(magics: MagicsState, args: Any) -> None:
     cluster = magics.cluster
     if cluster is None:
         raise UsageError("no cluster to restart; start one with `%wb start -n 2`")
@@ -227,7 +227,7 @@ def _grow_args(p: MagicParser) -> None:
     "add N ranks (after a shrink: back to the old size) at a checkpoint boundary",
     _grow_args,
 )
-def grow(magics: WorkbenchMagics, args: Any) -> None:
+def grow(magics: MagicsState, args: Any) -> None:
     cluster = magics.require_cluster()
     if args.hosts is not None:  # a bad --hosts is a usage error, said before anything starts
         from workbench.cluster.host_placement import check_hosts
@@ -245,18 +245,12 @@ def grow(magics: WorkbenchMagics, args: Any) -> None:
 
 
 def _session_on(cluster: Cluster) -> Any:
-    """The current stepper's training session when it runs on ``cluster``. Where the
-    stepper's module was never imported there is no stepper, and importing it here (torch,
-    plotly, ipywidgets: 1.5-5 s on a 2-core machine) was most of a `%wb restart` after the
-    first fault in a fresh kernel (issue 31, benchmarks/first_fault_profile.py)."""
-    module = sys.modules.get("workbench.ui.stepper")
-    if module is None:
-        return None
-    try:
-        stepper = module.Stepper.current()
-    except ConfigError:
-        return None
-    return stepper.session if stepper.cluster is cluster else None
+    """The current stepper's training session when it runs on ``cluster`` (the registry in
+    ``session/current.py``: asking it imports neither the stepper nor torch, which took
+    1.5-5 s on a 2-core machine, most of a `%wb restart` after the first fault in a fresh
+    kernel: issue 31, benchmarks/first_fault_profile.py)."""
+    session = current_session()
+    return session if session is not None and session.cluster is cluster else None
 
 
 def _status_args(p: MagicParser) -> None:
@@ -264,7 +258,7 @@ def _status_args(p: MagicParser) -> None:
 
 
 @command("status", "table of ranks: engine, host, pid, device, backend, state", _status_args)
-def status(magics: WorkbenchMagics, args: Any) -> Any:
+def status(magics: MagicsState, args: Any) -> Any:
     rows = magics.require_cluster().status()
     if args.json:
         return rows

@@ -7,7 +7,7 @@ Subcommands are small functions in the ``*_cmds`` modules, registered in
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -34,6 +34,9 @@ from workbench.magics.live_view import live_view
 from workbench.magics.registry import COMMANDS, usage
 from workbench.magics.render import show_results
 
+if TYPE_CHECKING:
+    from workbench.session.traced_log import TraceLog
+
 __all__ = ["COMMANDS", "WorkbenchMagics"]
 
 
@@ -58,7 +61,7 @@ class WorkbenchMagics(Magics):
         # What `%wb start` started, held so that it lives as long as the kernel: which
         # cluster is *current* is Cluster.latest()'s answer, the same for every caller.
         self.started: list[Cluster] = []
-        self.trace_log: Any | None = None  # a cluster.traced_log.TraceLog once %wb trace is used
+        self.trace_log: TraceLog | None = None  # once %wb trace is used
         self.load_import_s: float | None = None  # what `%load_ext workbench` spent importing
 
     @property
@@ -66,10 +69,32 @@ class WorkbenchMagics(Magics):
         """The current cluster (``Cluster.latest()``): started here or from Python."""
         return Cluster.latest()
 
+    def remember(self, cluster: Cluster) -> None:
+        """`%wb start` / `%wb attach` made ``cluster`` here: held as long as the kernel."""
+        if cluster not in self.started:
+            self.started.append(cluster)
+
+    def stop_started(self) -> None:
+        """Stop what `%wb start` started here (the extension is unloaded)."""
+        for cluster in self.started:
+            if cluster.state != "stopped":
+                cluster.stop_sync()
+        self.started = []
+
     def running_started_here(self) -> Cluster | None:
         """A cluster `%wb start` started that still runs (or whose controller died)."""
         self.started = [c for c in self.started if c.state != "stopped"]
         return self.started[-1] if self.started else None
+
+    def current_trace_log(self) -> TraceLog:
+        """The notebook's ``TraceLog`` for the running cluster (made on first use, and anew
+        for a new cluster); `%wb trace` and `%wb run --trace` share it."""
+        from workbench.session.traced_log import TraceLog
+
+        cluster = self.require_cluster()
+        if self.trace_log is None or self.trace_log.cluster is not cluster:
+            self.trace_log = TraceLog(cluster)
+        return self.trace_log
 
     def require_cluster(self) -> Cluster:
         # A "broken" cluster (dead controller) is returned: its calls say what happened.

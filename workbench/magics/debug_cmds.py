@@ -16,7 +16,7 @@ from workbench.magics.args import MagicParser, whole_number
 from workbench.magics.registry import command
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 __all__ = ["NotebookPrompter"]
 
@@ -66,7 +66,7 @@ def _debug_args(p: MagicParser) -> None:
     "(type commands in the input box; q ends)",
     _debug_args,
 )
-def debug(magics: WorkbenchMagics, args: Any) -> None:
+def debug(magics: MagicsState, args: Any) -> None:
     cluster = magics.require_cluster()
     if args.rank is not None and args.rank >= cluster.world_size:
         raise UsageError(

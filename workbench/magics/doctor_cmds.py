@@ -12,7 +12,7 @@ from workbench.magics.args import MagicParser, whole_number
 from workbench.magics.registry import command
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 
 def _doctor_args(p: MagicParser) -> None:
@@ -44,7 +44,7 @@ def _doctor_args(p: MagicParser) -> None:
 
 
 @command("doctor", "compare every host's environment and measure every link", _doctor_args)
-def doctor(magics: WorkbenchMagics, args: Any) -> Any:
+def doctor(magics: MagicsState, args: Any) -> Any:
     cluster = magics.require_cluster()
     given = {
         "iters": args.iters,

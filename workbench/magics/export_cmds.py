@@ -13,7 +13,7 @@ from workbench.magics.args import MagicParser
 from workbench.magics.registry import command
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 
 def _export_args(p: MagicParser) -> None:
@@ -31,7 +31,7 @@ def _export_args(p: MagicParser) -> None:
     "write the torchrun command line and an sbatch script for the stepper's run or a script",
     _export_args,
 )
-def export_cmd(magics: WorkbenchMagics, args: Any) -> None:
+def export_cmd(magics: MagicsState, args: Any) -> None:
     from workbench.export import export
     from workbench.ui.stepper import Stepper
 

@@ -14,7 +14,7 @@ from workbench.magics.registry import command
 from workbench.magics.tables import start_banner
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 LIST_COLUMNS = ("name", "ranks", "hosts", "launcher", "age", "lease left", "attached")
 
@@ -28,7 +28,7 @@ def _attach_args(p: Any) -> None:
     "take up a kept cluster (`%wb start --keep`) from this kernel: ranks, engines' variables",
     _attach_args,
 )
-def attach(magics: WorkbenchMagics, args: Any) -> None:
+def attach(magics: MagicsState, args: Any) -> None:
     mine = magics.running_started_here()
     if mine is not None and mine.state in ("running", "degraded") and mine.kept != args.name:
         raise UsageError(
@@ -41,8 +41,7 @@ def attach(magics: WorkbenchMagics, args: Any) -> None:
     except ConfigError as exc:  # an unknown or malformed name
         raise UsageError(str(exc)) from None
     seconds = time.perf_counter() - started
-    if cluster not in magics.started:
-        magics.started.append(cluster)  # now the current cluster, as after `%wb start`
+    magics.remember(cluster)  # now the current cluster, as after `%wb start`
     print(start_banner(cluster.ranks))
     lost = cluster.lost_ranks() if cluster.state == "degraded" else []
     print(
@@ -85,7 +84,7 @@ def _list_args(p: Any) -> None:
 
 
 @command("list", "the kept clusters: name, ranks, hosts, age, lease, attached", _list_args)
-def list_kept(magics: WorkbenchMagics, args: Any) -> Any:
+def list_kept(magics: MagicsState, args: Any) -> Any:
     scan = KeptClusters().scan()
     if scan.removed:
         print(scan.notice())

@@ -9,11 +9,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workbench.magics.args import MagicParser
 
-__all__ = ["COMMANDS", "Command", "command", "usage"]
+if TYPE_CHECKING:
+    from workbench.cluster import Cluster
+    from workbench.session.traced_log import TraceLog
+
+__all__ = ["COMMANDS", "Command", "MagicsState", "command", "usage"]
+
+
+class MagicsState(Protocol):
+    """What a subcommand asks of the ``%wb`` magics object (``core.WorkbenchMagics``, the
+    owner of the notebook's clusters and trace log). Commands name only this, so ``core``
+    imports them (to register) and they never import ``core`` back."""
+
+    load_import_s: float | None
+    trace_log: TraceLog | None
+
+    @property
+    def cluster(self) -> Cluster | None: ...
+    def require_cluster(self) -> Cluster: ...
+    def running_started_here(self) -> Cluster | None: ...
+    def remember(self, cluster: Cluster) -> None: ...
+    def current_trace_log(self) -> TraceLog: ...
 
 
 @dataclass(frozen=True)
@@ -22,14 +42,14 @@ class Command:
 
     help: str
     parser: Callable[[MagicParser], None]
-    run: Callable[[Any, Any], Any]
+    run: Callable[[MagicsState, Any], Any]
 
 
 COMMANDS: dict[str, Command] = {}
 
 
 def command(name: str, help: str, parser: Callable[[MagicParser], None]) -> Callable[..., Any]:
-    def register(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def register(fn: Callable[[MagicsState, Any], Any]) -> Callable[[MagicsState, Any], Any]:
         COMMANDS[name] = Command(help=help, parser=parser, run=fn)
         return fn
 

@@ -18,7 +18,7 @@ from workbench.magics.render import show_results
 from workbench.magics.trace_cmds import trace_log
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 
 def _run_args(p: MagicParser) -> None:
@@ -47,7 +47,7 @@ def _run_args(p: MagicParser) -> None:
     "the cluster's group)",
     _run_args,
 )
-def run(magics: WorkbenchMagics, args: Any) -> None:
+def run(magics: MagicsState, args: Any) -> None:
     try:
         path = script_path(args.script, "script")
     except ConfigError as exc:

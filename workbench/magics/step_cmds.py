@@ -11,7 +11,7 @@ from workbench.magics.args import MagicParser, whole_number
 from workbench.magics.registry import command
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 PLOTS = ("memory", "comm", "loss")
 
@@ -45,7 +45,7 @@ def _step_args(p: MagicParser) -> None:
 
 
 @command("step", "advance the current stepper by steps or phases", _step_args)
-def step(magics: WorkbenchMagics, args: Any) -> None:
+def step(magics: MagicsState, args: Any) -> None:
     stepper = current_stepper(running=True)
     recovery = getattr(stepper.session, "last_recovery", None)
     if args.phase:
@@ -65,7 +65,7 @@ def _plot_args(p: MagicParser) -> None:
 
 
 @command("plot", "show the current stepper's memory, comm or loss figure", _plot_args)
-def plot(magics: WorkbenchMagics, args: Any) -> Any:
+def plot(magics: MagicsState, args: Any) -> Any:
     return current_stepper().figures()[args.what]
 
 
@@ -79,7 +79,7 @@ def _trace_args(p: MagicParser) -> None:
 
 
 @command("trace", "Perfetto export of the stepper; on|off|pull|plot for %%wb cells", _trace_args)
-def trace(magics: WorkbenchMagics, args: Any) -> Any:
+def trace(magics: MagicsState, args: Any) -> Any:
     from workbench.magics.trace_cmds import run_trace
 
     # Hand-written loops (wb.traced / %wb trace on) when there is no stepper to export.

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 
 __all__ = ["TRACE_ACTIONS", "run_trace", "trace_log"]
@@ -23,19 +23,12 @@ TRACE_ACTIONS = ("export", "on", "off", "pull", "plot")
 PLOTS = ("memory", "comm", "loss")
 
 
-def trace_log(magics: WorkbenchMagics) -> Any:
+def trace_log(magics: MagicsState) -> Any:
     """The notebook's ``TraceLog`` for the running cluster (made on first use)."""
-    from workbench.session.traced_log import TraceLog
-
-    cluster = magics.require_cluster()
-    log = getattr(magics, "trace_log", None)
-    if log is None or log.cluster is not cluster:
-        log = TraceLog(cluster)
-        magics.trace_log = log  # type: ignore[attr-defined]
-    return log
+    return magics.current_trace_log()
 
 
-def run_trace(magics: WorkbenchMagics, action: str, path: str | None) -> Any:
+def run_trace(magics: MagicsState, action: str, path: str | None) -> Any:
     """Everything but ``export`` of the current stepper (which step_cmds handles)."""
     log = trace_log(magics)
     if action == "on":

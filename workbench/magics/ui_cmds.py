@@ -9,7 +9,7 @@ from workbench.magics.registry import command
 from workbench.validate import MIN_REFRESH_S
 
 if TYPE_CHECKING:  # the magics object is only a parameter here
-    from workbench.magics.core import WorkbenchMagics
+    from workbench.magics.registry import MagicsState
 
 
 def _dashboard_args(p: MagicParser) -> None:
@@ -22,7 +22,7 @@ def _dashboard_args(p: MagicParser) -> None:
 
 
 @command("dashboard", "panel of ranks, hosts, devices, state and memory", _dashboard_args)
-def dashboard(magics: WorkbenchMagics, args: Any) -> Any:
+def dashboard(magics: MagicsState, args: Any) -> Any:
     from workbench.ui.dashboard import Dashboard
 
     return Dashboard(magics.require_cluster(), interval=args.interval)

@@ -25,6 +25,7 @@ __all__ = [
     "gather_objects",
     "group_rank",
     "group_size",
+    "keep_for_backward",
     "reduce_from_parallel_region",
 ]
 
@@ -73,12 +74,20 @@ def gather_objects(obj: Any, dst: int = 0, group: ProcessGroup | None = None) ->
     return out
 
 
+def keep_for_backward(ctx: Any, **values: Any) -> None:
+    """Keep what an autograd Function's ``backward`` needs besides tensors (a process
+    group, split sizes) on its ``ctx``: torch hands ``forward`` that object for exactly
+    this (tensors go through ``ctx.save_for_backward``). The parallel layer's one writer."""
+    for name, value in values.items():
+        setattr(ctx, name, value)
+
+
 class AllReduceBackward(torch.autograd.Function):
     """Megatron's *f*: identity forward, all-reduce (sum) of the gradient in backward."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
-        ctx.group = group
+        keep_for_backward(ctx, group=group)
         return x.view_as(x)
 
     @staticmethod

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.parallel.collectives import keep_for_backward
+
 __all__ = ["ContextShard", "ring_attention", "shard_sequence"]
 
 
@@ -53,7 +55,7 @@ class _RingShift(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, shard: ContextShard) -> torch.Tensor:
-        ctx.shard = shard
+        keep_for_backward(ctx, shard=shard)
         return _shift(t.contiguous(), shard, +1)
 
     @staticmethod

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from workbench.parallel.collectives import keep_for_backward
 from workbench.parallel.dp import average_gradients
 from workbench.trace.comm_source import labelled
 
@@ -141,7 +142,7 @@ class _AllToAll(torch.autograd.Function):
     def forward(
         ctx: Any, x: torch.Tensor, recv: list[int], send: list[int], group: dist.ProcessGroup
     ) -> torch.Tensor:
-        ctx.splits, ctx.group = (recv, send), group
+        keep_for_backward(ctx, splits=(recv, send), group=group)
         out = x.new_empty(sum(recv), *x.shape[1:])
         dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
         return out

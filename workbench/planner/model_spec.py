@@ -9,7 +9,7 @@ from typing import Any
 from workbench.errors import ConfigError, choices_error
 from workbench.planner.spec_checks import check_int, check_opt_int, replace_spec
 
-__all__ = ["NORMS", "ModelSpec", "assumed_shape"]
+__all__ = ["NORMS", "ModelSpec", "ParamCount", "assumed_shape", "count_params"]
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -115,8 +115,6 @@ class ModelSpec:
         """The parameter count: ``params`` when given, else derived from the dimensions."""
         if self.params is not None:
             return self.params
-        from workbench.planner.params import count_params
-
         return count_params(self).total
 
     def with_(self, **changes: Any) -> ModelSpec:
@@ -124,3 +122,53 @@ class ModelSpec:
             # Re-derive the assumed shape from the (possibly new) parameter count.
             changes = {"layers": None, "hidden": None, "heads": None, **changes}
         return replace_spec(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCount:
+    """Parameters by place. ``layer_sharded`` is what Megatron TP splits (weight matrices
+    and column-parallel biases); ``layer_replicated`` stays whole on every TP rank (norms,
+    row-parallel biases)."""
+
+    embedding: int
+    positions: int
+    layer_sharded: int
+    layer_replicated: int
+    layers: int
+    final_norm: int
+    head: int  # 0 when tied to the embedding
+
+    @property
+    def per_layer(self) -> int:
+        return self.layer_sharded + self.layer_replicated
+
+    @property
+    def total(self) -> int:
+        return (
+            self.embedding
+            + self.positions
+            + self.layers * self.per_layer
+            + self.final_norm
+            + self.head
+        )
+
+
+def count_params(model: ModelSpec) -> ParamCount:
+    h, kv, f, v = model.hidden, model.kv_hidden, model.ffn_size, model.vocab_size
+    attn = 2 * h * h + 2 * h * kv  # q, o: h×h; k, v: h×kv
+    mlp = (3 if model.gated_mlp else 2) * h * f
+    sharded = attn + mlp
+    norm = (2 if model.norm == "layernorm" else 1) * h
+    replicated = 2 * norm
+    if model.bias:
+        sharded += h + 2 * kv + (2 * f if model.gated_mlp else f)  # column-parallel biases
+        replicated += 2 * h  # attention-out and MLP-out (row-parallel) biases
+    return ParamCount(
+        embedding=v * h,
+        positions=(model.seq or 0) * h if model.learned_positions else 0,
+        layer_sharded=sharded,
+        layer_replicated=replicated,
+        layers=model.layers,
+        final_norm=norm,
+        head=0 if model.tied_embeddings else v * h,
+    )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from workbench.planner.specs import ModelSpec
+# The count itself is the model's (ModelSpec.n_params uses it); kept importable from here.
+from workbench.planner.model_spec import ModelSpec, ParamCount, count_params
 
 __all__ = [
     "ParamCount",
@@ -15,56 +15,6 @@ __all__ = [
     "params_per_rank",
     "stage_params",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ParamCount:
-    """Parameters by place. ``layer_sharded`` is what Megatron TP splits (weight matrices
-    and column-parallel biases); ``layer_replicated`` stays whole on every TP rank (norms,
-    row-parallel biases)."""
-
-    embedding: int
-    positions: int
-    layer_sharded: int
-    layer_replicated: int
-    layers: int
-    final_norm: int
-    head: int  # 0 when tied to the embedding
-
-    @property
-    def per_layer(self) -> int:
-        return self.layer_sharded + self.layer_replicated
-
-    @property
-    def total(self) -> int:
-        return (
-            self.embedding
-            + self.positions
-            + self.layers * self.per_layer
-            + self.final_norm
-            + self.head
-        )
-
-
-def count_params(model: ModelSpec) -> ParamCount:
-    h, kv, f, v = model.hidden, model.kv_hidden, model.ffn_size, model.vocab_size
-    attn = 2 * h * h + 2 * h * kv  # q, o: h×h; k, v: h×kv
-    mlp = (3 if model.gated_mlp else 2) * h * f
-    sharded = attn + mlp
-    norm = (2 if model.norm == "layernorm" else 1) * h
-    replicated = 2 * norm
-    if model.bias:
-        sharded += h + 2 * kv + (2 * f if model.gated_mlp else f)  # column-parallel biases
-        replicated += 2 * h  # attention-out and MLP-out (row-parallel) biases
-    return ParamCount(
-        embedding=v * h,
-        positions=(model.seq or 0) * h if model.learned_positions else 0,
-        layer_sharded=sharded,
-        layer_replicated=replicated,
-        layers=model.layers,
-        final_norm=norm,
-        head=0 if model.tied_embeddings else v * h,
-    )
 
 
 def stage_params(

@@ -35,7 +35,7 @@ would run it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from workbench.planner.comm import all_gather_time
@@ -128,23 +128,29 @@ def _trace(step: StepInputs, work: Compute, edges: _Edges) -> list[_Use]:
             uses += calls(i, fwd, range(k))
         uses += calls(i, bwd, range(k - 1, -1, -1))
     uses += [_Use(embed, edges.embedding, 0.0)]
-    _mark_reuse(uses)
-    return [u for u in uses if u.params]
+    return [u for u in _mark_reuse(uses) if u.params]
 
 
-def _mark_reuse(uses: list[_Use]) -> None:
+def _mark_reuse(uses: list[_Use]) -> list[_Use]:
     """A use whose unit was last used within MAX_REUSE_DISTANCE parameters finds its
-    weights resident (``stage3_max_reuse_distance``); the earlier use keeps them."""
+    weights resident (``stage3_max_reuse_distance``); the earlier use keeps them. Returns
+    the uses so marked (new records; ``uses`` is left as it was)."""
     last: dict[int, int] = {}
     before = [0]  # before[i] = parameters of uses[0:i]
     for use in uses:
         before.append(before[-1] + use.params)
+    gathered = [use.gathered for use in uses]
+    kept_until = [use.kept_until for use in uses]
     for i, use in enumerate(uses):
         j = last.get(use.unit)
         if j is not None and before[i] - before[j + 1] < MAX_REUSE_DISTANCE:
-            use.gathered = False
-            uses[j].kept_until = i
+            gathered[i] = False
+            kept_until[j] = i
         last[use.unit] = i
+    return [
+        replace(use, gathered=g, kept_until=k)
+        for use, g, k in zip(uses, gathered, kept_until, strict=True)
+    ]
 
 
 def _walk(uses: list[_Use], gather: dict[int, float]) -> tuple[float, float]:

@@ -100,7 +100,7 @@ class Patch:
 
     def create(self, key: str, trace: Any) -> None:
         """Register a new trace (style only; its data comes from ``add``)."""
-        trace.meta = {**(trace.meta or {}), "key": key}
+        trace.update(meta={**(trace.meta or {}), "key": key})  # the trace's own setter
         self.new[key] = trace
 
     def add(self, key: str, **values: Any) -> None:

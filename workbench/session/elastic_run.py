@@ -11,27 +11,19 @@ that it does, and the report says so (the curve then differs from the uninterrup
 
 Tensor- and pipeline-parallel groups cannot lose a member: a layout shrinks only along
 data parallelism, by whole groups (``usable_after_loss``).
+
+The layout arithmetic only: ``TrainingSession`` (``training.py``) owns the run and does
+the shrink, the grow and the roll-back with these answers.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from workbench.config import MAX_ENGINES
 from workbench.errors import ConfigError
 from workbench.parallel.run_spec import RunSpec
 
-if TYPE_CHECKING:
-    from workbench.session.training import TrainingSession
-
-__all__ = [
-    "grow_and_roll_back",
-    "resize_and_roll_back",
-    "resized_spec",
-    "shrink_and_roll_back",
-    "usable_after_loss",
-]
+__all__ = ["check_resizable", "resized_spec", "usable_after_loss"]
 
 # Strategies whose one model-parallel group spans every rank: no rank can be lost.
 _ALL_IN_ONE_GROUP = {"tp": "tensor", "megatron": "tensor", "pp": "pipeline"}
@@ -104,87 +96,11 @@ def resized_spec(spec: RunSpec, old_world: int, new_world: int) -> tuple[RunSpec
     return new, note
 
 
-def resize_and_roll_back(session: TrainingSession, spec: RunSpec, why: str) -> str:
-    """Rebuild the run on the cluster's current ranks under ``spec`` and load the last
-    checkpoint into it (DCP reshards it to the new layout); says what was done."""
-    from workbench.session.roll_back import roll_back
-
-    world = session.cluster.world_size
-    state = session._state
-    # the old ranks' statuses and cursors go with the old world; roll_back reads the step
-    # reached from the survivors' before it rebuilds
-    state.status = {r: s for r, s in state.status.items() if r < world}
-    state.cursors = {}
-    state.spec = spec
-    session._reference = []
-    return f"{why}; {roll_back(session)}"
-
-
-def _check_resizable(session: TrainingSession, what: str) -> None:
-    if not isinstance(session.spec, RunSpec):
+def check_resizable(spec: object, what: str) -> None:
+    """Only a built-in model's run (``RunSpec``) changes its layout with the world size."""
+    if not isinstance(spec, RunSpec):
         raise ConfigError(
             f"{what} resizes runs of the built-in models (RunSpec); a run of your own model "
             "keeps its world size: recover it with session.recover(shrink=False) / "
             "`%wb restart`, which replaces the lost engines"
         )
-
-
-def shrink_and_roll_back(session: TrainingSession) -> str:
-    """Drop the lost ranks (and survivors the layout cannot use), re-form the group at the
-    smaller world size, rebuild the run there and load the last checkpoint."""
-    _check_resizable(session, "a shrink")
-    cluster = session.cluster
-    world, spec = cluster.world_size, session.spec
-    dead = cluster.lost_ranks()
-    orphans = usable_after_loss(spec, world, dead)  # before anything is changed
-    new_spec, note = resized_spec(spec, world, world - len(dead) - len(orphans))
-    if session._elastic_base is None:  # what a grow back to this size restores
-        session._elastic_base = (spec, world)
-    report = cluster.recover_sync(shrink=True, drop=tuple(orphans))
-    why = f"shrunk from {world} to {cluster.world_size} ranks ({report}); {note}"
-    return resize_and_roll_back(session, new_spec, why)
-
-
-def session_grow(session: TrainingSession, n: int = 1, *, hosts: object = None) -> str:
-    """Add ``n`` ranks (on ``hosts`` when given) at a checkpoint boundary (saved now unless
-    the last one is at this step) and continue at the bigger world size with the same
-    global batch: the inverse of a shrink. Returns (and keeps in ``last_recovery``) what
-    was done."""
-    session.last_recovery = grow_and_roll_back(session, n, hosts)
-    return session.last_recovery
-
-
-def grow_and_roll_back(session: TrainingSession, n: int, hosts: object = None) -> str:
-    """At a step boundary: checkpoint, add ``n`` ranks, rebuild the run at the bigger
-    world size and load that checkpoint into it (the inverse of a shrink)."""
-    from workbench import validate
-    from workbench.cluster.host_placement import check_hosts
-
-    validate.integer("n", n, minimum=1, maximum=MAX_ENGINES, what="a number of ranks to add")
-    if hosts is not None:  # before the checkpoint below: a bad value changes nothing
-        hosts = check_hosts("hosts", hosts, session.cluster.config.launcher)
-    _check_resizable(session, "grow()")
-    cluster = session.cluster
-    if session.checkpoint_dir is None:
-        raise ConfigError(
-            "grow() adds ranks at a checkpoint boundary and this session has no "
-            "checkpoint_dir; make it with TrainingSession(..., checkpoint_dir=...)"
-        )
-    world, spec = cluster.world_size, session.spec
-    if session.built and session.next_phase != (session.phases or ["data"])[0]:
-        raise ConfigError(
-            f"grow() waits for a step boundary; the run is part-way through step "
-            f"{session.step_index} (next phase {session.next_phase!r}): finish it with step()"
-        )
-    saved = [m["step"] for m in session.checkpoints()]
-    if session.built and (not saved or saved[-1] != session.step_index):
-        session.save()  # the checkpoint boundary the new ranks start from
-    report = cluster.grow_sync(n, hosts=hosts)
-    base = session._elastic_base
-    if base is not None and base[1] == cluster.world_size:
-        new_spec, note = base[0], "back to the spec the run started with"
-        session._elastic_base = None
-    else:
-        new_spec, note = resized_spec(spec, world, cluster.world_size)
-    why = f"grown from {world} to {cluster.world_size} ranks ({report}); {note}"
-    return resize_and_roll_back(session, new_spec, why)

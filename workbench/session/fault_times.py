@@ -5,7 +5,7 @@
 - save: the slowest rank's ``checkpoint_s`` metric (every save records one, on each rank:
   ``engine/run_slot.timed_save``), median over the saves;
 - recover: ``session.recover()`` / ``%wb restart`` up to the checkpoint loaded
-  (``cluster.timings["recover_and_roll_back_s"]``, set by ``roll_back.py``);
+  (``cluster.timings["recover_and_roll_back_s"]``, set by ``TrainingSession.recover``);
 - detect: the seconds from the fault to the error, which only the caller can time (the
   failing call's wall time, or a hang's ``timeout`` plus its report).
 """

@@ -5,6 +5,7 @@ keeps all events in rank order for figures and export. No widgets: the stepper i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from workbench import validate
 from workbench.cluster.cluster import Cluster
+from workbench.config import MAX_ENGINES
 from workbench.engine import train_run
 from workbench.errors import (
     CheckpointError,
@@ -19,12 +21,12 @@ from workbench.errors import (
     CollectiveTimeout,
     ConfigError,
     EngineDied,
+    HostLost,
     RankError,
 )
 from workbench.parallel.run_spec import RunSpec
-from workbench.session.elastic_run import session_grow
+from workbench.session.elastic_run import check_resizable, resized_spec, usable_after_loss
 from workbench.session.rank_failures import closed_group, error_fields, rank_failure
-from workbench.session.roll_back import recover_and_roll_back, roll_back, where_the_run_was
 from workbench.session.run_state import (
     Listener,
     RankStatus,
@@ -207,7 +209,7 @@ class TrainingSession:
             # restarted or recovered since the run was built: the run is gone from the
             # engines (which have a fresh process group); rebuild it from its last checkpoint
             self._regroup = self._interrupted = False
-            message = roll_back(self)
+            message = self._roll_back()
             self.last_recovery = f"the cluster was restarted since the run was built: {message}"
 
     def phase(self, count: int = 1) -> list[Event]:
@@ -301,10 +303,57 @@ class TrainingSession:
         """After a dead engine or a hang: replace dead or stuck engines (``shrink``, default
         ``elastic``: go on without the dead ones), re-create the group, rebuild the run, load
         the last checkpoint. Returns (and keeps in ``last_recovery``) what was done."""
-        self.last_recovery = recover_and_roll_back(self, shrink)
-        return self.last_recovery
+        cluster = self.cluster
+        shrink = self.elastic if shrink is None else validate.boolean("shrink", shrink)
+        started = time.perf_counter()
+        if shrink and cluster.state == "degraded":  # go on with the ranks left
+            message = self._shrink_and_roll_back()
+        else:
+            cluster_report = ""
+            if cluster.state == "degraded" or cluster.stuck_ranks or cluster.group_closed:
+                cluster_report = str(cluster.recover_sync())  # also re-opens the process group
+            message = self._roll_back() + (f"; {cluster_report}" if cluster_report else "")
+        # the whole way back to training, checkpoint loaded: what a fault's cost counts
+        cluster.timings["recover_and_roll_back_s"] = time.perf_counter() - started
+        self.last_recovery = message
+        return message
 
-    grow = session_grow  # add ranks at a checkpoint boundary (``elastic_run.py``)
+    def grow(self, n: int = 1, *, hosts: object = None) -> str:
+        """Add ``n`` ranks (on ``hosts`` when given) at a checkpoint boundary (saved now unless
+        the last one is at this step) and continue at the bigger world size with the same
+        global batch: the inverse of a shrink (``elastic_run.py`` says how the layout
+        changes). Returns (and keeps in ``last_recovery``) what was done."""
+        from workbench.cluster.host_placement import check_hosts
+
+        validate.integer("n", n, minimum=1, maximum=MAX_ENGINES, what="a number of ranks to add")
+        if hosts is not None:  # before the checkpoint below: a bad value changes nothing
+            hosts = check_hosts("hosts", hosts, self.cluster.config.launcher)
+        check_resizable(self.spec, "grow()")
+        cluster = self.cluster
+        if self.checkpoint_dir is None:
+            raise ConfigError(
+                "grow() adds ranks at a checkpoint boundary and this session has no "
+                "checkpoint_dir; make it with TrainingSession(..., checkpoint_dir=...)"
+            )
+        world, spec = cluster.world_size, self.spec
+        if self.built and self.next_phase != (self.phases or ["data"])[0]:
+            raise ConfigError(
+                f"grow() waits for a step boundary; the run is part-way through step "
+                f"{self.step_index} (next phase {self.next_phase!r}): finish it with step()"
+            )
+        saved = [m["step"] for m in self.checkpoints()]
+        if self.built and (not saved or saved[-1] != self.step_index):
+            self.save()  # the checkpoint boundary the new ranks start from
+        report = cluster.grow_sync(n, hosts=hosts)
+        base = self._elastic_base
+        if base is not None and base[1] == cluster.world_size:
+            new_spec, note = base[0], "back to the spec the run started with"
+            self._elastic_base = None
+        else:
+            new_spec, note = resized_spec(spec, world, cluster.world_size)
+        why = f"grown from {world} to {cluster.world_size} ranks ({report}); {note}"
+        self.last_recovery = self._resize_and_roll_back(new_spec, why)
+        return self.last_recovery
 
     def reset(self) -> None:
         """Back to step 0 with fresh weights and empty records (same options)."""
@@ -364,7 +413,7 @@ class TrainingSession:
             self._interrupted = True
             raise
         except (EngineDied, CollectiveTimeout) as exc:
-            raise type(exc)(f"{exc}\n{where_the_run_was(self, exc)}", **error_fields(exc)) from None
+            raise type(exc)(f"{exc}\n{self._where_the_run_was(exc)}", **error_fields(exc)) from None
         except RankError as exc:
             self._regroup = closed_group(exc)  # the failing rank closed it (fail_together)
             raise rank_failure(exc, self._state.status, self.cluster) from None
@@ -400,3 +449,78 @@ class TrainingSession:
         for listener in list(self._listeners):
             listener(new)
         return new
+
+    # -- roll-backs and resizes (the run rebuilt after a failure or at a new world size) ---
+    def _roll_back(self) -> str:
+        """Rebuild the run on every rank and load the last checkpoint (fresh weights
+        without one); says what was rolled back to where."""
+        statuses = self.status
+        before = max((st.step for st in statuses), default=0)
+        first = self.phases[0] if self.phases else "data"
+        # Read now: rebuilding below resets every rank's status.
+        partial = any(st.next_phase != first for st in statuses)
+        self.build_remote(self.spec, keep_events=False)
+        available = self.checkpoints() if self.checkpoint_dir is not None else []
+        if available:
+            meta = self.load()
+            to = f"the checkpoint of step {meta['step']}"
+            step = int(meta["step"])
+        else:
+            self.drop_events_from(0)
+            to = "step 0 (no checkpoint: fresh weights)"
+            step = 0
+        lost = max(before - step, 0)
+        redone = f"{lost} completed step(s)" + (" and the step in progress" if partial else "")
+        return f"rolled back from step {before} to {to}; {redone} will be redone"
+
+    def _where_the_run_was(self, error: BaseException | None = None) -> str:
+        """Where every rank was and the last checkpoint: the context of a dead engine or a
+        hang (``error``). The checkpoints are listed by rank 0 unless it stays blocked in a
+        collective (on a lost host's ranks it waits until the group's timeout)."""
+        statuses = self.status
+        where = ", ".join(f"rank {s.rank} at step {s.step} (next {s.next_phase})" for s in statuses)
+        saved = ""
+        grace = 0.0 if isinstance(error, HostLost) else 2.0
+        if 0 in self.cluster.dispatch.stuck.still_pending(grace):
+            saved = "; checkpoints not listed (rank 0 is still blocked in a collective)"
+        elif self.checkpoint_dir is not None:
+            try:
+                found = self.checkpoints()
+            except Exception:
+                found = None
+            if found:
+                saved = f"; last checkpoint: step {found[-1]['step']}"
+            elif found is not None:
+                saved = "; no checkpoint yet"
+        return (
+            f"The run had completed {self.step_index} step(s) ({where}){saved}. Resume with "
+            "`%wb restart` or session.recover(): it rolls back to the last checkpoint."
+        )
+
+    def _shrink_and_roll_back(self) -> str:
+        """Drop the lost ranks (and survivors the layout cannot use), re-form the group at
+        the smaller world size, rebuild the run there and load the last checkpoint."""
+        check_resizable(self.spec, "a shrink")
+        cluster = self.cluster
+        world, spec = cluster.world_size, self.spec
+        dead = cluster.lost_ranks()
+        orphans = usable_after_loss(spec, world, dead)  # before anything is changed
+        new_spec, note = resized_spec(spec, world, world - len(dead) - len(orphans))
+        if self._elastic_base is None:  # what a grow back to this size restores
+            self._elastic_base = (spec, world)
+        report = cluster.recover_sync(shrink=True, drop=tuple(orphans))
+        why = f"shrunk from {world} to {cluster.world_size} ranks ({report}); {note}"
+        return self._resize_and_roll_back(new_spec, why)
+
+    def _resize_and_roll_back(self, spec: RunSpec, why: str) -> str:
+        """Rebuild the run on the cluster's current ranks under ``spec`` and load the last
+        checkpoint into it (DCP reshards it to the new layout); says what was done."""
+        world = self.cluster.world_size
+        state = self._state
+        # the old ranks' statuses and cursors go with the old world; _roll_back reads the
+        # step reached from the survivors' before it rebuilds
+        state.status = {r: s for r, s in state.status.items() if r < world}
+        state.cursors = {}
+        state.spec = spec
+        self._reference = []
+        return f"{why}; {self._roll_back()}"

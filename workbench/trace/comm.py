@@ -80,6 +80,31 @@ class _Flight:
         self.keys: tuple[StorageKey, ...] = ()
         self.done = False
 
+    def issue(self, step: int, phase: str, start: int, cuda_start: Any) -> None:
+        """Issued at ``start`` (ns) in ``step``/``phase``; ``cuda_start`` is its stream's
+        start event (None on CPU)."""
+        self.step, self.phase, self.start, self.cuda_start = step, phase, start, cuda_start
+
+    def open_as(self, token: int) -> None:
+        """The recorder's token for it while in flight (``Recorder.begin_flight``)."""
+        self.token = token
+
+    def finish(self) -> bool:
+        """Mark it complete; False when it already was (completion can be seen twice)."""
+        if self.done:
+            return False
+        self.done = True
+        return True
+
+    def record_cuda_end(self) -> None:
+        """Its end on the GPU stream: the duration is read from the two events later."""
+        self.cuda_end = torch.cuda.Event(enable_timing=True)
+        self.cuda_end.record()
+
+    def wait_on(self, keys: tuple[StorageKey, ...]) -> None:
+        """The output storages whose ``wait`` completes it (functional collectives)."""
+        self.keys = keys
+
 
 class CommTracer:
     """Records every collective of this rank as a ``CommEvent`` on ``recorder``.
@@ -171,30 +196,30 @@ class CommTracer:
 
     def _begin(self, flight: _Flight, cuda: bool) -> None:
         rec = self.recorder
-        flight.step = rec.step
-        flight.phase = rec.phase
+        step, phase = rec.step, rec.phase
+        cuda_start = None
         if cuda:
-            flight.cuda_start = torch.cuda.Event(enable_timing=True)
-            flight.cuda_start.record()
-        flight.start = rec.now()
-        flight.token = rec.begin_flight(
-            op=flight.op,
-            bytes=flight.bytes,
-            group_size=flight.group_size,
-            source=flight.source,
-            start=flight.start,
+            cuda_start = torch.cuda.Event(enable_timing=True)
+            cuda_start.record()
+        flight.issue(step, phase, rec.now(), cuda_start)
+        flight.open_as(
+            rec.begin_flight(
+                op=flight.op,
+                bytes=flight.bytes,
+                group_size=flight.group_size,
+                source=flight.source,
+                start=flight.start,
+            )
         )
 
     def _complete(self, flight: _Flight) -> None:
         """Host-side completion; on CUDA records the end event and defers the emit."""
-        if flight.done:
+        if not flight.finish():
             return
-        flight.done = True
         try:
             end = self.recorder.now()
             if flight.cuda_start is not None:
-                flight.cuda_end = torch.cuda.Event(enable_timing=True)
-                flight.cuda_end.record()
+                flight.record_cuda_end()
                 with self._lock:
                     self._cuda.append(flight)
                 return
@@ -313,7 +338,7 @@ class CommTracer:
         if not keys:
             self._complete(flight)
             return
-        flight.keys = keys
+        flight.wait_on(keys)
         with self._lock:
             for key in keys:
                 self._waiting[key] = flight

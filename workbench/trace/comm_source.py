@@ -12,13 +12,11 @@ from typing import Any
 
 import torch
 
-import workbench
-
 __all__ = ["issuer", "labelled"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_WORKBENCH_DIR = os.path.dirname(workbench.__file__) + os.sep
 _TRACE_DIR = os.path.dirname(__file__) + os.sep
+_WORKBENCH_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # trace/'s package
 # Where a collective was issued from, by the innermost torch package on the stack.
 _SOURCES = tuple(
     (os.path.join(_TORCH_DIR, *parts) + os.sep, name)

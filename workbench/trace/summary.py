@@ -71,6 +71,22 @@ class _RankTable:
             found = self.columns[name] = array("d", [NAN]) * len(self.steps)
         return found
 
+    def add_span(self, i: int, span: PhaseSpan) -> None:
+        """Row ``i``'s start and end: the earliest start and latest end of its spans."""
+        # A span that began before the previous step ended encloses several steps (the
+        # ``wb.traced`` block itself, emitted at its end): it is not this step's time.
+        previous_end = self.columns["end_ns"][i - 1] if i > 0 else NAN
+        if self.origin is not None and span.start - self.origin < previous_end:
+            return
+        if self.origin is None:
+            self.origin = span.start
+        begin, finish = span.start - self.origin, span.end - self.origin
+        start, end = self.columns["start_ns"], self.columns["end_ns"]
+        if math.isnan(start[i]) or begin < start[i]:
+            start[i] = begin
+        if math.isnan(end[i]) or finish > end[i]:
+            end[i] = finish
+
     def drop_from(self, step: int) -> None:
         i = bisect.bisect_left(self.steps, step)
         del self.steps[i:]
@@ -113,7 +129,7 @@ class StepSummaries:
                 table = self._ranks[event.rank] = _RankTable()
             i = table.row(event.step)
             if isinstance(event, PhaseSpan):
-                self._add_span(table, i, event)
+                table.add_span(i, event)
             elif isinstance(event, MemorySample):
                 _max(table, i, "peak:total", event.total)
                 for name in MEMORY_COLUMNS[:-1]:
@@ -123,22 +139,6 @@ class StepSummaries:
                 _sum(table, i, f"comm_s:{event.op}", event.duration_s)
             elif isinstance(event, Metric):
                 table.column(f"metric:{event.name}")[i] = event.value
-
-    @staticmethod
-    def _add_span(table: _RankTable, i: int, span: PhaseSpan) -> None:
-        # A span that began before the previous step ended encloses several steps (the
-        # ``wb.traced`` block itself, emitted at its end): it is not this step's time.
-        previous_end = table.columns["end_ns"][i - 1] if i > 0 else NAN
-        if table.origin is not None and span.start - table.origin < previous_end:
-            return
-        if table.origin is None:
-            table.origin = span.start
-        begin, finish = span.start - table.origin, span.end - table.origin
-        start, end = table.columns["start_ns"], table.columns["end_ns"]
-        if math.isnan(start[i]) or begin < start[i]:
-            start[i] = begin
-        if math.isnan(end[i]) or finish > end[i]:
-            end[i] = finish
 
     def drop_from(self, step: int) -> None:
         """A roll-back: steps from ``step`` on did not happen."""

@@ -18,6 +18,7 @@ from workbench.errors import ClusterError, ConfigError
 from workbench.parallel.pp_schedules import analytic_bubble, check_schedule, measured_bubble
 from workbench.parallel.run_spec import RUN_OPTIONS, RunSpec
 from workbench.plots import comm_timeline_figure, loss_figure, memory_figure
+from workbench.session.current import make_current
 from workbench.session.run_state import RankStatus
 from workbench.session.training import TrainingSession, validate_layout
 from workbench.session.user_training import UserTrainingSession, is_user_run, user_spec
@@ -156,6 +157,7 @@ class Stepper:
         self.reference = reference
         self._view: Any | None = None
         _current[:] = [weakref.ref(self)]
+        make_current(self.session)  # the session `%wb restart` / `%wb grow` carry along
 
     @classmethod
     def current(cls) -> Stepper:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import html
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -32,9 +32,32 @@ from workbench.plots import (
 from workbench.trace import Event
 
 if TYPE_CHECKING:
-    from workbench.ui.stepper import Stepper
+    from workbench.parallel.run_spec import RunSpec
+    from workbench.session.run_state import RankStatus
+    from workbench.session.training import TrainingSession
 
 __all__ = ["StepperView"]
+
+
+class Stepper(Protocol):
+    """What the view asks of the ``Stepper`` it is bound to. ``stepper.py`` builds the
+    view; the view names only this, so the two modules do not import each other."""
+
+    session: TrainingSession
+    capacity: int | None
+    reference: bool
+
+    @property
+    def spec(self) -> RunSpec: ...
+    @property
+    def status(self) -> list[RankStatus]: ...
+    def phase(self, count: int = 1) -> list[Event]: ...
+    def step(self, count: int = 1) -> list[Event]: ...
+    def reset(self) -> None: ...
+    def rebuild(self, **changes: Any) -> None: ...
+    def reference_losses(self) -> list[float]: ...
+    def figures(self, steps: tuple[int, int] | range | None = None) -> dict[str, go.Figure]: ...
+
 
 # Minimum seconds between figure refreshes during Run N (events are buffered in between
 # and flushed at the end); slower refreshes stretch the interval further (see _flush).
@@ -373,7 +396,7 @@ class StepperView:
 
 
 def _autosize(figure: go.FigureWidget) -> None:
-    figure.layout.autosize = True
+    figure.plotly_relayout({"autosize": True})  # the figure's own method: one relayout
 
 
 def _refit(figure: go.FigureWidget) -> None:
@@ -382,5 +405,5 @@ def _refit(figure: go.FigureWidget) -> None:
     Two separate relayouts on purpose: setting the same value again sends nothing, and a
     batched off-then-on collapses to no change.
     """
-    figure.layout.autosize = False
-    figure.layout.autosize = True
+    figure.plotly_relayout({"autosize": False})
+    figure.plotly_relayout({"autosize": True})
