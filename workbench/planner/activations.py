@@ -20,6 +20,7 @@ __all__ = [
     "inflight_microbatches",
     "layer_activation_bytes",
     "model_layer_bytes",
+    "moe_bytes",
     "ring_attention_bytes",
     "stage_activation_bytes",
     "stage_inflight",
@@ -53,6 +54,9 @@ def layer_activation_bytes(
     attn_tp: int | None = None,  # default: tp
     mlp_tp: int | None = None,
     cp_rank: int | None = None,
+    experts: int = 0,
+    top_k: int = 2,
+    ep: int = 1,
 ) -> float:
     """Activation bytes one transformer layer keeps for backward (one micro-batch).
 
@@ -67,6 +71,8 @@ def layer_activation_bytes(
     as Transformer Engine does. ``attn_tp`` / ``mlp_tp``: each part's split (1: whole).
     ``cp_rank``: this rank's place in the context-parallel ring (default the last, which
     holds the most; see ``ring_attention_bytes``), used when ``cp > 1`` without FlashAttention.
+    ``experts`` > 0: the MLP is a mixture of experts, ``top_k`` per token, split over ``ep``
+    ranks (``moe_bytes``).
     """
     d, m = dtype_bytes, (mask_bytes if dropout else 0)
     f = 4 * h if ffn is None else ffn
@@ -85,7 +91,11 @@ def layer_activation_bytes(
     # Split by TP: Q and K (for QKᵀ), V, the attention-projection input, and the MLP
     # (GeLU: its input and output; SwiGLU: gate, up, silu(gate) and their product; the
     # last of each is the second matmul's input).
-    mlp = (((2 if fused_swiglu else 3) if gated_mlp else 1) * d + lin) * s * b * f
+    per_token = (((2 if fused_swiglu else 3) if gated_mlp else 1) * d + lin) * f
+    if experts:
+        mlp = moe_bytes(s * b, h=h, d=d, lin=lin, mlp=per_token, experts=experts, k=top_k, ep=ep)
+    else:
+        mlp = per_token * s * b
     attn = d * s * b * (h + kv) + d * s * b * kv + lin * sbh
     if flash_attention:
         scores = _STAT_BYTES * a * s * b  # a logsumexp per head and query
@@ -113,6 +123,27 @@ def ring_attention_bytes(
     n = cp if cp_rank is None else min(cp_rank, cp - 1) + 1
     per_block = d * (s * b * (2 * kv + h) + a * s * s * b + 3 * a * s * b)
     return n * per_block + d * (s * b * h + a * s * b)
+
+
+def moe_bytes(
+    tokens: float, *, h: int, d: int, lin: int, mlp: float, experts: int, k: int, ep: int
+) -> float:
+    """What a dropless top-k mixture of experts (``parallel/ep.py``) keeps for backward, for
+    ``tokens`` tokens on this rank: every token's expert rows (k per token; under expert
+    parallel the rows a rank's experts receive, k per token on average over the ranks), each
+    with its copy of the token (the experts' input) and the expert MLP's own (``mlp`` per
+    row, as a dense MLP per token); the router's probabilities (one per expert), the top-k
+    indices and weights, their sum and the renormalised weights, the sort order; for the
+    combine the rows' indices, their weights and two copies of the expert outputs; under
+    expert parallel (``ep`` > 1) also the regrouping index and the rows received before it.
+    The input's norm output is the dense count's. Measured with hooks on moe-tiny: exact
+    without expert parallel; with it, off by the routing's skew between ranks (k per token
+    is the mean)."""
+    rows = tokens * k
+    routing = tokens * (experts * d + k * _ID_BYTES + d + k * d + k * _ID_BYTES)
+    combine = rows * (_ID_BYTES + d + 2 * h * d)
+    exchange = rows * (_ID_BYTES + lin * h) if ep > 1 else 0.0
+    return rows * (mlp + lin * h) + routing + combine + exchange
 
 
 def _score_bytes(dtype_bytes: int, mask_bytes: int, recompute: str, dropout: bool) -> int:
@@ -200,6 +231,9 @@ def model_layer_bytes(
         attn_tp=placement.attn_tp if placement is not None else None,
         mlp_tp=placement.mlp_tp if placement is not None else None,
         cp_rank=cp_rank,
+        experts=model.experts,
+        top_k=model.top_k,
+        ep=parallel.ep,
     )
 
 
