@@ -201,6 +201,12 @@ class ParallelSpec:
         check_int("pp", self.pp)
         check_int("cp", self.cp)
         check_int("ep", self.ep)
+        if self.dp % self.ep:
+            valid = [e for e in range(1, self.dp + 1) if self.dp % e == 0]
+            raise ConfigError(
+                f"ep={self.ep} is not valid with dp={self.dp}: expert parallel splits the "
+                f"experts over ep of the data-parallel ranks; choose ep from {valid}"
+            )
         check_opt_int("first_stage_layers", self.first_stage_layers)
         check_opt_int("last_stage_layers", self.last_stage_layers)
         if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers):
