@@ -324,16 +324,19 @@ def _wrap_actions(
         def wrapped(chunk_id: int, *args: Any, **kw: Any) -> Any:
             name = action_name(kind_of(kw), chunk_id, stage.stage_index, several)
             gate.enter(name)
-            if recorder is None:
-                try:
-                    return original(chunk_id, *args, **kw)
-                finally:
-                    gate.leave(name)
-            with recorder.phase_span(name):
-                try:
-                    return original(chunk_id, *args, **kw)
-                finally:
-                    gate.leave(name)  # inside the span: its memory sample is the action's
+            try:
+                if recorder is None:
+                    out = original(chunk_id, *args, **kw)
+                    gate.sample(name)
+                    return out
+                with recorder.phase_span(name):
+                    out = original(chunk_id, *args, **kw)
+                    gate.sample(name)  # inside the span: the sample is the action's
+                    return out
+            finally:
+                # After the span has restored the recorder's phase: the engine's thread,
+                # woken here, goes on to its next phase and sets its own.
+                gate.leave(name)
 
         setattr(stage, method, wrapped)
 

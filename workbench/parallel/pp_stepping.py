@@ -93,8 +93,8 @@ def _single_order(cls: str, stage: int, stages: int, m: int) -> list[str]:
 class ActionGate:
     """Owner of a schedule stepped action by action: its thread, and how far it may go.
 
-    ``enter``/``leave`` are called by the wrapped stage methods around each action; they
-    do nothing unless called on the gate's own thread (a schedule run to the end on the
+    ``enter``/``sample``/``leave`` are called by the wrapped stage methods around each
+    action; they do nothing unless called on the gate's own thread (a schedule run to the end on the
     engine's main thread is not gated).
     """
 
@@ -161,18 +161,19 @@ class ActionGate:
                 self._cond.wait()
             self._started += 1
 
+    def sample(self, name: str) -> None:
+        """An action just finished (still inside its span): ``after(name)``, when stepped."""
+        if self._mine() and self._after is not None and not self._open:
+            self._after(name)
+
     def leave(self, name: str) -> None:
-        """After an action: note it, sample, and wake the phase step that waits for it."""
+        """After an action: note it and wake the phase step that waits for it."""
         if not self._mine():
             return
-        try:
-            if self._after is not None and not self._open:
-                self._after(name)
-        finally:
-            with self._cond:
-                self.ran.append(name)
-                self._done += 1
-                self._cond.notify_all()
+        with self._cond:
+            self.ran.append(name)
+            self._done += 1
+            self._cond.notify_all()
 
     def advance(self) -> str | None:
         """Let one action through and wait until it finished; its name (None when the
