@@ -233,7 +233,7 @@ def apply_pp(
     ]
     gate = ActionGate()
     for stage in stages:
-        _wrap_actions(stage, gate, recorder, several=v > 1)
+        _mark_actions(stage, gate, recorder, several=v > 1)
     if schedule in SINGLE_STAGE:
         sched = SCHEDULES[schedule](stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     else:
@@ -310,7 +310,7 @@ def _tied_group(
     return group if index in (0, num_stages - 1) else None
 
 
-def _wrap_actions(
+def _mark_actions(
     stage: PipelineStage, gate: ActionGate, recorder: Any | None, *, several: bool
 ) -> None:
     """Wrap the stage's per-chunk F, B and W: each waits at ``gate`` when the schedule is
