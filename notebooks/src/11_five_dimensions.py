@@ -72,6 +72,24 @@ print(len(actions), "distinct actions on rank 0 under dualpipe_v, e.g.")
 print(*actions[:4], sep="\n")
 
 # %% [markdown]
+# Stepping a pipeline phase by phase runs one action on every rank: each rank's next
+# phase is its own next action. Under 1F1B stage 0 warms up with two forwards while
+# stage 1, the last, turns its first micro-batch around at once; a memory sample follows
+# every action, and the gradients appear at each rank's first backward.
+
+# %%
+stepper.rebuild(schedule="1f1b")
+stepper.phase()  # data
+for _ in range(4):
+    print("   ".join(f"rank {s.rank}: {s.next_phase:<15}" for s in stepper.status))
+    stepper.phase()
+for rank in (0, 1):
+    samples = [e for e in stepper.events if e.kind == "memory" and e.rank == rank]
+    first = next(e for e in samples if e.grads and e.label != "peak")
+    print(f"rank {rank}: first gradients after {first.label} ({first.grads:,} B)")
+_ = stepper.step()  # the schedule runs to its end
+
+# %% [markdown]
 # ## 2. Context parallel: the sequence split, attention around a ring
 #
 # `strategy="cp"`: rank r holds tokens [8r, 8r+8) of every 16-token sequence. Attention

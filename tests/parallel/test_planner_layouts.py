@@ -97,17 +97,46 @@ def test_activations_within_ten_percent(runs) -> None:
     world, per_rank = runs
     for spec, rank, report in _reports(world, per_rank):
         row = report.row("activations")
-        if spec.strategy in ("cp", "dp_cp", "ep", "dp_ep"):
-            # Known gaps (issue 46, open, in the lab's closing note): the planner's
-            # activations are not yet the ring's or the experts'. The autograd ring keeps
-            # each received key/value block and each block's partial output, so the last
-            # rank of the ring holds more than planned (+18% at cp=2, +55% at cp=4); a
-            # top-2 MoE keeps each token's rows twice, plus routing, with a load that
-            # differs by rank (moe-tiny, ep=2: +107% / +72%, measured). Model state is
-            # checked to the byte above.
-            assert row.measured > 0, row
+        if spec.strategy in ("ep", "dp_ep"):
+            # The planner's experts (planner.activations.moe_bytes) take every rank's
+            # experts to receive the mean, k rows per token; the routing sends more to some
+            # ranks than to others: moe-tiny measured ep=2 +13% / -6%, ep=4 -18% to +33%,
+            # dp_ep (4 ranks) -6% to +15% (before the experts were planned: +107% / +72%).
+            # Without expert parallel (dp on moe-tiny) it is within 0.1%.
+            assert abs(row.measured / row.predicted - 1) <= 0.35, f"rank {rank}: {row}"
             continue
         assert row.ok, f"{spec.strategy} rank {rank}: {row}"
+        if spec.strategy in ("cp", "dp_cp"):
+            # Ring attention per ring position (planner.activations.ring_attention_bytes):
+            # measured within 1.2% on every rank at cp=2 and cp=4 (it was +18% / +55% on
+            # the ring's last rank before the ring was planned).
+            assert abs(row.measured / row.predicted - 1) <= 0.02, f"rank {rank}: {row}"
+
+
+def test_expert_all_to_alls_are_planned(runs) -> None:
+    """A rank's dispatch all-to-all sends every row of its tokens (k per token), as the
+    planner's ``ep_exchange_bytes`` plans, to the byte; combine and backward follow the
+    routing (their mean is the same)."""
+    from workbench.planner.comm_time import ep_exchange_bytes
+    from workbench.planner.specs import StepInputs
+
+    world, per_rank = runs
+    for case in CASES[world]:
+        spec = RunSpec(**{"model": "gpt-tiny", **case})
+        if spec.strategy not in ("ep", "dp_ep"):
+            continue
+        plan = strategy_plan(spec, world)
+        inputs = StepInputs(
+            plan.model, plan.training, plan.parallel, plan.hardware, plan.seq, plan.micro_batches
+        )
+        planned = plan.model.layers * plan.micro_batches * ep_exchange_bytes(inputs)
+        for rank in range(world):
+            sent: dict[int, int] = {}
+            for e in per_rank[rank][_key(case)]:
+                if e.get("kind") == "comm" and str(e["source"]).startswith("ep-dispatch"):
+                    sent[e["step"]] = sent.get(e["step"], 0) + e["bytes"]
+            assert sent and set(sent.values()) == {planned}, (spec.strategy, rank, sent)
+        assert plan.time.ep_comm > 0
 
 
 # -- the user's model: uneven shards and stages ------------------------------------------

@@ -149,3 +149,12 @@ def test_specs_module_still_names_every_spec_and_choice_list():
     assert specs.HardwareSpec is hardware_spec.HardwareSpec is HardwareSpec
     assert specs.LinkSpec is hardware_spec.LinkSpec is LinkSpec
     assert (specs.NORMS, specs.GPU_KINDS) == (model_spec.NORMS, hardware_spec.GPU_KINDS)
+
+
+def test_expert_parallel_must_divide_dp_and_top_k_the_experts() -> None:
+    from workbench.planner import ModelSpec, ParallelSpec
+
+    with pytest.raises(ConfigError, match=r"ep=3 is not valid with dp=4.*\[1, 2, 4\]"):
+        ParallelSpec(dp=4, ep=3)
+    with pytest.raises(ConfigError, match="top_k=3"):
+        ModelSpec(layers=2, hidden=32, heads=4, vocab=64, experts=2, top_k=3)

@@ -309,6 +309,8 @@ def planner_model(name: str) -> ModelSpec:
             seq=config.seq_len,
             tied_embeddings=config.tie_head,
             learned_positions=True,
+            experts=config.n_experts,
+            top_k=config.top_k,
         )
     return ModelSpec(name=name, params=params)
 

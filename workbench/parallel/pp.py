@@ -43,6 +43,7 @@ from workbench.parallel.pp_schedules import (
     check_schedule,
     stage_indices,
 )
+from workbench.parallel.pp_stepping import IDLE, ActionGate, action_name, action_order
 
 __all__ = ["SCHEDULES", "PipelineModule", "apply_pp", "split_stage"]
 
@@ -96,8 +97,18 @@ class PipelineModule(nn.Module):
         tied_group: dist.ProcessGroup | None,
         dp_group: dist.ProcessGroup | None = None,
         ties_head: bool = False,
+        gate: ActionGate | None = None,
+        orders: dict[int, list[str]] | None = None,
+        index: int = 0,
     ) -> None:
         super().__init__()
+        # Stepping the schedule one action at a time (pp_stepping): the gate the stages'
+        # actions wait at, and this rank's actions in the order they run (every pipeline
+        # rank's count too: a rank with fewer is idle until the longest is done).
+        self.gate = gate if gate is not None else ActionGate()
+        orders = orders or {}
+        self.order = list(orders.get(index, []))
+        self.longest = max((len(o) for o in orders.values()), default=0)
         # Replicas of this stage (pp x dp without FSDP): gradients averaged in sync_dp().
         self.dp_group = dp_group
         self.stage_modules = list(stage_modules)  # this rank's stages, in stage order
@@ -140,6 +151,10 @@ class PipelineModule(nn.Module):
             self.schedule.step()
         self.microbatch_losses = losses
         return losses
+
+    def padded_order(self) -> list[str]:
+        """This rank's actions, then ``idle`` until the rank with the most is done."""
+        return self.order + [IDLE] * (self.longest - len(self.order))
 
     def tied_parameters(self) -> list[nn.Parameter]:
         """The copies of the tied embedding/head weight this rank's stages hold (the first
@@ -216,9 +231,9 @@ def apply_pp(
         PipelineStage(m, i, num_stages, device, group=group)
         for m, i in zip(stage_modules, indices, strict=True)
     ]
-    if recorder is not None:
-        for stage in stages:
-            _mark_actions(stage, recorder, several=v > 1)
+    gate = ActionGate()
+    for stage in stages:
+        _mark_actions(stage, gate, recorder, several=v > 1)
     if schedule in SINGLE_STAGE:
         sched = SCHEDULES[schedule](stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     else:
@@ -234,6 +249,9 @@ def apply_pp(
         tied_group=tied_group,
         dp_group=dp_group,
         ties_head=ties and num_stages > 1,
+        gate=gate,
+        orders=action_order(sched, schedule in SINGLE_STAGE, v > 1),
+        index=index,
     )
 
 
@@ -292,17 +310,33 @@ def _tied_group(
     return group if index in (0, num_stages - 1) else None
 
 
-def _mark_actions(stage: PipelineStage, recorder: Any, *, several: bool) -> None:
-    """Wrap the stage's per-chunk F, B and W so each emits a span named for its action."""
-    suffix = f",stage={stage.stage_index}" if several else ""
+def _mark_actions(
+    stage: PipelineStage, gate: ActionGate, recorder: Any | None, *, several: bool
+) -> None:
+    """Wrap the stage's per-chunk F, B and W: each waits at ``gate`` when the schedule is
+    stepped action by action (``pp_stepping``) and, with a ``recorder``, emits a span
+    named for its action."""
 
-    def wrap(method: str, phase_of: Callable[[dict[str, Any]], str]) -> None:
+    def wrap(method: str, kind_of: Callable[[dict[str, Any]], str]) -> None:
         original = getattr(stage, method)
 
         @functools.wraps(original)
         def wrapped(chunk_id: int, *args: Any, **kw: Any) -> Any:
-            with recorder.phase_span(f"{phase_of(kw)}[mb={chunk_id}{suffix}]"):
-                return original(chunk_id, *args, **kw)
+            name = action_name(kind_of(kw), chunk_id, stage.stage_index, several)
+            gate.enter(name)
+            try:
+                if recorder is None:
+                    out = original(chunk_id, *args, **kw)
+                    gate.sample(name)
+                    return out
+                with recorder.phase_span(name):
+                    out = original(chunk_id, *args, **kw)
+                    gate.sample(name)  # inside the span: the sample is the action's
+                    return out
+            finally:
+                # After the span has restored the recorder's phase: the engine's thread,
+                # woken here, goes on to its next phase and sets its own.
+                gate.leave(name)
 
         setattr(stage, method, wrapped)
 

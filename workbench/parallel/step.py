@@ -14,9 +14,14 @@ empty span, not a missing one):
 - zero2 / fsdp: parameters are all-gathered in forward (and again in backward for fsdp),
   gradients reduce-scattered during backward; ``sync`` holds no gradient traffic.
 - tp / megatron: all-reduces of activations inside forward and backward.
-- pp: the schedule interleaves forward and backward of the micro-batches, so ``forward``
-  runs the whole schedule (nested spans ``forward[mb=i]`` / ``backward[mb=i]``) and
-  ``backward`` is empty; ``sync`` sums the tied embedding/head gradient of the end stages.
+- pp: the schedule interleaves forward and backward of the micro-batches. Phase by phase,
+  each of this rank's schedule actions is a phase of its own (``forward[mb=i]``,
+  ``backward[mb=i]``, ``backward_input`` / ``backward_weight`` for zero-bubble schedules,
+  ``,stage=s`` with several stages per rank; ``idle`` where this rank has none left), in
+  the order its schedule runs them, so ranks stand at different actions (``pp_stepping``)
+  and a memory sample follows each action. A whole step (``run_step`` from a step boundary)
+  runs the schedule in ``forward`` (nested spans per action, as the bubble is measured) with
+  ``backward`` empty. ``sync`` sums the tied embedding/head gradient of the end stages.
 
 With ``grad_accum = k > 1`` the forward/backward pair repeats k times as
 ``forward[mb=i]``, ``backward[mb=i]``; DDP and FSDP communicate only on the last one.
@@ -31,6 +36,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -38,12 +44,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from workbench.errors import ConfigError
+from workbench.errors import ConfigError, ParallelError
 from workbench.parallel.collectives import all_reduce
 from workbench.parallel.dp import DeferredSyncDDP
 from workbench.parallel.ep import ExpertParallel
 from workbench.parallel.options import autocast
 from workbench.parallel.pp import PipelineModule
+from workbench.parallel.pp_stepping import IDLE, is_action
 from workbench.trace.comm import labelled
 from workbench.trace.events import PHASES, Metric
 from workbench.trace.recorder import Recorder
@@ -142,7 +149,9 @@ class TrainStep:
         return list(self._plan)
 
     def _phase_plan(self) -> list[str]:
-        if self.grad_accum == 1 or isinstance(self.model, PipelineModule):
+        if isinstance(self.model, PipelineModule):
+            return ["data", *self.model.padded_order(), "sync", "optimizer"]
+        if self.grad_accum == 1:
             return list(PHASES)
         pairs = [f"{p}[mb={i}]" for i in range(self.grad_accum) for p in ("forward", "backward")]
         return ["data", *pairs, "sync", "optimizer"]
@@ -152,6 +161,14 @@ class TrainStep:
     def run_phase(self) -> str:
         """Run the next phase; returns its name."""
         name = self._plan[self._cursor]
+        if self.pipeline is not None and is_action(name):
+            self._pipeline_action(name)
+        else:
+            self._run_span(name)
+        self._cursor = (self._cursor + 1) % len(self._plan)
+        return name
+
+    def _run_span(self, name: str) -> None:
         with self.recorder.phase_span(name, step=self._step):
             self._dispatch(name)
             if self.memory_tracer is not None:
@@ -160,14 +177,19 @@ class TrainStep:
             self._emit_loss()
             self._step += 1
             self.recorder.step = self._step
-        self._cursor = (self._cursor + 1) % len(self._plan)
-        return name
 
     def run_step(self) -> float:
         """Run the rest of the current step (all of it when at a step boundary); the loss."""
-        while True:
-            if self.run_phase() == "optimizer":
-                break
+        pipe = self.pipeline
+        if pipe is not None and self._cursor == 0:
+            for name in PHASES:  # the whole schedule in ``forward``, not gated
+                self._run_span(name)
+        else:
+            if pipe is not None and is_action(self._plan[self._cursor]):
+                self._cursor = self._plan.index("sync")  # the schedule finishes there
+            while True:
+                if self.run_phase() == "optimizer":
+                    break
         if self.last_loss is None:  # pragma: no cover - set by the optimizer phase
             raise RuntimeError("step finished without a loss")
         return self.last_loss
@@ -198,6 +220,7 @@ class TrainStep:
         self.recorder.step = step
         del self.losses[step:]
         self.losses.extend([math.nan] * (step - len(self.losses)))
+        self._close_schedule()
         self._cursor = 0
         self._micro = []
         self._loss = None
@@ -205,6 +228,7 @@ class TrainStep:
 
     def close(self) -> None:
         """Stop the tracers (idempotent)."""
+        self._close_schedule()
         for tracer in (self.memory_tracer, self.comm_tracer):
             if tracer is not None:
                 tracer.stop()
@@ -254,7 +278,7 @@ class TrainStep:
             with autocast(self.precision, self.device):
                 losses = pipe.run(x, y)
             if losses:
-                self._loss_sum = torch.stack([loss.detach().float() for loss in losses]).mean()
+                self._set_pipeline_loss(losses)
             return
         last = index == self.grad_accum - 1
         self._set_gradient_sync(last)
@@ -265,6 +289,35 @@ class TrainStep:
         self._loss = loss / self.grad_accum
         self._loss_sum = self._loss_sum + loss.detach().float() / self.grad_accum
 
+    def _pipeline_action(self, name: str) -> None:
+        """One of this rank's schedule actions (or ``idle``): the schedule starts on its
+        gate's thread at the first, and each lets exactly one action through."""
+        pipe = self.pipeline
+        assert pipe is not None
+        if not pipe.gate.active:
+            x, y = self._micro[0]
+            tracer = self.memory_tracer
+            sample = None if tracer is None else (lambda label: tracer.sample(label=label))
+
+            def run() -> list[torch.Tensor]:
+                hooks = tracer.on_this_thread() if tracer is not None else nullcontext()
+                with hooks, autocast(self.precision, self.device):
+                    return pipe.run(x, y)
+
+            pipe.gate.start(run, after=sample)
+        if name != IDLE:
+            ran = pipe.gate.advance()
+            if ran != name:  # the plan is the schedule's own order: a change in torch
+                raise ParallelError(
+                    f"pipeline rank expected to run {name!r} next but its schedule ran "
+                    f"{ran!r}; stepping follows {type(pipe.schedule).__name__}'s order"
+                )
+
+    def _close_schedule(self) -> None:
+        pipe = self.pipeline
+        if pipe is not None:
+            pipe.gate.close()
+
     def _set_gradient_sync(self, last: bool) -> None:
         """With accumulation, communicate only in the last micro-batch's backward."""
         if isinstance(self.model, DeferredSyncDDP):
@@ -273,6 +326,9 @@ class TrainStep:
             self.model.require_backward_grad_sync = last  # what no_sync() toggles
         elif hasattr(self.model, "set_requires_gradient_sync"):  # FSDP2
             self.model.set_requires_gradient_sync(last)
+
+    def _set_pipeline_loss(self, losses: list[torch.Tensor]) -> None:
+        self._loss_sum = torch.stack([loss.detach().float() for loss in losses]).mean()
 
     def _backward(self, index: int) -> None:
         if self.pipeline is not None or self._loss is None:
@@ -285,6 +341,10 @@ class TrainStep:
             self.model.sync()
         pipe = self.pipeline
         if pipe is not None:
+            if pipe.gate.active:  # stepped action by action: the schedule ends here
+                losses = pipe.gate.finish()
+                if losses:
+                    self._set_pipeline_loss(losses)
             pipe.sync_tied()
             pipe.sync_dp()
         if self.loss_reduce != "none" and self.loss_group is not None:

@@ -41,6 +41,11 @@ def all_gather_time(size: float, n: int, link: LinkSpec) -> float:
 reduce_scatter_time = all_gather_time
 
 
+def all_to_all_time(size: float, n: int, link: LinkSpec) -> float:
+    """Each of ``n`` ranks sends (n−1)/n of its ``size``-byte buffer, one peer per step."""
+    return all_gather_time(size, n, link)
+
+
 def p2p_time(size: float, link: LinkSpec) -> float:
     return link.latency + size / link.bandwidth
 

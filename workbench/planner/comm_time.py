@@ -12,6 +12,8 @@ tp        = 4 all-reduces of s·b·h activations per layer per micro-batch (+2 u
 cp        = ring attention: K and V gathered forward, their gradients reduce-scattered
             backward, per layer per micro-batch (not hidden: an upper bound).
 pp        = a send of activations forward and of gradients backward per micro-batch.
+ep        = all-to-alls of each token's top-k rows per MoE layer per micro-batch: dispatch
+            and combine forward, their gradients backward (not hidden).
 
 Each collective's cost is ``comm``'s ring formula on the link its group spans; what it
 hides behind is ``compute_time``'s busiest-stage compute.
@@ -19,13 +21,19 @@ hides behind is ``compute_time``'s busiest-stage compute.
 
 from __future__ import annotations
 
-from workbench.planner.comm import all_gather_time, all_reduce_time, group_link, p2p_time
+from workbench.planner.comm import (
+    all_gather_time,
+    all_reduce_time,
+    all_to_all_time,
+    group_link,
+    p2p_time,
+)
 from workbench.planner.compute_time import Compute
 from workbench.planner.params import largest_unit, stage_params
 from workbench.planner.specs import StepInputs
 from workbench.planner.zero3_modules import module_dp_time
 
-__all__ = ["cp_time", "dp_time", "pp_time", "tp_time"]
+__all__ = ["cp_time", "dp_time", "ep_exchange_bytes", "ep_time", "pp_time", "tp_time"]
 
 
 def dp_time(step: StepInputs, work: Compute, overlap: float) -> tuple[float, float]:
@@ -98,6 +106,32 @@ def cp_time(step: StepInputs, layers: int) -> float:
     passes = 3 if training.recompute == "full" else 2
     link = group_link(step.hardware, cp, tp)
     return layers * step.m * passes * all_gather_time(kv, cp, link)
+
+
+def ep_exchange_bytes(step: StepInputs) -> float:
+    """Bytes one rank hands to one all-to-all of expert parallel, per layer and
+    micro-batch: its tokens' top-k rows (``parallel/ep.py`` dispatches every row, also
+    those for its own experts; the combine and the backward's exchanges return as many on
+    average over the ranks, their split following the routing)."""
+    model, training = step.model, step.training
+    if step.parallel.ep == 1 or not model.experts:
+        return 0.0
+    tokens = training.micro_batch * step.seq / step.parallel.cp
+    return tokens * model.top_k * model.hidden * training.dtype_bytes
+
+
+def ep_time(step: StepInputs, layers: int) -> float:
+    """Expert parallel: per MoE layer and micro-batch, rows to their experts' ranks and
+    back (dispatch, combine), and their gradients the other way in backward (again in the
+    recomputed forward under full recompute); all-to-alls over the ep ranks, spaced tp
+    apart (ep borrows dp ranks)."""
+    size = ep_exchange_bytes(step)
+    if not size:
+        return 0.0
+    ep, training = step.parallel.ep, step.training
+    passes = 6 if training.recompute == "full" else 4
+    link = group_link(step.hardware, ep, step.parallel.tp)
+    return layers * step.m * passes * all_to_all_time(size, ep, link)
 
 
 def pp_time(step: StepInputs) -> float:

@@ -214,11 +214,14 @@ def memory_breakdown(
     layout = stage_layout(model, parallel, placement)
     params = _stage_params(model, parallel, layout, placement)
     layer_scale, edge_scale = activation_scale
+    # The ring position, cp inside dp (mesh order pp, dp, cp, tp): ring attention keeps
+    # more the later a rank's tokens are; without a rank, the last (the busiest).
+    cp_rank = None if rank is None else rank_position(parallel, rank)[1] % parallel.cp
     acts = [
         (layers * layer_scale, edge * edge_scale)
         for layers, edge in stage_activation_bytes(
             model, training, parallel, hardware, seq=seq, micro_batches=micro_batches,
-            placement=placement,
+            placement=placement, cp_rank=cp_rank,
         )
     ]  # fmt: skip
     temporary = _temporary(model, training, parallel)

@@ -50,6 +50,10 @@ class ModelSpec:
     norm: str = "layernorm"
     learned_positions: bool = False
     published_params: int | None = None
+    # Mixture of experts: every block's MLP is ``experts`` experts (each of ``ffn``) of
+    # which each token takes ``top_k``; 0 experts: a dense MLP.
+    experts: int = 0
+    top_k: int = 2
     shape_assumed: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -60,6 +64,8 @@ class ModelSpec:
         dims = ("layers", "hidden", "heads")
         for name in (*dims, "kv_heads", "ffn", "vocab", "seq", "published_params"):
             check_opt_int(name, getattr(self, name))
+        check_int("experts", self.experts, minimum=0)
+        check_int("top_k", self.top_k, maximum=max(self.experts, 1) if self.experts else None)
         if self.norm not in NORMS:
             raise choices_error("norm", self.norm, NORMS)
         missing = [d for d in dims if getattr(self, d) is None]

@@ -55,6 +55,8 @@ def format_plan(plan: Plan) -> str:
     ]
     if t.cp_comm:
         lines.append(f"  {'cp comm':<22}{t.cp_comm:>8.4g}")
+    if t.ep_comm:
+        lines.append(f"  {'ep comm':<22}{t.ep_comm:>8.4g}")
     if t.overhead:
         lines.append(f"  {'optimizer/overhead':<22}{t.overhead:>8.4g}")
     if t.offload:

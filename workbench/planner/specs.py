@@ -189,6 +189,9 @@ class ParallelSpec:
     virtual_stages: int = 1
     vocab_parallel: bool = True
     cp: int = 1  # context parallel: the sequence split over cp ranks (ring attention)
+    # expert parallel: a mixture-of-experts model's experts split over ep of the dp ranks,
+    # tokens sent to their experts' ranks and back (all-to-all)
+    ep: int = 1
     first_stage_layers: int | None = None  # uneven pipeline: fewer layers on stage 0
     last_stage_layers: int | None = None  # ... and on the last stage (Llama 3: one less)
 
@@ -197,6 +200,13 @@ class ParallelSpec:
         check_int("tp", self.tp)
         check_int("pp", self.pp)
         check_int("cp", self.cp)
+        check_int("ep", self.ep)
+        if self.dp % self.ep:
+            valid = [e for e in range(1, self.dp + 1) if self.dp % e == 0]
+            raise ConfigError(
+                f"ep={self.ep} is not valid with dp={self.dp}: expert parallel splits the "
+                f"experts over ep of the data-parallel ranks; choose ep from {valid}"
+            )
         check_opt_int("first_stage_layers", self.first_stage_layers)
         check_opt_int("last_stage_layers", self.last_stage_layers)
         if self.pp == 1 and (self.first_stage_layers or self.last_stage_layers):

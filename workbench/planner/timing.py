@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from workbench.errors import ConfigError
 from workbench.planner.comm import spans_nodes
-from workbench.planner.comm_time import cp_time, dp_time, pp_time, tp_time
+from workbench.planner.comm_time import cp_time, dp_time, ep_time, pp_time, tp_time
 from workbench.planner.compute_time import (
     compute_efficiency,
     compute_peak,
@@ -72,6 +72,7 @@ class StepTime:
     cp_comm: float = 0.0
     overhead: float = 0.0
     offload: float = 0.0  # GPU <-> host copies not hidden behind compute
+    ep_comm: float = 0.0  # expert parallel's all-to-alls
 
     @property
     def total(self) -> float:
@@ -82,13 +83,14 @@ class StepTime:
             + self.tp_comm
             + self.pp_comm
             + self.cp_comm
+            + self.ep_comm
             + self.overhead
             + self.offload
         )
 
     @property
     def comm_exposed(self) -> float:
-        return self.dp_exposed + self.tp_comm + self.pp_comm + self.cp_comm
+        return self.dp_exposed + self.tp_comm + self.pp_comm + self.cp_comm + self.ep_comm
 
     @property
     def tokens_per_s(self) -> float:
@@ -176,6 +178,7 @@ def step_time(
         pp_inter=spans_nodes(pp, tp * cp * dp, hardware.gpus_per_node),
         hardware_flops=executed_flops_per_token(model, training, seq) * tokens,
         cp_comm=cp_time(sized, layers),
+        ep_comm=ep_time(sized, layers),
         overhead=hardware.step_overhead / share,
         offload=offload_time(model, training, parallel, hardware, seq, work, overlap),
     )

@@ -11,8 +11,10 @@ during forward and falls back as backward frees the graph, exactly as the memory
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -125,6 +127,17 @@ class MemoryTracer:
         ctx, self._hooks_ctx = self._hooks_ctx, None
         if ctx is not None:
             ctx.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def on_this_thread(self) -> Iterator[None]:
+        """The tracer's saved-tensor hooks on the calling thread too, while the block runs
+        (hooks are per thread): for training work handed to another thread, a pipeline
+        schedule stepped action by action (``parallel.pp_stepping``)."""
+        if self._hooks_ctx is None:
+            yield
+            return
+        with torch.autograd.graph.saved_tensors_hooks(self._make_pack(), unpack):
+            yield
 
     def __enter__(self) -> MemoryTracer:
         return self.start()

@@ -65,6 +65,7 @@ def parallel_spec(
         tp=dims.tp,
         pp=dims.pp,
         cp=dims.cp,
+        ep=dims.ep,
         zero=layout.zero if dims.dp > 1 else 0,
         micro_batches=micro_batches,
         schedule=planner_name("schedule", schedule),
