@@ -111,6 +111,8 @@ def test_a_run_stopped_early_gets_its_window_back_from_the_engine() -> None:
     whole = StepSummaries()
     whole.add([e for s in range(10) for e in steps[s]])
     _same_rows(store.summaries, whole)  # the window's detail was not summarised twice
+    recorder.rewind(8)  # a roll-back to step 8: its and later steps' kept detail is stale
+    assert {r["step"] for r in recorder.recent_records(0)} == {7}
 
 
 def test_a_long_loop_in_one_cell_stays_under_the_cap_and_counts_drops() -> None:

@@ -163,6 +163,8 @@ def _load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> di
         if not agreed(exc):
             raise
         return {"error": str(exc), "failed_ranks": exc.ranks, **summary(cursor)}
+    train_step = current_run()
+    train_step.recorder.rewind(train_step.step)  # steps from here on run again
     return {"meta": {k: v for k, v in meta.items() if k != "spec"}, **summary(cursor)}
 
 

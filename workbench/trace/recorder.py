@@ -170,6 +170,14 @@ class Recorder:
         with self._lock:
             return [] if self._filter is None else self._filter.recent_records(first)
 
+    def rewind(self, step: int) -> None:
+        """A roll-back: steps from ``step`` on run again, so the detail kept of their
+        first run (``recent_records``) is stale."""
+        with self._lock:
+            self._newest = min(self._newest, step - 1)
+            if self._filter is not None:
+                self._filter.forget_from(step)
+
     def _acknowledge(self, cursor: int) -> None:
         """Let go of the held events before ``cursor`` (the caller has them)."""
         drop = bisect.bisect_left(self._seqs, cursor)

@@ -84,6 +84,11 @@ class StepFilter:
         while len(held) > self.policy.recent:
             held.popitem(last=False)
 
+    def forget_from(self, step: int) -> None:
+        """A roll-back: the detail kept of steps from ``step`` on is of a run undone."""
+        for stale in [s for s in self._recent if s >= step]:
+            del self._recent[stale]
+
     def count_overflow(self, events: list[Event]) -> None:
         """``events`` were let go at the cap: summarised, counted, their detail gone."""
         self.overflow += len(events)
