@@ -252,7 +252,8 @@ class TrainingSession:
             done += 1
             if on_step is not None:
                 on_step(min(done, count), count)
-        self.fill_window()
+        if self.step_index < target:  # paused: the window's detail went out as rows
+            self.fill_window()
         return done
 
     def step_toward(self, target: int) -> list[Event]:
