@@ -60,6 +60,27 @@ def _where() -> str:
     return os.path.dirname(workbench.__file__)
 
 
+def _engine_digests() -> int:
+    """Signed messages this engine's session remembers (jupyter_client's replay check:
+    one per request received, up to ``digest_history_size``, 65,536)."""
+    from IPython import get_ipython
+
+    return len(get_ipython().kernel.session.digest_history)
+
+
+def _where_memory_goes(cluster: Any, stepper: Any) -> dict[str, Any]:
+    """What the known per-step growth is made of: the summaries' bytes and the messages
+    the kernel's client and each engine's session remember (bounded, see _engine_digests);
+    absent on a checkout without them."""
+    summaries = getattr(stepper, "summaries", None)
+    return {
+        "summaries_mib": summaries.nbytes() / MIB if summaries is not None else None,
+        "kernel_digests": len(cluster.client.session.digest_history),
+        "engine_digests": cluster.run(_engine_digests, timeout=60),
+        "client_history": len(cluster.client.history),
+    }
+
+
 def measure(steps: int, chunk: int, overhead: int, label: str) -> dict[str, Any]:
     from benchmarks.common import prepare_environment
 
@@ -104,6 +125,7 @@ def measure(steps: int, chunk: int, overhead: int, label: str) -> dict[str, Any]
                     "engine_growth_mib": [
                         e - b for e, b in zip(engines, base_engines, strict=True)
                     ],
+                    **_where_memory_goes(cluster, stepper),
                 }
             )
             print(

@@ -51,6 +51,21 @@ _BLOCKED_GRACE_S = 0.2
 _HEALTH_S = 0.25
 
 
+# Message ids of past requests an ipyparallel client keeps (``Client.history``): enough for
+# ``client.wait()`` on recent ones; the workbench never looks further back.
+CLIENT_HISTORY = 1000
+
+
+def bound_client_history(client: Any) -> None:
+    """Keep the client's per-request memory bounded over a long run (a stepper sends one
+    request per rank per step). ``Client.history`` gains one msg id per request and
+    ipyparallel never trims it; its ``results``, ``metadata`` and futures are dropped when
+    a request resolves, so the history is what is left to trim (amortised: at twice)."""
+    history = getattr(client, "history", None)
+    if isinstance(history, list) and len(history) > 2 * CLIENT_HISTORY:
+        del history[:-CLIENT_HISTORY]
+
+
 class RankDispatch:
     """Sends work to the ranks of ``engines``; ``ranks`` is the cluster's list (shared: a
     recovery renumbers it in place)."""
@@ -359,6 +374,7 @@ class RankDispatch:
     ) -> list[Any]:
         """Wait for per-rank futures (from ``client[eid].apply_async``) and gather results."""
         self._wait_all(targets, futures, timeout)
+        bound_client_history(getattr(self.engines, "client", None))
         results: list[Any] = []
         failures: dict[int, str] = {}
         dead: list[int] = []

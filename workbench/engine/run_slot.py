@@ -44,25 +44,30 @@ def current_run() -> Any:
     return train_step
 
 
-def summary(cursor: int) -> dict[str, Any]:
-    """Where the run stands, with the events recorded since the client's ``cursor``."""
+def summary(cursor: int, detail_from: int = 0) -> dict[str, Any]:
+    """Where the run stands, with the events recorded since the client's ``cursor``
+    (completed steps before ``detail_from`` that the recording policy does not keep come as
+    summary rows: ``Recorder.pull``)."""
     train_step = current_run()
-    records, new_cursor = train_step.recorder.records_since(cursor)
     return {
         "step": train_step.step,
         "next_phase": train_step.phase,
         "loss": train_step.last_loss,
-        "records": records,
-        "cursor": new_cursor,
+        **train_step.recorder.pull(cursor, detail_from=detail_from),
     }
 
 
 def install(
-    build: Callable[[Any], Any], trace: bool, autosave: dict[str, Any] | None
+    build: Callable[[Any], Any],
+    trace: bool,
+    autosave: dict[str, Any] | None,
+    record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Close any previous run, build the new one with ``build(recorder)`` and install it.
 
     ``autosave`` ({"root", "every", "keep_last", "key"}) checkpoints every ``every`` steps.
+    ``record`` (``RecordPolicy`` fields, the kernel's ``record=``) lets the recorder send
+    the steps it does not keep as summary rows.
     """
     import torch.distributed as dist
 
@@ -73,6 +78,10 @@ def install(
     state = engine_state()
     rank = dist.get_rank() if dist.is_initialized() else 0
     recorder = Recorder(rank, clock=state.get("clock"))
+    if record is not None:
+        from workbench.trace.policy import RecordPolicy
+
+        recorder.set_policy(RecordPolicy(**record))
     if trace:
         flight.pause_cell_tracer()  # the run's own CommTracer records from here on
     try:

@@ -14,10 +14,19 @@ from typing import Any
 
 from workbench.engine.run_slot import RUN
 from workbench.engine.state import engine_state
+from workbench.trace.policy import DEFAULT_POLICY
 from workbench.trace.recorder import Recorder
 from workbench.trace.traced import Traced
 
-__all__ = ["begin_cell", "current_cell", "end_cell", "pull_trace", "trace_recorder", "traced"]
+__all__ = [
+    "begin_cell",
+    "current_cell",
+    "end_cell",
+    "pull_trace",
+    "set_trace_policy",
+    "trace_recorder",
+    "traced",
+]
 
 _KEY = "trace_recorder"
 _CELL = "trace_cell"
@@ -33,6 +42,9 @@ def trace_recorder() -> Recorder:
 
         rank = dist.get_rank() if dist.is_initialized() else 0
         recorder = Recorder(rank, clock=state.get("clock"))
+        # Bounded in one long cell too: steps past the policy's recent window leave as
+        # summary rows, and the recorder holds at most its cap (counted) until a pull.
+        recorder.set_policy(DEFAULT_POLICY)
         state[_KEY] = recorder
         from workbench.engine import flight
 
@@ -77,7 +89,9 @@ def traced(
 
         from workbench.trace.policy import record_policy
 
-        engine_state()[_POLICY] = asdict(record_policy(record))
+        policy = record_policy(record)
+        trace_recorder().set_policy(policy)
+        engine_state()[_POLICY] = asdict(policy)
     if seed is not None:
         from workbench import validate
         from workbench.parallel.seeding import MAX_SEED, seed_everything
@@ -120,6 +134,13 @@ def end_cell() -> None:
 
 
 def pull_trace(cursor: int) -> dict[str, Any]:
-    """Trace events recorded since ``cursor``, as plain records, and the new cursor."""
-    records, new_cursor = trace_recorder().records_since(cursor)
-    return {"records": records, "cursor": new_cursor, "policy": engine_state().pop(_POLICY, None)}
+    """Trace events recorded since ``cursor`` as plain records, summary rows of the steps
+    that left without their detail, the new cursor and the recorder's overflow count."""
+    return {**trace_recorder().pull(cursor), "policy": engine_state().pop(_POLICY, None)}
+
+
+def set_trace_policy(fields: dict[str, Any]) -> None:
+    """The kernel's recording policy (``%wb run --trace --record``) for what follows."""
+    from workbench.trace.policy import RecordPolicy
+
+    trace_recorder().set_policy(RecordPolicy(**fields))

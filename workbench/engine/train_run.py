@@ -31,9 +31,11 @@ __all__ = [
     "list_run_checkpoints",
     "load_run",
     "pull_events",
+    "recent_detail",
     "run_phases",
     "run_reference",
     "run_steps",
+    "run_steps_toward",
     "save_run",
 ]
 
@@ -41,22 +43,29 @@ T = TypeVar("T")
 
 
 def build_run(
-    spec_fields: dict[str, Any], autosave: dict[str, Any] | None = None
+    spec_fields: dict[str, Any],
+    autosave: dict[str, Any] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """(Re)build this rank's run from ``RunSpec`` fields; closes any previous run.
 
-    ``autosave`` ({"root", "every", "keep_last", "key"}) checkpoints every ``every`` steps.
+    ``autosave`` ({"root", "every", "keep_last", "key"}) checkpoints every ``every`` steps;
+    ``record`` is the kernel's recording policy (``RecordPolicy`` fields).
     """
     if spec_fields.get("strategy") == "single":  # one rank: no peer waits for it
-        return _build_run(spec_fields, autosave)
-    return fail_together(_build_run, spec_fields, autosave)
+        return _build_run(spec_fields, autosave, record)
+    return fail_together(_build_run, spec_fields, autosave, record)
 
 
-def _build_run(spec_fields: dict[str, Any], autosave: dict[str, Any] | None) -> dict[str, Any]:
+def _build_run(
+    spec_fields: dict[str, Any], autosave: dict[str, Any] | None, record: dict[str, Any] | None
+) -> dict[str, Any]:
     from workbench.parallel import RunSpec, build_train_step
 
     spec = RunSpec(**spec_fields)
-    return install(lambda recorder: build_train_step(spec, recorder=recorder), spec.trace, autosave)
+    return install(
+        lambda recorder: build_train_step(spec, recorder=recorder), spec.trace, autosave, record
+    )
 
 
 def together(fn: Callable[..., T], *args: Any) -> T:
@@ -92,7 +101,7 @@ def run_steps(count: int, cursor: int) -> dict[str, Any]:
     return together(_run_steps, count, cursor)
 
 
-def _run_steps(count: int, cursor: int) -> dict[str, Any]:
+def _run_steps(count: int, cursor: int, detail_from: int = 0) -> dict[str, Any]:
     train_step = current_run()
     losses, saved, error = [], [], None
     for _ in range(count):
@@ -101,7 +110,22 @@ def _run_steps(count: int, cursor: int) -> dict[str, Any]:
         saved += [path] if path else []
         if error:
             break
-    return {"losses": losses, "saved": saved, "error": error, **summary(cursor)}
+    return {"losses": losses, "saved": saved, "error": error, **summary(cursor, detail_from)}
+
+
+def run_steps_toward(count: int, detail_from: int, cursor: int) -> dict[str, Any]:
+    """``run_steps`` in a longer run: completed steps before ``detail_from`` (those that
+    will have left the kernel's recent window when the run reaches its target) that the
+    recording policy does not keep come back as one summary row each, not as events."""
+    current_run()  # no run is the same on every rank: an error, not a failure to spread
+    return together(_run_steps, count, cursor, detail_from)
+
+
+def recent_detail(first: int) -> dict[str, Any]:
+    """The detail of the steps from ``first`` on that went out as summary rows (the
+    recording policy's last ``recent`` of them): a run stopped before its target fills the
+    kernel's window with it."""
+    return {"records": current_run().recorder.recent_records(first)}
 
 
 def save_run(root: str, keep_last: int | None, key: bytes | None, cursor: int) -> dict[str, Any]:
@@ -139,6 +163,8 @@ def _load_run(root: str, step: int | None, key: bytes | None, cursor: int) -> di
         if not agreed(exc):
             raise
         return {"error": str(exc), "failed_ranks": exc.ranks, **summary(cursor)}
+    train_step = current_run()
+    train_step.recorder.rewind(train_step.step)  # steps from here on run again
     return {"meta": {k: v for k, v in meta.items() if k != "spec"}, **summary(cursor)}
 
 

@@ -46,7 +46,9 @@ def _user_run(payload: dict[str, Any]) -> Any:
 
 
 def build_user_run(
-    payload: dict[str, Any], autosave: dict[str, Any] | None = None
+    payload: dict[str, Any],
+    autosave: dict[str, Any] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """(Re)build this rank's run of the user's model; closes any previous run. A factory
     that raises on one rank ends the build on every rank at once (``fail_together``)."""
@@ -54,15 +56,20 @@ def build_user_run(
     # not defined there): a plain error, the process group stays as it is.
     run = _user_run(payload)
     if run.strategy == "single":  # one rank: no peer waits for it
-        return _build_user_run(run, autosave)
-    return fail_together(_build_user_run, run, autosave)
+        return _build_user_run(run, autosave, record)
+    return fail_together(_build_user_run, run, autosave, record)
 
 
-def _build_user_run(run: Any, autosave: dict[str, Any] | None) -> dict[str, Any]:
+def _build_user_run(
+    run: Any, autosave: dict[str, Any] | None, record: dict[str, Any] | None
+) -> dict[str, Any]:
     from workbench.parallel.user_model import build_user_train_step
 
     return install(
-        lambda recorder: build_user_train_step(run, recorder=recorder), run.trace, autosave
+        lambda recorder: build_user_train_step(run, recorder=recorder),
+        run.trace,
+        autosave,
+        record,  # the kernel's record= (RecordPolicy fields): dropped steps leave as rows
     )
 
 

@@ -41,7 +41,9 @@ def run_trace(magics: MagicsState, action: str, path: str | None) -> Any:
         return None
     new = log.pull()
     if action == "pull":
-        print(f"workbench: {len(new)} new trace events ({len(log.events)} in all)")
+        lost = ", ".join(f"rank {r}: {n}" for r, n in sorted(log.overflow.items()) if n)
+        capped = f"; detail let go at the engines' cap ({lost}), summaries kept" if lost else ""
+        print(f"workbench: {len(new)} new trace events ({len(log.events)} in all){capped}")
         return None
     if action == "plot":
         if path not in PLOTS:

@@ -5,6 +5,7 @@ are drawn from ``events`` by plots/."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from workbench.cluster.cluster import Cluster
@@ -25,6 +26,7 @@ class TraceLog:
         self.cells = False  # %wb trace on: every %%wb cell is one traced span
         self._cursors: dict[int, int] = {}
         self._store = EventStore()
+        self._overflow: dict[int, int] = {}
 
     def __repr__(self) -> str:
         return f"<TraceLog ranks={self.cluster.world_size} events={len(self._store)}>"
@@ -38,9 +40,17 @@ class TraceLog:
     def store(self) -> EventStore:
         return self._store
 
+    @property
+    def overflow(self) -> dict[int, int]:
+        """Per rank, detail events its recorder let go at its cap (one long cell of a very
+        long loop, pulled only at its end); their steps are still summarised."""
+        return dict(self._overflow)
+
     def set_policy(self, policy: RecordPolicy) -> None:
-        """Which steps of what follows keep full detail (``%wb run --trace --record``)."""
+        """Which steps of what follows keep full detail (``%wb run --trace --record``);
+        the engines apply it too, so what they do not keep leaves them as summary rows."""
         self._store.set_policy(policy)
+        self.cluster.run(traced.set_trace_policy, asdict(policy), timeout=self.timeout)
 
     def pull(self) -> list[Event]:
         """Fetch what every rank recorded since the last pull; returns the new events."""
@@ -57,6 +67,8 @@ class TraceLog:
             if result.get("policy") is not None:  # wb.traced(record=...) on that rank
                 self._store.set_policy(RecordPolicy(**result["policy"]))
             new.extend(from_record(r) for r in result["records"])
+            self._store.add_rows(result.get("rows") or [])
+            self._overflow[rank] = int(result.get("overflow") or 0)
         self._store.add(new)
         return new
 

@@ -156,7 +156,7 @@ class TrainingSession:
 
     def build_remote(self, spec: RunSpec, *, keep_events: bool = True) -> None:
         results = self._build_on_engines(
-            train_run.build_run, asdict(spec), self.autosave_settings()
+            train_run.build_run, asdict(spec), self.autosave_settings(), asdict(self._store.policy)
         )
         self._built(results, keep_events=keep_events)
 
@@ -244,7 +244,7 @@ class TrainingSession:
             if should_stop is not None and should_stop():
                 break
             try:
-                self.step(1)
+                self.step_toward(target)
             except (EngineDied, CollectiveTimeout):
                 if not recover or recoveries >= max_recoveries:
                     raise
@@ -254,7 +254,32 @@ class TrainingSession:
             done += 1
             if on_step is not None:
                 on_step(min(done, count), count)
+        if self.step_index < target:  # paused: the window's detail went out as rows
+            self.fill_window()
         return done
+
+    def step_toward(self, target: int) -> list[Event]:
+        """One whole step of a run that ends at step ``target`` (``run`` and the widget's
+        Run N): the steps that will have left the recent window by then and that the
+        policy does not keep come back from the engines as one summary row each, not as
+        events. Call ``fill_window()`` when the run stops before ``target``."""
+        self._ensure_built()
+        return self._call(train_run.run_steps_toward, 1, target - self._store.policy.recent - 1)
+
+    def fill_window(self) -> None:
+        """After a run stopped before its target (Pause): the detail of its last steps went
+        out as rows; fetch it back from the engines (each keeps the policy's last
+        ``recent`` such steps). Nothing to do when the window has its detail."""
+        recent = self._store.policy.recent
+        last = self.step_index - 1
+        kept = set(self._store.window_steps())
+        missing = [s for s in range(max(last - recent + 1, 0), last + 1) if s not in kept]
+        if not self.built or not recent or not missing:
+            return
+        results = self.cluster.run(
+            train_run.recent_detail, missing[0], ranks=self.run_ranks, timeout=self.timeout
+        )
+        self._store.add_detail([from_record(r) for res in results for r in res["records"]])
 
     # -- checkpoints ---------------------------------------------------------------------
     def _key(self) -> bytes:
@@ -382,7 +407,7 @@ class TrainingSession:
         return out
 
     # -- internals -----------------------------------------------------------------------
-    def _call(self, fn: Callable[..., dict[str, Any]], count: int) -> list[Event]:
+    def _call(self, fn: Callable[..., dict[str, Any]], count: int, *more: Any) -> list[Event]:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigError(f"count={count!r} is not valid; it must be an integer >= 1")
         if self._interrupted:
@@ -390,7 +415,7 @@ class TrainingSession:
                 "the last step was interrupted part-way on the engines; roll back with "
                 "`session.recover()` / `%wb restart` (to the last checkpoint) or reset()"
             )
-        results = self._call_each(fn, count)  # raises when an automatic checkpoint failed
+        results = self._call_each(fn, count, *more)  # raises when an autosave failed
         return self._absorb(results)
 
     def _call_each(self, fn: Callable[..., Any], *args: Any, rebuild_events: bool = False) -> Any:
@@ -426,7 +451,7 @@ class TrainingSession:
         if rebuild_events:
             step = int(results[0]["step"])
             self.drop_events_from(step)
-        if fn is not train_run.run_steps and fn is not train_run.run_phases:
+        if fn not in (train_run.run_steps, train_run.run_phases, train_run.run_steps_toward):
             self._absorb(results)
         return results
 
@@ -436,6 +461,7 @@ class TrainingSession:
 
     def _absorb(self, results: list[dict[str, Any]], *, keep: bool = True) -> list[Event]:
         new: list[Event] = []
+        rows: list[dict[str, Any]] = []  # summary rows of steps sent without their detail
         for rank, result in enumerate(results):
             status = self._state.status.setdefault(rank, RankStatus(rank=rank))
             status.step = int(result["step"])
@@ -444,7 +470,9 @@ class TrainingSession:
             status.error = None
             self._state.cursors[rank] = int(result["cursor"])
             new.extend(from_record(r) for r in result["records"])
+            rows.extend(result.get("rows") or ())
         if keep:
+            self._store.add_rows(rows)
             self._store.add(new)
         for listener in list(self._listeners):
             listener(new)

@@ -10,7 +10,7 @@ factories; stepping, events, figures and Perfetto export are the base class's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from workbench import validate
@@ -228,7 +228,10 @@ class UserTrainingSession(TrainingSession):
 
     def build_remote(self, spec: Any, *, keep_events: bool = True) -> None:
         results = self._build_on_engines(
-            user_run.build_user_run, spec.payload(self.cluster.world_size), self.autosave_settings()
+            user_run.build_user_run,
+            spec.payload(self.cluster.world_size),
+            self.autosave_settings(),
+            asdict(self.store.policy),
         )
         self._built(results, keep_events=keep_events)
 

@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from workbench import validate
 from workbench.errors import ConfigError
@@ -110,6 +111,21 @@ class EventStore:
                 found = window[event.step] = []
                 self._newest = max(self._newest, event.step)
             found.append(event)
+        self._slide()
+
+    def add_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Summary rows of steps an engine sent without their detail (``StepFilter``)."""
+        if rows:
+            self.summaries.merge_rows(rows)
+
+    def add_detail(self, events: list[Event]) -> None:
+        """Detail of steps already summarised (a run stopped early fetches its window):
+        kept in the window for the steps it covers, not summarised again."""
+        self._newest = max(self._newest, *(e.step for e in events), -1)
+        oldest = self._newest - max(self.policy.recent, 1) + 1
+        for event in events:
+            if event.step >= oldest and not (isinstance(event, Metric) and event.name != "loss"):
+                self._window.setdefault(event.step, []).append(event)
         self._slide()
 
     def _slide(self) -> None:

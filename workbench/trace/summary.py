@@ -32,7 +32,8 @@ MEMORY_COLUMNS = (
     "allocator",
     "total",
 )
-_FIXED = ("start_ns", "end_ns", *(f"peak:{c}" for c in MEMORY_COLUMNS))
+_TIMES = ("start_ns", "end_ns")
+_FIXED = (*_TIMES, *(f"peak:{c}" for c in MEMORY_COLUMNS))
 
 
 class _RankTable:
@@ -189,6 +190,54 @@ class StepSummaries:
                         row[name] = column[i]
                 out.append(row)
         return out
+
+    # -- rows sent by engines: the steps whose detail stays on the engine -----------------
+    def export_rows(self) -> list[dict[str, Any]]:
+        """Every row as an engine sends it for a step whose detail it does not send
+        (``merge_rows`` takes it): ``rank``, ``step``, the columns with a value, and
+        ``start_ns`` / ``end_ns`` as absolute ns (each side has its own origin)."""
+        out: list[dict[str, Any]] = []
+        for rank, table in self._ranks.items():
+            origin = table.origin or 0
+            items = list(table.columns.items())
+            for i, step in enumerate(table.steps):
+                row: dict[str, Any] = {"rank": rank, "step": step}
+                for name, column in items:
+                    value = column[i]
+                    if math.isnan(value):
+                        continue
+                    row[name] = origin + int(value) if name in _TIMES else value
+                out.append(row)
+        return out
+
+    def merge_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Fold engines' summary rows in as their events would have been: peaks by max,
+        collective bytes and seconds by sum, metrics by value, times by min / max (a step
+        may come partly as events, partly as a row)."""
+        for row in rows:
+            rank = int(row["rank"])
+            table = self._ranks.get(rank)
+            if table is None:
+                table = self._ranks[rank] = _RankTable()
+            i = table.row(int(row["step"]))
+            for name, value in row.items():
+                if name in ("rank", "step"):
+                    continue
+                if name in _TIMES:
+                    if table.origin is None:
+                        table.origin = int(value)
+                    offset = float(int(value) - table.origin)
+                    column = table.columns[name]
+                    old = column[i]
+                    later = name == "end_ns"
+                    if math.isnan(old) or (offset > old if later else offset < old):
+                        column[i] = offset
+                elif name.startswith("peak:"):
+                    _max(table, i, name, value)
+                elif name.startswith("comm_"):
+                    _sum(table, i, name, value)
+                else:
+                    table.column(name)[i] = value
 
 
 def _max(table: _RankTable, i: int, name: str, value: float) -> None:

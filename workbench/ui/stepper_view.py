@@ -359,12 +359,15 @@ class StepperView:
 
     async def _run_async(self, count: int) -> None:
         self._begin(count)
+        session = self.stepper.session
+        target = session.step_index + count
         try:
             for _ in range(count):
                 if self._pause:
                     break
-                await asyncio.to_thread(self.stepper.session.step, 1)
+                await asyncio.to_thread(session.step_toward, target)
                 self._on_step(self.progress.value + 1, count)
+            await asyncio.to_thread(session.fill_window)  # paused: the window's detail
         except WorkbenchError as exc:
             self.message.value = (
                 f"<pre style='color:#b00020;white-space:pre-wrap'>{html.escape(str(exc))}</pre>"
