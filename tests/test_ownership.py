@@ -73,7 +73,6 @@ WRITES_TO_REMOVE: set[str] = {
     "cluster/start_sequence.py::start_engines::engines.ssh_dir",
     "cluster/start_sequence.py::start_engines::engines.watch",
     "engine/live_push.py::cap_receiving::socket.rcvhwm",
-    "parallel/pp.py::_mark_actions.wrap::setattr(stage)",
 }
 ROOT_IMPORTS_TO_REMOVE: list[str] = []
 CIRCLES_TO_BREAK: list[list[str]] = [

@@ -23,7 +23,6 @@ holds both the first and the last stage, so the tied weight's two copies are sum
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -226,14 +225,12 @@ def apply_pp(
     indices = stage_indices(schedule, index, pp, v)
     if stage_modules is None:
         stage_modules = [split_stage(model, i, num_stages) for i in indices]
-    device = next(model.parameters()).device
-    stages = [
-        PipelineStage(m, i, num_stages, device, group=group)
+    device, gate = next(model.parameters()).device, ActionGate()
+    marks = {"gate": gate, "recorder": recorder, "several": v > 1}
+    stages: list[PipelineStage] = [
+        _ActionStage(m, i, num_stages, device, group=group, **marks)
         for m, i in zip(stage_modules, indices, strict=True)
     ]
-    gate = ActionGate()
-    for stage in stages:
-        _mark_actions(stage, gate, recorder, several=v > 1)
     if schedule in SINGLE_STAGE:
         sched = SCHEDULES[schedule](stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     else:
@@ -310,39 +307,45 @@ def _tied_group(
     return group if index in (0, num_stages - 1) else None
 
 
-def _mark_actions(
-    stage: PipelineStage, gate: ActionGate, recorder: Any | None, *, several: bool
-) -> None:
-    """Wrap the stage's per-chunk F, B and W: each waits at ``gate`` when the schedule is
-    stepped action by action (``pp_stepping``) and, with a ``recorder``, emits a span
-    named for its action."""
+class _ActionStage(PipelineStage):
+    """A stage whose per-chunk F, B and W each wait at ``gate`` when the schedule is stepped
+    action by action (``pp_stepping``) and, with a ``recorder``, emit a span named for its
+    action. A subclass rather than methods set on a built stage: the stage owns its calls."""
 
-    def wrap(method: str, kind_of: Callable[[dict[str, Any]], str]) -> None:
-        original = getattr(stage, method)
+    def __init__(
+        self, *args: Any, gate: ActionGate, recorder: Any | None, several: bool, **kw: Any
+    ) -> None:
+        super().__init__(*args, **kw)
+        self._gate, self._recorder, self._several = gate, recorder, several
 
-        @functools.wraps(original)
-        def wrapped(chunk_id: int, *args: Any, **kw: Any) -> Any:
-            name = action_name(kind_of(kw), chunk_id, stage.stage_index, several)
-            gate.enter(name)
-            try:
-                if recorder is None:
-                    out = original(chunk_id, *args, **kw)
-                    gate.sample(name)
-                    return out
-                with recorder.phase_span(name):
-                    out = original(chunk_id, *args, **kw)
-                    gate.sample(name)  # inside the span: the sample is the action's
-                    return out
-            finally:
-                # After the span has restored the recorder's phase: the engine's thread,
-                # woken here, goes on to its next phase and sets its own.
-                gate.leave(name)
+    def _action(self, kind: str, chunk_id: int, run: Callable[[], Any]) -> Any:
+        name = action_name(kind, chunk_id, self.stage_index, self._several)
+        self._gate.enter(name)
+        try:
+            if self._recorder is None:
+                out = run()
+                self._gate.sample(name)
+                return out
+            with self._recorder.phase_span(name):
+                out = run()
+                self._gate.sample(name)  # inside the span: the sample is the action's
+                return out
+        finally:
+            # After the span has restored the recorder's phase: the engine's thread, woken
+            # here, goes on to its next phase and sets its own.
+            self._gate.leave(name)
 
-        setattr(stage, method, wrapped)
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kw: Any) -> Any:
+        parent = super().forward_one_chunk
+        return self._action("forward", fwd_chunk_id, lambda: parent(fwd_chunk_id, *args, **kw))
 
-    wrap("forward_one_chunk", lambda kw: "forward")
-    wrap(
-        "backward_one_chunk",
-        lambda kw: "backward" if kw.get("full_backward", True) else "backward_input",
-    )
-    wrap("backward_weight_one_chunk", lambda kw: "backward_weight")
+    def backward_one_chunk(self, bwd_chunk_id: int, *args: Any, **kw: Any) -> Any:
+        kind = "backward" if kw.get("full_backward", True) else "backward_input"
+        parent = super().backward_one_chunk
+        return self._action(kind, bwd_chunk_id, lambda: parent(bwd_chunk_id, *args, **kw))
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kw: Any) -> Any:
+        parent = super().backward_weight_one_chunk
+        return self._action(
+            "backward_weight", bwd_chunk_id, lambda: parent(bwd_chunk_id, *args, **kw)
+        )

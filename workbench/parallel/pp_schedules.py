@@ -67,7 +67,7 @@ SINGLE_STAGE = frozenset({"gpipe", "1f1b"})  # one stage per rank (PipelineSched
 V_SHAPE = frozenset({"zbv", "dualpipe_v"})  # exactly two stages per rank, placed in a V
 _MIN_VIRTUAL = {"interleaved_1f1b": 2, "zero_bubble": 1}
 
-# The phase-span names of one pipeline action (``pp._mark_actions``): F, full backward,
+# The phase-span names of one pipeline action (``pp._ActionStage``): F, full backward,
 # B (input gradient only) and W (weight gradient), each as ``name[mb=i]`` or
 # ``name[mb=i,stage=s]`` with several stages per rank.
 ACTION_PHASES: dict[str, str] = {

@@ -9,7 +9,7 @@ order (``action_order``), so rank 0 can be in ``forward[mb=3]`` while rank 1 is 
 
 torch's schedules run a whole step inside ``schedule.step``; there is no "one action" call.
 So the stepped schedule runs on a thread of its own (``ActionGate``), and each stage's
-``*_one_chunk`` (wrapped by ``pp._mark_actions``) waits at the gate before it computes: a
+``*_one_chunk`` (``pp._ActionStage``) waits at the gate before it computes: a
 phase step lets exactly one action through and waits until it finished. The
 point-to-point traffic between actions is not gated: it proceeds on the schedule's thread
 as soon as the peer's action that it waits for ran in the same or an earlier phase step

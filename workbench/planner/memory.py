@@ -192,6 +192,13 @@ def rank_position(parallel: ParallelSpec, rank: int) -> tuple[int, int]:
     return rank // per_stage, (rank % per_stage) // parallel.tp
 
 
+def _ring_position(parallel: ParallelSpec, rank: int | None) -> int | None:
+    """A rank's place in its context-parallel ring (cp inside dp: mesh order pp, dp, cp,
+    tp): ring attention keeps more the later its tokens are. Without a rank, None: the
+    last position, the busiest."""
+    return None if rank is None else rank_position(parallel, rank)[1] % parallel.cp
+
+
 def memory_breakdown(
     model: ModelSpec,
     training: TrainingSpec,
@@ -213,12 +220,9 @@ def memory_breakdown(
     ``placement``: each stage's parameters as built, not counts from the dimensions."""
     layout = stage_layout(model, parallel, placement)
     params = _stage_params(model, parallel, layout, placement)
-    layer_scale, edge_scale = activation_scale
-    # The ring position, cp inside dp (mesh order pp, dp, cp, tp): ring attention keeps
-    # more the later a rank's tokens are; without a rank, the last (the busiest).
-    cp_rank = None if rank is None else rank_position(parallel, rank)[1] % parallel.cp
+    cp_rank = _ring_position(parallel, rank)
     acts = [
-        (layers * layer_scale, edge * edge_scale)
+        (layers * activation_scale[0], edge * activation_scale[1])
         for layers, edge in stage_activation_bytes(
             model, training, parallel, hardware, seq=seq, micro_batches=micro_batches,
             placement=placement, cp_rank=cp_rank,
