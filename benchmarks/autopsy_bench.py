@@ -51,8 +51,8 @@ def _allreduces(n: int, ledger: bool) -> str:
     recorder's ledger away for the loop (and gives it back)."""
     return f"""
 import time
-from workbench.engine import flight as _flight
-_rec = _flight._cell["recorder"]
+from workbench.engine.state import engine_state as _engine_state
+_rec = _engine_state().cell_recorder
 _kept = _rec.ledger
 _rec.ledger = _kept if {ledger} else None
 _t = torch.ones(1)

@@ -60,7 +60,6 @@ WRITES_TO_REMOVE: set[str] = {
     "cluster/start_sequence.py::start_engines::engines.spare",
     "cluster/start_sequence.py::start_engines::engines.ssh_dir",
     "cluster/start_sequence.py::start_engines::engines.watch",
-    "engine/live_push.py::cap_receiving::socket.rcvhwm",
     "magics/__init__.py::load_ipython_extension::setattr(ipython)",
     "magics/trace_cmds.py::trace_log::magics.trace_log",
     "nbval/plugin.py::pytest_configure::config.option.nbval_sanitize_with",
@@ -90,8 +89,6 @@ WRITES_TO_REMOVE: set[str] = {
 ROOT_IMPORTS_TO_REMOVE = ["workbench.engine.process_group:162", "workbench.trace.comm_source:15"]
 CIRCLES_TO_BREAK: list[list[str]] = [
     ["workbench.planner.model_spec", "workbench.planner.params", "workbench.planner.specs"],
-    ["workbench.engine.direct_cells", "workbench.engine.rank_debug"],
-    ["workbench.engine.memory_history", "workbench.engine.run_slot"],
     ["workbench.session.elastic_run", "workbench.session.roll_back", "workbench.session.training"],
     ["workbench.ui.stepper", "workbench.ui.stepper_view"],
     [

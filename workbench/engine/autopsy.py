@@ -193,7 +193,7 @@ def answer(content: Mapping[str, Any]) -> dict[str, Any]:
     """The reply to an autopsy request: stacks always, the flight recorder with ``fr``."""
     from workbench.engine.state import engine_state
 
-    assignment = engine_state().get("assignment") or {}
+    assignment = engine_state().assignment or {}
     reply: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "rank": assignment.get("rank")}
     reply.update(stacks(exclude=threading.get_ident()))
     current = flight.ledger()

@@ -94,7 +94,7 @@ def run_script(
 def _run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None:
     import socket
 
-    assignment = engine_state().get("assignment")
+    assignment = engine_state().assignment
     if assignment is None:
         raise RuntimeError("this engine has not joined the cluster's process group")
     if not os.path.isfile(path):
