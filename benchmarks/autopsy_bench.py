@@ -168,7 +168,7 @@ def _ratio(metric: str, on: list[float], off: list[float], label: str, note: str
 
 def run(quick: bool = False) -> BenchResult:
     from workbench.cluster import Cluster
-    from workbench.engine.flight import Ledger
+    from workbench.engine.hang import Ledger
 
     repeats = 2 if quick else 5
     n = 500 if quick else 2000

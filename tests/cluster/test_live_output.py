@@ -161,7 +161,7 @@ def test_the_inbox_takes_only_signed_output_of_a_pending_request_from_its_engine
     from jupyter_client.session import Session
 
     from workbench.cluster.live_inbox import LiveInbox
-    from workbench.engine.live_push import OUTPUT_TYPE
+    from workbench.engine.live_output import OUTPUT_TYPE
     from workbench.engine.wire import json_session
 
     key = b"cluster-key"

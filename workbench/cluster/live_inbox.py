@@ -1,4 +1,4 @@
-"""The kernel's end of a direct cell's progress output (``engine/live_push.py``).
+"""The kernel's end of a direct cell's progress output (``engine/live_output.py``).
 
 One PULL socket, bound to 127.0.0.1 only, opened the first time a cell asks for live
 output. Any local process can connect to it, so every message is checked as the cell
@@ -15,7 +15,7 @@ from typing import Any
 
 import zmq
 
-from workbench.engine.live_push import MAX_MESSAGE_BYTES, OUTPUT_TYPE
+from workbench.engine.live_output import MAX_MESSAGE_BYTES, OUTPUT_TYPE
 from workbench.engine.wire import receiving_socket
 
 __all__ = ["BATCH", "LiveInbox", "capped", "signed_messages"]

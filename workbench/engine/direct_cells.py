@@ -21,7 +21,7 @@ a socket of its own, bound to 127.0.0.1 only:
   so the kernel waits for one message per rank instead of a reply plus an output stream;
 - when the request asks for it (``live``: the kernel's loopback port for progress; a
   notebook's ``%%wb``), what the cell prints is also sent while it runs, on a socket of
-  its own (``live_push.py``), so each rank's output shows as it is printed.
+  its own (``live_output.py``), so each rank's output shows as it is printed.
 
 Not in the reply: what travels only on IOPub, the comm messages of a widget the cell
 creates; such a cell can run through the controller (``%%wb --via-controller``,
@@ -39,7 +39,7 @@ from typing import Any
 
 from workbench.engine.await_cells import execute_cell
 from workbench.engine.hosts import net_space
-from workbench.engine.live_push import LivePusher, LiveText
+from workbench.engine.live_output import LivePusher, LiveText
 from workbench.engine.rank_debug import arm_next_cell
 from workbench.engine.state import engine_state
 from workbench.engine.wire import json_session, receiving_socket
@@ -199,7 +199,7 @@ async def run_captured(
     its outputs captured; the reply content: do_execute's (status, ename, evalue,
     traceback, engine_info) plus stdout, stderr, outputs (display_data contents) and
     execute_result. The socket lives as long as the engine process. With ``live``, the
-    captured text is also sent as it is written (``live_push``)."""
+    captured text is also sent as it is written (``live_output``)."""
     shell = kernel.shell
     code = msg["content"]["code"]
     outputs: list[dict[str, Any]] = []

@@ -13,7 +13,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from workbench.engine import autopsy, cell_fds, control_sever, group_guard, group_sockets
+from workbench.engine import autopsy, cell_fds, group_guard, group_sockets, host_loss
 from workbench.engine.state import engine_state, user_namespace
 
 __all__ = [
@@ -154,7 +154,7 @@ def setup_rank(
 
     Every engine calls this concurrently; ``timeout_s`` bounds the rendezvous so a peer
     that never arrives is an error, not a hang. With ``run_dir`` the engine's status thread
-    (out-of-band in-flight record, see ``flight.py``) writes there.
+    (out-of-band in-flight record, see ``hang.py``) writes there.
     """
     import torch
     import torch.distributed as dist
@@ -182,14 +182,14 @@ def setup_rank(
         device_id=device if device.type == "cuda" else None,
     )
     group_guard.install()  # the user's init_process_group adopts this group from now on
-    control_sever.install()  # a lost host's survivors can be freed while blocked
+    host_loss.install()  # a lost host's survivors can be freed while blocked
     autopsy.install()  # stacks and the flight recorder, read from the control thread
     cell_fds.install()  # C-level output of a cell joins its stdout/stderr (both paths)
     engine_state().join_group(assignment, Clock(offset_ns=clock_offset_ns))
     if run_dir is not None:
-        from workbench.engine import flight
+        from workbench.engine import hang
 
-        flight.start_monitor(run_dir, int(assignment["rank"]))
+        hang.start_monitor(run_dir, int(assignment["rank"]))
     user_namespace().update(
         rank=int(assignment["rank"]),
         world_size=int(assignment["world_size"]),

@@ -55,7 +55,7 @@ def install(
     """
     import torch.distributed as dist
 
-    from workbench.engine import flight
+    from workbench.engine import hang
     from workbench.trace import Recorder
 
     close_run()
@@ -63,13 +63,13 @@ def install(
     rank = dist.get_rank() if dist.is_initialized() else 0
     recorder = Recorder(rank, clock=state.clock)
     if trace:
-        flight.pause_cell_tracer()  # the run's own CommTracer records from here on
+        hang.pause_cell_tracer()  # the run's own CommTracer records from here on
     try:
         train_step = build(recorder)
     except BaseException:
-        flight.resume_cell_tracer()  # no run records: cells are traced again
+        hang.resume_cell_tracer()  # no run records: cells are traced again
         raise
-    flight.watch(recorder)
+    hang.watch(recorder)
     if trace:  # on CUDA, the allocator's own history too (export_memory_snapshot)
         from workbench.engine.memory_history import start_history
 
@@ -104,13 +104,13 @@ def autosave_if_due(train_step: Any) -> tuple[str | None, str | None]:
 
 def close_run() -> None:
     """Close this rank's run, if any, and trace cells again."""
-    from workbench.engine import flight
+    from workbench.engine import hang
 
     train_step = engine_state().take_run()
     if train_step is not None:
-        flight.unwatch(train_step.recorder)
+        hang.unwatch(train_step.recorder)
         train_step.close()
-    flight.resume_cell_tracer()
+    hang.resume_cell_tracer()
 
 
 def drop_run() -> None:

@@ -16,7 +16,7 @@ Two lifetimes, both here:
   the fd capture, the debugger, what user code runs now, the connections the engine had
   before its first group.
 
-The objects of the second kind belong to the module that makes them (``flight``,
+The objects of the second kind belong to the module that makes them (``hang``,
 ``direct_cells``, ...), which imports this one; their fields are typed by the small
 protocols below, so this module imports none of theirs (no import circle).
 
@@ -101,8 +101,8 @@ class EngineState:
     rendezvous_probe: socket.socket | None = None  # rank 0's listening probe
 
     # --- of the process: kept across groups ---
-    status_thread: threading.Thread | None = None  # flight's status-file thread
-    cell_recorder: Recorder | None = None  # flight's recorder of cells' collectives
+    status_thread: threading.Thread | None = None  # hang's status-file thread
+    cell_recorder: Recorder | None = None  # hang's recorder of cells' collectives
     cell_tracer: CommTracer | None = None  # its tracer, while cells are traced
     fence_thread: threading.Thread | None = None  # fence: ends a partitioned engine
     cell_server: CellServer | None = None  # direct_cells: the loopback cell socket
@@ -180,7 +180,7 @@ class EngineState:
         probe, self.rendezvous_probe = self.rendezvous_probe, None
         return probe
 
-    # the cell tracer and status thread (flight)
+    # the cell tracer and status thread (hang)
     def start_status_thread(self, thread: threading.Thread) -> None:
         self.status_thread = thread
 

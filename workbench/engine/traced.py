@@ -29,23 +29,23 @@ def trace_recorder() -> Recorder:
         rank = dist.get_rank() if dist.is_initialized() else 0
         recorder = Recorder(rank, clock=state.clock)
         state.trace_into(recorder)
-        from workbench.engine import flight
+        from workbench.engine import hang
 
-        flight.watch(recorder)  # its in-flight collectives in the status file (hang reports)
+        hang.watch(recorder)  # its in-flight collectives in the status file (hang reports)
     return recorder
 
 
 def _pause() -> None:
-    from workbench.engine import flight
+    from workbench.engine import hang
 
-    flight.pause_cell_tracer()
+    hang.pause_cell_tracer()
 
 
 def _resume() -> None:
-    from workbench.engine import flight
+    from workbench.engine import hang
 
     if engine_state().run is None:  # a traced stepper run records its own
-        flight.resume_cell_tracer()
+        hang.resume_cell_tracer()
 
 
 def traced(

@@ -1,5 +1,5 @@
 """The loopback wire between the kernel and its engines, beside ipyparallel's own: the
-direct cell socket (``direct_cells``), live output (``live_push``) and pdb's prompts
+direct cell socket (``direct_cells``), live output (``live_output``) and pdb's prompts
 (``rank_debug``), with their kernel ends in ``cluster/``.
 
 Both ends make their sessions and receiving sockets here, so the rules hold on every path:

@@ -87,7 +87,7 @@ def read_ledger(run_dir: str | os.PathLike[str], rank: int) -> dict[str, Any] | 
 
 class Ledger:
     """This rank's record of the collectives it issued since its group was created, and in
-    the current cell. One owner (the engine's cell recorder, ``flight.FlightRecorder``)
+    the current cell. One owner (the engine's cell recorder, ``hang.FlightRecorder``)
     calls ``begin`` / ``end`` around each collective and ``new_cell`` as a cell starts."""
 
     def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
