@@ -51,8 +51,8 @@ def _allreduces(n: int, ledger: bool) -> str:
     recorder's ledger away for the loop (and gives it back)."""
     return f"""
 import time
-from workbench.engine import flight as _flight
-_rec = _flight._cell["recorder"]
+from workbench.engine.state import engine_state as _engine_state
+_rec = _engine_state().cell_recorder
 _kept = _rec.ledger
 _rec.ledger = _kept if {ledger} else None
 _t = torch.ones(1)
@@ -168,7 +168,7 @@ def _ratio(metric: str, on: list[float], off: list[float], label: str, note: str
 
 def run(quick: bool = False) -> BenchResult:
     from workbench.cluster import Cluster
-    from workbench.engine.flight import Ledger
+    from workbench.engine.hang import Ledger
 
     repeats = 2 if quick else 5
     n = 500 if quick else 2000

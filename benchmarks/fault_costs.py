@@ -1,6 +1,6 @@
 """Costs of the fault machinery, measured side by side on 2 gloo ranks (ratios, not targets).
 
-- out-of-band status thread (``workbench.engine.flight``): all-reduce latency of a small
+- out-of-band status thread (``workbench.engine.hang``): all-reduce latency of a small
   tensor with the thread off / on (it rewrites the status file whenever the in-flight record
   changed, at most every 50 ms);
 - the engine-level cell tracer (a ``CommTracer`` kept active for ``%%wb`` cells): the same
@@ -44,7 +44,7 @@ def _compute_us() -> float:
 
 
 def _measure(rank: int, world: int) -> dict[str, float]:
-    from workbench.engine import flight
+    from workbench.engine import hang
 
     results: dict[str, list[float]] = {k: [] for k in ("plain", "monitor", "tracer")}
     compute: dict[str, list[float]] = {"plain": [], "tracer": []}
@@ -52,12 +52,12 @@ def _measure(rank: int, world: int) -> dict[str, float]:
     for _ in range(REPEATS):
         results["plain"].append(_allreduce_us(None))
         compute["plain"].append(_compute_us())
-        flight.start_monitor(run_dir, rank)  # thread + cell tracer
+        hang.start_monitor(run_dir, rank)  # thread + cell tracer
         results["tracer"].append(_allreduce_us(None))
         compute["tracer"].append(_compute_us())
-        flight.pause_cell_tracer()  # thread only
+        hang.pause_cell_tracer()  # thread only
         results["monitor"].append(_allreduce_us(None))
-        flight.stop_monitor()
+        hang.stop_monitor()
     med = {f"allreduce_{k}_us": statistics.median(v) for k, v in results.items()}
     med.update({f"op_{k}_us": statistics.median(v) for k, v in compute.items()})
     return med

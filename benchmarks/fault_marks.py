@@ -90,7 +90,7 @@ def _spare_ready(pid: int) -> None:
 
 def _spare_waits(directory: str) -> None:
     """Mark once a spare forked by the engines' forker waits in ``directory``."""
-    from workbench.engine.spare import PID
+    from workbench.engine.standby import PID
 
     while os.path.isdir(directory):
         if os.path.exists(os.path.join(directory, PID)):

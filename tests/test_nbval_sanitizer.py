@@ -250,7 +250,7 @@ def test_pids_and_temp_paths_in_messages(tmp_path: Path) -> None:
 def test_hang_report_keeps_what_matters(tmp_path: Path) -> None:
     import json
 
-    from workbench.engine.flight import status_path
+    from workbench.engine.hang import status_path
 
     def report(nbytes: int) -> str:
         flight = {

@@ -72,13 +72,9 @@ WRITES_TO_REMOVE: set[str] = {
     "cluster/start_sequence.py::start_engines::engines.spare",
     "cluster/start_sequence.py::start_engines::engines.ssh_dir",
     "cluster/start_sequence.py::start_engines::engines.watch",
-    "engine/live_push.py::cap_receiving::socket.rcvhwm",
 }
 ROOT_IMPORTS_TO_REMOVE: list[str] = []
-CIRCLES_TO_BREAK: list[list[str]] = [
-    ["workbench.engine.direct_cells", "workbench.engine.rank_debug"],
-    ["workbench.engine.memory_history", "workbench.engine.run_slot"],
-]
+CIRCLES_TO_BREAK: list[list[str]] = []
 
 
 def _graph() -> dict[str, set[str]]:

@@ -20,7 +20,7 @@ from workbench.cluster.autopsy import (
     judge,
 )
 from workbench.engine.autopsy import format_stack, stacks
-from workbench.engine.flight import Ledger, ledger_path, read_ledger
+from workbench.engine.hang import Ledger, ledger_path, read_ledger
 from workbench.errors import ClusterError, CollectiveTimeout
 
 

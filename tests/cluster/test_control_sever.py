@@ -1,5 +1,5 @@
 """A rank blocked in a collective with a silent peer is freed through its control thread
-(``engine/control_sever.py``), long before the group's timeout: the peer here is alive but
+(``engine/host_loss.py``), long before the group's timeout: the peer here is alive but
 never sends, as a host that went down whole sends nothing."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def _die_in_forward() -> None:
     def forward(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    engine_state()["run"]._forward = forward
+    engine_state().run._forward = forward
 
 
 def _die_while_writing_shards() -> None:
@@ -52,7 +52,7 @@ def _params() -> dict[str, torch.Tensor] | None:
     from workbench.engine.state import engine_state
     from workbench.parallel import full_state_dict
 
-    return full_state_dict(engine_state()["run"])
+    return full_state_dict(engine_state().run)
 
 
 def _losses(session: TrainingSession) -> list[float]:

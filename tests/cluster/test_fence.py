@@ -1,4 +1,4 @@
-"""Self-fencing on real engines (``workbench.engine.fence``), on a local cluster of the
+"""Self-fencing on real engines (``workbench.engine.fencing``), on a local cluster of the
 test's own with the fence started by hand and a short bound: an engine busy in a long cell
 (its main thread held in Python code, or blocked in a collective) is not fenced; once the
 controller stops answering (its processes SIGSTOPped: no heartbeat), every engine ends
@@ -13,7 +13,7 @@ import pytest
 
 from tests.processes import BOUND_S, alive
 from workbench.cluster import Cluster
-from workbench.engine import fence
+from workbench.engine import fencing
 
 pytestmark = pytest.mark.engines
 
@@ -51,8 +51,8 @@ def test_busy_engine_is_not_fenced_and_a_silent_controller_fences_all(
 ) -> None:
     cluster = own_cluster
     pids = [r.pid for r in cluster.ranks]
-    assert [f["fencing"] for f in cluster.run(fence.running)] == [False, False]  # local
-    assert cluster.run(fence.start, AFTER_S) == [True, True]
+    assert [f["fencing"] for f in cluster.run(fencing.running)] == [False, False]  # local
+    assert cluster.run(fencing.start, AFTER_S) == [True, True]
 
     # busy for 4 bounds: the fence thread still hears every ping
     assert cluster.run(_busy, 4 * AFTER_S, ranks=[0], timeout=4 * AFTER_S + BOUND_S) == [
@@ -62,7 +62,7 @@ def test_busy_engine_is_not_fenced_and_a_silent_controller_fences_all(
     # rank 0 blocked in a collective for 4 bounds: not fenced either
     assert cluster.run(_late_all_reduce, 4 * AFTER_S, timeout=4 * AFTER_S + BOUND_S) == [2.0, 2.0]
     assert alive(pids) == pids
-    assert [f["fencing"] for f in cluster.run(fence.running)] == [True, True]
+    assert [f["fencing"] for f in cluster.run(fencing.running)] == [True, True]
 
     # the controller and its processes (the heart monitor is one): stopped, it sends no
     # heartbeat, as a controller the engines' host is cut off from

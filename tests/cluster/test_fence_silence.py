@@ -1,4 +1,4 @@
-"""The fence's decision (``workbench.engine.fence``), without engines: an engine ends itself
+"""The fence's decision (``workbench.engine.fencing``), without engines: an engine ends itself
 only once its controller's pings stop for the whole bound, never while they arrive."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import zmq
 
 from workbench.cluster.fencing import FENCE_AFTER_S, REMOTE_PERIOD_MS, fence_after_s
 from workbench.cluster.start_sequence import REMOTE_HEARTBEAT
-from workbench.engine.fence import Silence, watch
+from workbench.engine.fencing import Silence, watch
 
 BOUND_S = 30.0  # generous: a loaded machine
 

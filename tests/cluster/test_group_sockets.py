@@ -14,12 +14,13 @@ from collections.abc import Iterator
 import pytest
 
 from workbench.engine import group_sockets
+from workbench.engine.state import engine_state
 
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[socket.socket]]:
     """A process with no group joined yet; closes the sockets a test opens."""
-    monkeypatch.setattr(group_sockets, "_before_first_group", None)
+    monkeypatch.setattr(engine_state(), "before_first_group", None)
     monkeypatch.delenv("MASTER_PORT", raising=False)
     opened: list[socket.socket] = []
     yield opened

@@ -161,8 +161,8 @@ def test_the_inbox_takes_only_signed_output_of_a_pending_request_from_its_engine
     from jupyter_client.session import Session
 
     from workbench.cluster.live_inbox import LiveInbox
-    from workbench.engine.direct_cells import json_session
-    from workbench.engine.live_push import OUTPUT_TYPE
+    from workbench.engine.live_output import OUTPUT_TYPE
+    from workbench.engine.wire import json_session
 
     key = b"cluster-key"
     cluster_session = Session(key=key)

@@ -13,7 +13,7 @@ import zmq
 
 from workbench.cluster import Cluster
 from workbench.cluster.live_inbox import BATCH, signed_messages
-from workbench.engine.direct_cells import json_session
+from workbench.engine.wire import json_session
 
 pytestmark = pytest.mark.engines
 

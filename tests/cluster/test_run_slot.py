@@ -18,16 +18,16 @@ pytestmark = pytest.mark.engines
 
 def _failed_traced_build() -> tuple[bool, bool, bool]:
     """(cell tracer on before, on after a traced build raised, a run left installed)."""
-    from workbench.engine import flight, run_slot
+    from workbench.engine import run_slot
     from workbench.engine.state import engine_state
 
     def build(recorder: Any) -> Any:
         raise RuntimeError("injected build failure")
 
-    before = "tracer" in flight._cell
+    before = engine_state().cell_tracer is not None
     with pytest.raises(RuntimeError, match="injected"):
         run_slot.install(build, True, None)
-    return before, "tracer" in flight._cell, engine_state().get(run_slot.RUN) is not None
+    return before, engine_state().cell_tracer is not None, engine_state().run is not None
 
 
 def test_a_traced_build_that_fails_traces_cells_again(cluster: Cluster) -> None:
@@ -44,9 +44,9 @@ def _slot_after_build(spec_fields: dict[str, Any]) -> tuple[int, str | None, boo
     train_run.build_run(spec_fields, {"root": "/nonexistent", "every": 1000})
     installed = run_slot.current_run()
     summary = run_slot.summary(0)
-    autosave = engine_state()[run_slot.AUTOSAVE]
+    autosave = engine_state().autosave
     train_run.close_run()
-    gone = engine_state().get(run_slot.RUN) is None
+    gone = engine_state().run is None
     return installed.step + summary["step"], autosave["root"] if autosave else None, gone
 
 

@@ -1,5 +1,5 @@
 """A local cluster's replacement engine is forked from a spare that the engines' forker
-forked after its engines (cluster/spare_forker.py, engine/spare.py): no second torch import,
+forked after its engines (cluster/spare_forker.py, engine/standby.py): no second torch import,
 a new spare waits after each recovery, and the cluster's stop leaves none of them running."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from tests.processes import BOUND_S, alive
 from workbench.cluster import Cluster, spare_forker
-from workbench.engine.spare import SPARE_FLAG
+from workbench.engine.standby import STANDBY_FLAG
 from workbench.errors import EngineDied
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
@@ -74,7 +74,7 @@ def test_a_replacement_is_forked_from_a_fork_of_the_forker_and_the_stop_ends_eve
         proc = psutil.Process(first)
         # a fork of the engines' forker (its command line), not a process of its own that
         # imported torch again (a second of CPU at least)
-        assert proc.cmdline() == forker.cmdline() and SPARE_FLAG in proc.cmdline()
+        assert proc.cmdline() == forker.cmdline() and STANDBY_FLAG in proc.cmdline()
         times = proc.cpu_times()
         assert times.user + times.system < FORKED_CPU_S
         _replace_rank_1(cluster)

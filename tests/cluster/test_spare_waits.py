@@ -1,4 +1,4 @@
-"""A spare forker (engine/spare.py) on its own, outside a cluster: it waits on its FIFO, a
+"""A spare forker (engine/standby.py) on its own, outside a cluster: it waits on its FIFO, a
 request makes it run as asked, and one nobody takes ends once its kernel has exited or its
 directory is gone (the cluster's stop removes it) -- never left behind."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import BOUND_S, alive
-from workbench.engine.spare import FIFO, PID
+from workbench.engine.standby import FIFO, PID
 from workbench.engine.warm_request import request_line
 
 pytestmark = pytest.mark.engines  # processes of their own
@@ -26,8 +26,8 @@ pytestmark = pytest.mark.engines  # processes of their own
 _FORKER = textwrap.dedent(
     """
     import os, sys, time
-    from workbench.engine import spare
-    taken = spare.fork_spare(sys.argv[1], int(sys.argv[2]))
+    from workbench.engine import standby
+    taken = standby.fork_standby(sys.argv[1], int(sys.argv[2]))
     if taken is not None:
         print("taken", taken, flush=True)
         os._exit(0)

@@ -68,7 +68,7 @@ def _die_in_forward() -> None:
     def forward(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    engine_state()["run"]._forward = forward
+    engine_state().run._forward = forward
 
 
 # ----------------------------------------------------------------- kernel side

@@ -29,7 +29,7 @@ def _slow_forward(seconds: float) -> None:
 
     from workbench.engine.state import engine_state
 
-    run = engine_state()["run"]
+    run = engine_state().run
     original = run._forward
 
     def forward(index: int) -> None:

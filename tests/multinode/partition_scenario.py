@@ -5,7 +5,7 @@ As ``host_loss_scenario.lose_host_and_shrink``, up to the shrink: the uninterrup
 on 4 ranks over wbmn1 + wbmn2, then an elastic run with a checkpoint every 3 steps, the link
 of the last rank's host cut by the test during step 3 (its engines run on), ``HostLost``,
 the shrink to 2 ranks and steps 3..5. Then the test, the link still cut, waits until that
-host's engines ended themselves (``workbench.engine.fence``) and plugs the link back in;
+host's engines ended themselves (``workbench.engine.fencing``) and plugs the link back in;
 this side lets the engines' heartbeat run a few windows with the host back, notes which
 engines the controller and the rank table count, and runs steps 6..8 on the 2 ranks: a
 returning host must not rejoin the re-formed group.

@@ -3,7 +3,7 @@ launcher="ssh", hosts=["wbmn1", "wbmn2"])``, a data-parallel run with ``elastic=
 the link of wbmn2 (the last ranks' host) cut during a step, its engines and sshd left
 running (a network partition, not a power-off). The step raises ``HostLost``; the run
 shrinks to the 2 ranks on wbmn1. With the link still cut, nobody can reach wbmn2: its
-engines must end themselves (``workbench.engine.fence``: no controller heartbeat for 30 s).
+engines must end themselves (``workbench.engine.fencing``: no controller heartbeat for 30 s).
 Then the link comes back; the rank table and the controller count only wbmn1's engines,
 the last steps run on them, and the 9 losses and samples equal the uninterrupted 4-rank
 run's. Nothing is left on any node after stop.

@@ -17,7 +17,7 @@ def die_in_forward() -> None:
     def forward(index: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    engine_state()["run"]._forward = forward
+    engine_state().run._forward = forward
 
 
 def rank0_losses(run: Any) -> list[float]:

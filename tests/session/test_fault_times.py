@@ -69,7 +69,7 @@ def _break_rank1_data() -> None:
     from workbench.engine.state import engine_state
 
     if dist.get_rank() == 1:
-        engine_state()["run"].batches = iter(())
+        engine_state().run.batches = iter(())
 
 
 @pytest.mark.engines

@@ -35,9 +35,9 @@ from typing import Any
 
 from workbench.cluster import hang
 from workbench.cluster.ranks import RankAssignment
-from workbench.engine import flight
+from workbench.engine import hang as engine_hang
 from workbench.engine.autopsy import REQUEST
-from workbench.engine.flight import LedgerState
+from workbench.engine.hang import LedgerState
 
 __all__ = [
     "ASK_S",
@@ -217,7 +217,7 @@ def stacks(client: Any, targets: Sequence[RankAssignment]) -> dict[int, str]:
 
 def read_ledger(run_dir: str | os.PathLike[str] | None, rank: int) -> dict[str, Any] | None:
     """A rank's ledger file (on this host), or None."""
-    return None if run_dir is None else flight.read_ledger(run_dir, rank)
+    return None if run_dir is None else engine_hang.read_ledger(run_dir, rank)
 
 
 # ----------------------------------------------------------------------------- judging

@@ -272,7 +272,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
 
     @property
     def run_dir(self) -> str | None:
-        """Out-of-band status files of the engines (see flight.py) and the watchdog's."""
+        """Out-of-band status files of the engines (see engine/hang.py) and the watchdog's."""
         return self.engines.run_dir
 
     @run_dir.setter

@@ -24,10 +24,10 @@ from workbench.engine.direct_cells import (
     REPLY_TYPE,
     REQUEST_TYPE,
     TARGET,
-    json_session,
     open_if_same_network,
 )
 from workbench.engine.hosts import net_space
+from workbench.engine.wire import json_session
 
 __all__ = ["DirectCells", "DirectReply"]
 

@@ -81,7 +81,7 @@ class EngineSet:
         self.client: ipp.Client | None = None
         self.controller_address: str | None = None
         self.ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
-        # Out-of-band status files of the engines (see flight.py) and the watchdog's pid file.
+        # Out-of-band status files of the engines (see engine/hang.py) and the watchdog's pid file.
         self.run_dir: str | None = None
         # engine id -> its pending facts (engine_info; rendezvous_probe.engine_address), asked
         # for as it registers (start_sequence.py)

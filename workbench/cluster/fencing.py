@@ -1,5 +1,5 @@
 """How long an engine on another host may go without its controller's heartbeat before it
-ends itself (``workbench.engine.fence``), and the heartbeat that bound derives from.
+ends itself (``workbench.engine.fencing``), and the heartbeat that bound derives from.
 
 The controller pings every engine each ``REMOTE_PERIOD_MS`` and declares one dead after
 ``CONTROLLER_MISSES`` unanswered pings (ipyparallel's ``HeartMonitor`` default): 5 s. The

@@ -1,7 +1,7 @@
 """Client side of the out-of-band channel: the hang report of a timed-out cell or step,
 and the message for engines that died or stopped answering.
 
-Reads the per-rank status files the engines' status threads write (see ``flight.py``), so it
+Reads the per-rank status files the engines' status threads write (see ``engine/hang.py``), so it
 works while the engines are blocked and cannot answer ipyparallel. The files are local to
 each engine's host: ranks on other hosts show as "no status" unless ``run_dir`` is shared.
 """
@@ -16,7 +16,7 @@ from workbench.cluster.host_loss import host_lost, mpi_job_ended
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.slurm_nodes import host_answers
-from workbench.engine.flight import status_path
+from workbench.engine.hang import status_path
 from workbench.errors import ClusterError, EngineDied, EngineUnresponsive
 
 __all__ = [

@@ -27,7 +27,7 @@ from typing import Any
 from workbench.cluster.elastic import probe_host
 from workbench.cluster.processes import is_local
 from workbench.cluster.ranks import RankAssignment
-from workbench.engine import control_sever
+from workbench.engine import host_loss as engine_host_loss
 from workbench.errors import EngineDied, HostLost
 
 __all__ = ["HOST_SILENCE_S", "host_lost", "mpi_job_ended", "sever_stuck"]
@@ -88,14 +88,14 @@ def _registered(client: Any, ranks: list[RankAssignment]) -> bool:
 
 def sever_stuck(client: Any, engine_ids: list[int]) -> None:
     """Ask each engine's control thread to cut its group's connections now
-    (``engine/control_sever.py``): a rank blocked in a collective with a silent host fails
+    (``engine/host_loss.py``): a rank blocked in a collective with a silent host fails
     out of it at once instead of at the group's timeout. The replies are not waited for:
     the caller waits for the blocked requests themselves to come back."""
     if not engine_ids:
         return
     try:
         client._send_control_request(
-            targets=engine_ids, msg_type=control_sever.REQUEST, content={}, block=False
+            targets=engine_ids, msg_type=engine_host_loss.REQUEST, content={}, block=False
         )
     except Exception as exc:  # an engine that left meanwhile: the caller's wait decides
         log.debug("asking %s to cut their group connections failed: %r", engine_ids, exc)

@@ -1,4 +1,4 @@
-"""The kernel's end of a direct cell's progress output (``engine/live_push.py``).
+"""The kernel's end of a direct cell's progress output (``engine/live_output.py``).
 
 One PULL socket, bound to 127.0.0.1 only, opened the first time a cell asks for live
 output. Any local process can connect to it, so every message is checked as the cell
@@ -15,7 +15,8 @@ from typing import Any
 
 import zmq
 
-from workbench.engine.live_push import MAX_MESSAGE_BYTES, OUTPUT_TYPE, cap_receiving
+from workbench.engine.live_output import MAX_MESSAGE_BYTES, OUTPUT_TYPE
+from workbench.engine.wire import receiving_socket
 
 __all__ = ["BATCH", "LiveInbox", "capped", "signed_messages"]
 
@@ -35,10 +36,8 @@ class LiveInbox:
     def __init__(self, context: zmq.Context, session: Any, find: Callable[[str], Any]) -> None:
         self.session = session
         self._find = find
-        self.socket = context.socket(zmq.PULL)
-        self.socket.linger = 0
-        cap_receiving(self.socket, MAX_MESSAGE_BYTES, _LIVE_HWM)  # set before bind: applies to
-        self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")  # every connection
+        self.socket = receiving_socket(context, zmq.PULL, MAX_MESSAGE_BYTES, _LIVE_HWM)
+        self.port = self.socket.bind_to_random_port("tcp://127.0.0.1")
 
     def drain(self) -> None:
         """Deliver what arrived, at most ``BATCH`` messages (never waits: the caller's

@@ -6,7 +6,7 @@ before it forked the one engine. A spare started ahead in the warm-start way did
 right after the cluster's start, on the cores the first cells use (a cold start 1.4x
 slower), and a fault soon after the start still waited for it.
 
-Now the engines' forker itself forks the spare after its engines (engine/spare.py): no
+Now the engines' forker itself forks the spare after its engines (engine/standby.py): no
 import, milliseconds. The kernel gives each local cluster it owns a private directory with
 a FIFO (``prepare``, before the engines launch; the launcher passes ``--spare DIR``); the
 replacement's launcher (launch/fork.py) takes the spare that waits there (``take``): it
@@ -37,7 +37,7 @@ import psutil
 from workbench.cluster import warm_start
 from workbench.cluster.launch.warm import adopt
 from workbench.engine import zygote
-from workbench.engine.spare import FIFO, PID, SPARE_FLAG
+from workbench.engine.standby import FIFO, PID, STANDBY_FLAG
 from workbench.engine.warm_request import request_line
 
 __all__ = ["Spare", "end", "launched", "prepare", "spare_args", "take", "waiting_pid"]
@@ -81,7 +81,7 @@ def prepare(launcher: str, owns: bool, parent: str | None = None) -> Spare | Non
 
 def spare_args(directory: str) -> list[str]:
     """The forker's arguments that make it fork a spare into ``directory``."""
-    return [SPARE_FLAG, directory] if directory else []
+    return [STANDBY_FLAG, directory] if directory else []
 
 
 def launched(directory: str, env: Mapping[str, str]) -> None:

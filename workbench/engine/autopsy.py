@@ -4,7 +4,7 @@ Three pieces, none of which needs the engine's main thread (it may be blocked in
 collective, or busy in the user's code):
 
 - a **handler on the control thread** (``REQUEST``): ipykernel serves the control channel on
-  a thread of its own (as ``control_sever`` uses), so the handler reads every thread's
+  a thread of its own (as ``host_loss`` uses), so the handler reads every thread's
   Python stack (``sys._current_frames()``) and torch's flight recorder
   (``_dump_fr_trace_json()``, ~0.2 ms) while the cell goes on. The request travels the
   channel the cluster already has to every engine (through the controller; a remote
@@ -13,7 +13,7 @@ collective, or busy in the user's code):
   before the process group exists (torch 2.13 records gloo as well as NCCL). Its pickled
   dump (``_dump_fr_trace()``) takes seconds to symbolize here, so the JSON one is sent and
   the kernel writes the file ``fr_trace`` reads;
-- the rank's **ledger** of collectives issued (``flight.Ledger``), sent with the stacks.
+- the rank's **ledger** of collectives issued (``hang.Ledger``), sent with the stacks.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
-from workbench.engine import flight
+from workbench.engine import hang
 
 __all__ = [
     "FR_BUFFER_SIZE",
@@ -193,10 +193,10 @@ def answer(content: Mapping[str, Any]) -> dict[str, Any]:
     """The reply to an autopsy request: stacks always, the flight recorder with ``fr``."""
     from workbench.engine.state import engine_state
 
-    assignment = engine_state().get("assignment") or {}
+    assignment = engine_state().assignment or {}
     reply: dict[str, Any] = {"status": "ok", "pid": os.getpid(), "rank": assignment.get("rank")}
     reply.update(stacks(exclude=threading.get_ident()))
-    current = flight.ledger()
+    current = hang.ledger()
     reply["ledger"] = None if current is None else current.record()
     if content.get("fr"):
         reply["fr"] = flight_entries()

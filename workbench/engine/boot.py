@@ -39,7 +39,7 @@ def timed_engine_info(
     when its process began (wall clock, seconds since the epoch) and the seconds spent
     importing torch here (0 when it was already imported); and, in the same round trip,
     the environment the cluster doctor compares across hosts (``doctor_env.py``). With
-    ``fence_after_s`` > 0 (an engine on another host) its fence starts (``fence.py``)."""
+    ``fence_after_s`` > 0 (an engine on another host) its fence starts (``fencing.py``)."""
     import sys
 
     from workbench.engine.doctor_env import environment_facts
@@ -73,9 +73,9 @@ def timed_engine_info(
 
     rank_debug.install()  # breakpoint() stops through the kernel; failed frames are kept
     if fence_after_s > 0:
-        from workbench.engine import fence
+        from workbench.engine import fencing
 
-        info["fencing"] = fence.start(fence_after_s)
+        info["fencing"] = fencing.start(fence_after_s)
     return info
 
 

@@ -32,16 +32,18 @@ import sys
 import threading
 from typing import Any, TextIO
 
+from workbench.engine.state import engine_state
+
 __all__ = ["flush_c_stdio", "install", "installed"]
 
-_CAPTURE: list[FdCapture] = []  # at most one per engine process
 _CHUNK = 65536
 
 
 def install(shell: Any | None = None) -> bool:
     """Capture fds 1 and 2 for every later cell of this engine's shell (idempotent).
     False when there is no IPython shell to hook (the fds are then left alone)."""
-    if _CAPTURE:
+    state = engine_state()
+    if state.fd_capture is not None:
         return True
     if shell is None:
         from IPython import get_ipython
@@ -52,12 +54,12 @@ def install(shell: Any | None = None) -> bool:
     capture = FdCapture()
     shell.events.register("pre_execute", capture.begin_cell)
     shell.events.register("post_execute", capture.end_cell)
-    _CAPTURE.append(capture)
+    state.capture_fds(capture)
     return True
 
 
 def installed() -> bool:
-    return bool(_CAPTURE)
+    return engine_state().fd_capture is not None
 
 
 def _log_fd(fd: int) -> int:

@@ -21,7 +21,7 @@ a socket of its own, bound to 127.0.0.1 only:
   so the kernel waits for one message per rank instead of a reply plus an output stream;
 - when the request asks for it (``live``: the kernel's loopback port for progress; a
   notebook's ``%%wb``), what the cell prints is also sent while it runs, on a socket of
-  its own (``live_push.py``), so each rank's output shows as it is printed.
+  its own (``live_output.py``), so each rank's output shows as it is printed.
 
 Not in the reply: what travels only on IOPub, the comm messages of a widget the cell
 creates; such a cell can run through the controller (``%%wb --via-controller``,
@@ -39,8 +39,10 @@ from typing import Any
 
 from workbench.engine.await_cells import execute_cell
 from workbench.engine.hosts import net_space
-from workbench.engine.live_push import LivePusher, LiveText, cap_receiving
+from workbench.engine.live_output import LivePusher, LiveText
 from workbench.engine.rank_debug import arm_next_cell
+from workbench.engine.state import engine_state
+from workbench.engine.wire import json_session, receiving_socket
 
 __all__ = [
     "MAX_CELL_CHARS",
@@ -48,7 +50,6 @@ __all__ = [
     "REQUEST_TYPE",
     "TARGET",
     "cell_port",
-    "json_session",
     "open_direct_cells",
     "open_if_same_network",
 ]
@@ -66,21 +67,20 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_CELL_CHARS = (MAX_REQUEST_BYTES - 64 * 1024) // 6
 _REQUEST_HWM = 8  # queued requests per connection (the kernel sends one cell at a time)
 
-_SERVER: list[DirectCellServer] = []  # at most one per engine process
-
 
 def open_direct_cells() -> int | None:
     """Open this engine's cell socket on 127.0.0.1 and return its port (runs on the
     engine; opened once, later calls return the same port). None when its kernel cannot
     capture outputs: the kernel then keeps sending cells through the controller. Only
     asked of an engine that shares the kernel's network stack (``hosts.net_space``)."""
-    if _SERVER:
-        return _SERVER[0].port
+    state = engine_state()
+    if state.cell_server is not None:
+        return state.cell_server.port
     kernel = _engine_kernel()
     if kernel is None:
         return None
     server = DirectCellServer(kernel)
-    _SERVER.append(server)
+    state.serve_cells(server)
     return server.port
 
 
@@ -96,21 +96,8 @@ def open_if_same_network(kernel_net_space: str | None) -> int | None:
 def cell_port() -> int | None:
     """This engine's cell socket port, if it opened one (``group_sockets`` keeps the
     kernel's connection to it when a recovery cuts the group's connections)."""
-    return _SERVER[0].port if _SERVER else None
-
-
-def json_session(cluster_session: Any) -> Any:
-    """A session signing with the cluster's key that packs JSON in both directions,
-    whatever the cluster's own packer: nothing on this path is ever unpickled."""
-    from jupyter_client.session import Session
-
-    return Session(
-        key=cluster_session.key,
-        signature_scheme=cluster_session.signature_scheme,
-        packer="json",
-        unpacker="json",
-        username="workbench",
-    )
+    server = engine_state().cell_server
+    return server.port if server is not None else None
 
 
 def _engine_kernel() -> Any:
@@ -147,9 +134,9 @@ class DirectCellServer:
 
         self.kernel = kernel
         self.session = json_session(kernel.session)
-        socket = zmq.Context.instance().socket(zmq.ROUTER)
-        socket.linger = 0
-        cap_receiving(socket, MAX_REQUEST_BYTES, _REQUEST_HWM)
+        socket = receiving_socket(
+            zmq.Context.instance(), zmq.ROUTER, MAX_REQUEST_BYTES, _REQUEST_HWM
+        )
         self.port = socket.bind_to_random_port("tcp://127.0.0.1")
         self.stream = ZMQStream(socket)  # the current (kernel's) event loop: we run on it
         self.stream.on_recv(self._on_recv, copy=True)
@@ -212,7 +199,7 @@ async def run_captured(
     its outputs captured; the reply content: do_execute's (status, ename, evalue,
     traceback, engine_info) plus stdout, stderr, outputs (display_data contents) and
     execute_result. The socket lives as long as the engine process. With ``live``, the
-    captured text is also sent as it is written (``live_push``)."""
+    captured text is also sent as it is written (``live_output``)."""
     shell = kernel.shell
     code = msg["content"]["code"]
     outputs: list[dict[str, Any]] = []

@@ -23,7 +23,7 @@ def _device() -> Any:
 
     from workbench.engine.state import engine_state
 
-    assignment = engine_state().get("assignment") or {}
+    assignment = engine_state().assignment or {}
     return torch.device(assignment.get("device", "cpu"))
 
 

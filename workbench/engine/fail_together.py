@@ -66,7 +66,7 @@ def _drop_group(dist: Any, store: Any) -> None:
     waited in DDP's parameter check until the group's 60 s timeout)."""
     from workbench.engine.process_group import teardown_rank
 
-    engine_state()["failed_store"] = store
+    engine_state().keep_failed_store(store)
     with contextlib.suppress(Exception):
         teardown_rank(sever=True)
 

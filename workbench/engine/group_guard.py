@@ -27,14 +27,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from workbench.engine.state import engine_state
 from workbench.errors import ConfigError
 
 __all__ = ["install", "original", "script_running", "user_code"]
 
 _MARK = "_workbench_adopts"
+# torch's own functions before install() replaced them: a process constant (one torch per
+# process, patched once), so it stays here rather than in the engine state.
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
-# Depth of user code running now: the cell flag (0 or 1) plus nested script runs.
-_DEPTH = {"cell": 0, "script": 0}
 
 
 def original(name: str) -> Callable[..., Any]:
@@ -48,17 +49,18 @@ def original(name: str) -> Callable[..., Any]:
 
 def user_code() -> bool:
     """Whether a ``%%wb`` cell or a script is running on this engine now."""
-    return _DEPTH["cell"] > 0 or _DEPTH["script"] > 0
+    return engine_state().user_code
 
 
 @contextmanager
 def script_running() -> Iterator[None]:
     """Mark a script's run (``script_run``), also when it was not sent as a cell."""
-    _DEPTH["script"] += 1
+    state = engine_state()
+    state.script_begins()
     try:
         yield
     finally:
-        _DEPTH["script"] -= 1
+        state.script_ends()
 
 
 def install() -> None:
@@ -86,17 +88,10 @@ def _follow_cells() -> None:
         return
     if shell is None or getattr(shell, _MARK, False):
         return
-    shell.events.register("pre_execute", _cell_begins)
-    shell.events.register("post_execute", _cell_ends)
+    state = engine_state()
+    shell.events.register("pre_execute", state.cell_begins)
+    shell.events.register("post_execute", state.cell_ends)
     setattr(shell, _MARK, True)
-
-
-def _cell_begins() -> None:
-    _DEPTH["cell"] = 1
-
-
-def _cell_ends() -> None:
-    _DEPTH["cell"] = 0
 
 
 def _adopting_init(*args: Any, **kwargs: Any) -> None:

@@ -27,23 +27,10 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+
+from workbench.engine.state import EngineConnections, engine_state
 
 __all__ = ["remember_engine_connections", "sever_group_connections"]
-
-
-@dataclass(slots=True)
-class _EngineConnections:
-    """What this engine had before its first process group: never cut."""
-
-    inodes: set[int] = field(default_factory=set)
-    remotes: set[tuple[str, int]] = field(default_factory=set)
-    listening: set[int] = field(default_factory=set)  # ports; what they accept is kept
-
-
-# Per engine process (one process = one rank), kept across groups: the engine state dict
-# is cleared by every setup_rank, and what it held before its first group does not change.
-_before_first_group: _EngineConnections | None = None
 
 
 def _inode(fd: int) -> int | None:
@@ -72,7 +59,7 @@ def _listening_ports() -> set[int]:
     return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
 
 
-def _kept_listeners(own: _EngineConnections) -> set[int]:
+def _kept_listeners(own: EngineConnections) -> set[int]:
     """Ports whose accepted connections are never a group's: the listeners this engine had
     before its first group, and its cell socket (opened later on a replacement engine)."""
     from workbench.engine.direct_cells import cell_port
@@ -85,10 +72,10 @@ def remember_engine_connections(store_ports: set[int]) -> None:
     """Before the first ``init_process_group`` of this engine: note what is not the group's
     (leaving out connections to ``store_ports``: peers that already reached rank 0's new
     store). Later calls (re-created groups) keep the first record."""
-    global _before_first_group
-    if _before_first_group is not None:
+    state = engine_state()
+    if state.before_first_group is not None:
         return
-    own = _EngineConnections()
+    own = EngineConnections()
     for fd, local, remote, _status in _tcp_connections():
         if store_ports & {local[1], remote[1]}:
             continue
@@ -97,7 +84,7 @@ def remember_engine_connections(store_ports: set[int]) -> None:
             own.inodes.add(inode)
         own.remotes.add(remote)
     own.listening = _listening_ports() - store_ports
-    _before_first_group = own
+    state.remember_connections(own)
 
 
 def _store_ports() -> set[int]:
@@ -111,7 +98,7 @@ def _store_ports() -> set[int]:
 def sever_group_connections() -> int:
     """Shut down (both directions) every connection of the process group(s) this engine
     joined; returns how many. Nothing before the first group was joined."""
-    own = _before_first_group
+    own = engine_state().before_first_group
     if own is None:
         return 0
     keep_ports = _store_ports()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.engine.run_slot import current_run
+from workbench.engine.state import engine_state
 
 __all__ = ["MAX_ENTRIES", "cuda_snapshot", "snapshot_of", "start_history", "storage_categories"]
 
@@ -53,7 +53,7 @@ def storage_categories(train_step: Any) -> dict[int, str]:
 
 def cuda_snapshot() -> dict[str, Any] | None:
     """This rank's allocator snapshot and storage categories, or None off CUDA."""
-    return snapshot_of(current_run())
+    return snapshot_of(engine_state().current_run())
 
 
 def snapshot_of(train_step: Any) -> dict[str, Any] | None:

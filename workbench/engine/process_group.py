@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from workbench.engine import autopsy, cell_fds, control_sever, group_guard, group_sockets
+from workbench.engine import autopsy, cell_fds, group_guard, group_sockets, host_loss
 from workbench.engine.state import engine_state, user_namespace
 
 __all__ = [
@@ -24,8 +24,8 @@ __all__ = [
     "teardown_rank",
 ]
 
+# The rank's own state (its assignment, clock, run, stores) is in ``engine_state()``.
 LOOPBACK = "127.0.0.1"
-_PENDING_STORE = "pending_store"  # rank 0's store, between open_store and setup_rank
 
 
 def _host_address(host: str) -> str:
@@ -94,7 +94,7 @@ def open_store(bind: str, world_size: int, timeout_s: float) -> int:
         sock.close()
         raise
     sock.detach()  # the store owns the descriptor now and closes it with the group
-    engine_state()[_PENDING_STORE] = store
+    engine_state().keep_pending_store(store)
     return port
 
 
@@ -104,7 +104,7 @@ def _join_store(assignment: dict[str, Any], timeout_s: float) -> Any:
 
     import torch.distributed as dist
 
-    store = engine_state().pop(_PENDING_STORE, None)
+    store = engine_state().take_pending_store()
     if int(assignment["rank"]) == 0:
         if store is None:
             raise RuntimeError("rank 0 has no rendezvous store; open_store must run first")
@@ -155,7 +155,7 @@ def setup_rank(
 
     Every engine calls this concurrently; ``timeout_s`` bounds the rendezvous so a peer
     that never arrives is an error, not a hang. With ``run_dir`` the engine's status thread
-    (out-of-band in-flight record, see ``flight.py``) writes there.
+    (out-of-band in-flight record, see ``hang.py``) writes there.
     """
     import torch
     import torch.distributed as dist
@@ -163,7 +163,7 @@ def setup_rank(
     from workbench.trace import Clock
 
     teardown_rank()  # a re-init (restart, new port) starts from a clean slate
-    pending = engine_state().get(_PENDING_STORE)
+    pending = engine_state().pending_store
     # what this engine had before its first group (the controller) is never cut by recovery
     group_sockets.remember_engine_connections(set() if pending is None else {pending.port})
     _export_rank_environment(assignment)
@@ -182,16 +182,14 @@ def setup_rank(
         device_id=device if device.type == "cuda" else None,
     )
     group_guard.install()  # the user's init_process_group adopts this group from now on
-    control_sever.install()  # a lost host's survivors can be freed while blocked
+    host_loss.install()  # a lost host's survivors can be freed while blocked
     autopsy.install()  # stacks and the flight recorder, read from the control thread
     cell_fds.install()  # C-level output of a cell joins its stdout/stderr (both paths)
-    state = engine_state()
-    state.clear()
-    state.update(assignment=dict(assignment), clock=Clock(offset_ns=clock_offset_ns))
+    engine_state().join_group(assignment, Clock(offset_ns=clock_offset_ns))
     if run_dir is not None:
-        from workbench.engine import flight
+        from workbench.engine import hang
 
-        flight.start_monitor(run_dir, int(assignment["rank"]))
+        hang.start_monitor(run_dir, int(assignment["rank"]))
     user_namespace().update(
         rank=int(assignment["rank"]),
         world_size=int(assignment["world_size"]),
@@ -217,12 +215,12 @@ def teardown_rank(sever: bool = False) -> int:
 
     import torch.distributed as dist
 
-    from workbench.engine.run_slot import RUN, drop_run
+    from workbench.engine.run_slot import drop_run
 
     # A fresh engine (the first setup_rank) has nothing to drop: skip the full collection,
     # which costs 0.1-0.3 s with torch loaded.
     held = dist.is_available() and dist.is_initialized()
-    held = held or engine_state().get(RUN) is not None
+    held = held or engine_state().run is not None
     drop_run()  # a run broken by the failure being recovered from is dropped anyway
     if dist.is_available() and dist.is_initialized():
         # shutdown() ends what a group still runs (NCCL aborts its communicators) even

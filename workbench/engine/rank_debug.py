@@ -64,8 +64,7 @@ _CONNECT_S = 10  # a kernel's debug socket that no TCP connection reaches in thi
 def _rank() -> int:
     from workbench.engine.state import engine_state
 
-    assignment = engine_state().get("assignment") or {}
-    return int(assignment.get("rank", -1))
+    return engine_state().rank
 
 
 def _how_to_debug(rank: int, why: str) -> str:
@@ -85,7 +84,7 @@ class KernelLine:
     def __init__(self, address: str, rank: int) -> None:
         import zmq
 
-        from workbench.engine.direct_cells import json_session
+        from workbench.engine.wire import json_session
 
         kernel = _kernel()
         self.session = json_session(kernel.session)
@@ -262,13 +261,14 @@ class EngineDebug:
         RankPdb(self.line).set_trace(frame)
 
 
-_STATE: list[EngineDebug] = []  # one per engine process, made by install()
-
-
 def debug_state() -> EngineDebug:
-    if not _STATE:
-        _STATE.append(EngineDebug())
-    return _STATE[0]
+    """This engine's debugger (the engine state holds it; made on first use)."""
+    from workbench.engine.state import engine_state
+
+    state = engine_state()
+    if not isinstance(state.debugger, EngineDebug):
+        state.debug_with(EngineDebug())
+    return state.debugger  # type: ignore[return-value]
 
 
 def _kernel() -> Any:

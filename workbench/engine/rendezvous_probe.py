@@ -18,8 +18,6 @@ from workbench.engine.state import engine_state
 
 __all__ = ["close_probe", "engine_address", "open_probe", "reach"]
 
-_PROBE_KEY = "rendezvous_probe"
-
 
 def engine_address(probe: str | None, interface: str | None) -> dict[str, Any]:
     """(On an engine.) The address other hosts reach this engine at, and its pid space.
@@ -57,12 +55,12 @@ def open_probe(address: str) -> int:
     except OSError:
         s.close()
         raise
-    engine_state()[_PROBE_KEY] = s
+    engine_state().open_probe(s)
     return int(s.getsockname()[1])
 
 
 def close_probe() -> None:
-    s = engine_state().pop(_PROBE_KEY, None)
+    s = engine_state().take_probe()
     if s is not None:
         s.close()
 

@@ -4,7 +4,7 @@ A built-in run (``train_run``) and a run of the user's own model (``user_run``) 
 in how the ``TrainStep`` is built; both go through ``install`` here (one set-up: the
 recorder, the cell tracer paused while a traced run records its own, the autosave
 settings, the baseline memory sample) and are then driven by the same functions. The
-run lives in ``engine_state()["run"]``, which tests and recovery read too.
+run lives in ``engine_state().run``, which tests and recovery read too.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.engine.state import engine_state
-from workbench.errors import CheckpointError, ClusterError
+from workbench.errors import CheckpointError
 
 __all__ = [
-    "AUTOSAVE",
-    "RUN",
     "agreed",
     "autosave_if_due",
     "close_run",
@@ -28,20 +26,11 @@ __all__ = [
     "timed_save",
 ]
 
-RUN = "run"
-AUTOSAVE = "autosave"  # {"root": str, "every": int, "keep_last": int | None, "key": bytes}
-
 
 def current_run() -> Any:
     """This rank's training run; a clear error when there is none (a restart or a
     recovery closed it: the session rebuilds it)."""
-    train_step = engine_state().get(RUN)
-    if train_step is None:
-        raise ClusterError(
-            "no training run on this rank (the cluster was restarted or recovered since it "
-            "was built); the stepper rebuilds it on its next call, or call session.build()"
-        )
-    return train_step
+    return engine_state().current_run()
 
 
 def summary(cursor: int, detail_from: int = 0) -> dict[str, Any]:
@@ -71,26 +60,25 @@ def install(
     """
     import torch.distributed as dist
 
-    from workbench.engine import flight
+    from workbench.engine import hang
     from workbench.trace import Recorder
 
     close_run()
     state = engine_state()
     rank = dist.get_rank() if dist.is_initialized() else 0
-    recorder = Recorder(rank, clock=state.get("clock"))
+    recorder = Recorder(rank, clock=state.clock)
     if record is not None:
         from workbench.trace.policy import RecordPolicy
 
         recorder.set_policy(RecordPolicy(**record))
     if trace:
-        flight.pause_cell_tracer()  # the run's own CommTracer records from here on
+        hang.pause_cell_tracer()  # the run's own CommTracer records from here on
     try:
         train_step = build(recorder)
     except BaseException:
-        flight.resume_cell_tracer()  # no run records: cells are traced again
+        hang.resume_cell_tracer()  # no run records: cells are traced again
         raise
-    flight.watch(recorder)
-    state[AUTOSAVE] = dict(autosave) if autosave else None
+    hang.watch(recorder)
     if trace:  # on CUDA, the allocator's own history too (export_memory_snapshot)
         from workbench.engine.memory_history import start_history
 
@@ -98,7 +86,7 @@ def install(
     if trace and train_step.memory_tracer is not None:
         # A baseline sample before the first phase: the model and optimizer at rest.
         train_step.memory_tracer.sample(label="start")
-    state[RUN] = train_step
+    state.install_run(train_step, autosave)
     return {"phases": train_step.phases, **summary(0)}
 
 
@@ -111,7 +99,7 @@ def autosave_if_due(train_step: Any) -> tuple[str | None, str | None]:
     """Checkpoint when a step just finished and autosave asks for this step; returns
     (path, None), or (None, error) for a failed save every rank agreed on (the run itself
     is fine)."""
-    cfg = engine_state().get(AUTOSAVE)
+    cfg = engine_state().autosave
     if not cfg or not train_step.at_step_boundary or train_step.step % int(cfg["every"]):
         return None, None
     try:
@@ -125,13 +113,13 @@ def autosave_if_due(train_step: Any) -> tuple[str | None, str | None]:
 
 def close_run() -> None:
     """Close this rank's run, if any, and trace cells again."""
-    from workbench.engine import flight
+    from workbench.engine import hang
 
-    train_step = engine_state().pop(RUN, None)
+    train_step = engine_state().take_run()
     if train_step is not None:
-        flight.unwatch(train_step.recorder)
+        hang.unwatch(train_step.recorder)
         train_step.close()
-    flight.resume_cell_tracer()
+    hang.resume_cell_tracer()
 
 
 def drop_run() -> None:
@@ -139,7 +127,7 @@ def drop_run() -> None:
     try:
         close_run()
     except Exception:
-        engine_state().pop(RUN, None)
+        engine_state().take_run()
 
 
 def timed_save(train_step: Any, root: str, keep_last: int | None, key: bytes | None) -> Any:

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from workbench.engine import flight, group_guard
+from workbench.engine import group_guard, hang
 from workbench.engine.cell_fds import flush_c_stdio
 from workbench.engine.state import engine_state
 
@@ -94,7 +94,7 @@ def run_script(
 def _run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> None:
     import socket
 
-    assignment = engine_state().get("assignment")
+    assignment = engine_state().assignment
     if assignment is None:
         raise RuntimeError("this engine has not joined the cluster's process group")
     if not os.path.isfile(path):
@@ -103,7 +103,7 @@ def _run_script(path: str, args: list[str], cwd: str | None, run_id: str) -> Non
             f"(rank {assignment['rank']}); the engines read it from their own file system"
         )
     group_guard.install()
-    current = flight.ledger()
+    current = hang.ledger()
     if current is not None:  # the script's collectives are counted as a cell's (autopsy)
         current.new_cell()
     folder = os.path.dirname(path)

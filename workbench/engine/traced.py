@@ -4,15 +4,14 @@ pulls by cursor (as the stepper pulls a run's events).
 ``traced(model, optimizer)`` in a ``%%wb`` cell records into this engine's trace recorder;
 while it is active the engine's always-on cell tracer is paused, so no collective is
 counted twice. ``begin_cell`` / ``end_cell`` make a whole cell one span (``%wb trace on``).
-Works in a plain process too (tests, torchrun): the state then lives in this module's
-fallback namespace.
+Works in a plain process too (tests, torchrun): the recorder and the traced cell live in
+the process's ``engine_state()`` as on an engine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from workbench.engine.run_slot import RUN
 from workbench.engine.state import engine_state
 from workbench.trace.policy import DEFAULT_POLICY
 from workbench.trace.recorder import Recorder
@@ -28,41 +27,37 @@ __all__ = [
     "traced",
 ]
 
-_KEY = "trace_recorder"
-_CELL = "trace_cell"
-_POLICY = "trace_policy"  # the last wb.traced(record=...), for the kernel's next pull
-
 
 def trace_recorder() -> Recorder:
     """This rank's trace recorder (made on first use)."""
     state = engine_state()
-    recorder = state.get(_KEY)
+    recorder = state.trace_recorder
     if recorder is None:
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_initialized() else 0
-        recorder = Recorder(rank, clock=state.get("clock"))
+        recorder = Recorder(rank, clock=state.clock)
         # Bounded in one long cell too: steps past the policy's recent window leave as
         # summary rows, and the recorder holds at most its cap (counted) until a pull.
         recorder.set_policy(DEFAULT_POLICY)
-        state[_KEY] = recorder
-        from workbench.engine import flight
+        state.trace_into(recorder)
+        from workbench.engine import hang
 
-        flight.watch(recorder)  # its in-flight collectives in the status file (hang reports)
-    return recorder  # type: ignore[no-any-return]
+        hang.watch(recorder)  # its in-flight collectives in the status file (hang reports)
+    return recorder
 
 
 def _pause() -> None:
-    from workbench.engine import flight
+    from workbench.engine import hang
 
-    flight.pause_cell_tracer()
+    hang.pause_cell_tracer()
 
 
 def _resume() -> None:
-    from workbench.engine import flight
+    from workbench.engine import hang
 
-    if engine_state().get(RUN) is None:  # a traced stepper run records its own
-        flight.resume_cell_tracer()
+    if engine_state().run is None:  # a traced stepper run records its own
+        hang.resume_cell_tracer()
 
 
 def traced(
@@ -91,14 +86,14 @@ def traced(
 
         policy = record_policy(record)
         trace_recorder().set_policy(policy)
-        engine_state()[_POLICY] = asdict(policy)
+        engine_state().keep_trace_policy(asdict(policy))
     if seed is not None:
         from workbench import validate
         from workbench.parallel.seeding import MAX_SEED, seed_everything
 
         validate.integer("seed", seed, minimum=0, maximum=MAX_SEED)
         seed_everything(seed)
-    cell = engine_state().get(_CELL)
+    cell = engine_state().trace_cell
     own_comm = cell is None  # inside a traced cell, the cell's CommTracer already records
     return Traced(
         model,
@@ -119,16 +114,16 @@ def begin_cell(label: str = "cell") -> None:
     block = Traced(
         recorder=trace_recorder(), name=label, on_enter=_pause, on_exit=_resume
     ).__enter__()
-    engine_state()[_CELL] = block
+    engine_state().begin_trace_cell(block)
 
 
 def current_cell() -> Traced | None:
     """The traced span of the cell (or script run) now running, if any."""
-    return engine_state().get(_CELL)  # type: ignore[no-any-return]
+    return engine_state().trace_cell
 
 
 def end_cell() -> None:
-    block = engine_state().pop(_CELL, None)
+    block = engine_state().take_trace_cell()
     if block is not None:
         block.__exit__(None, None, None)
 
@@ -136,7 +131,7 @@ def end_cell() -> None:
 def pull_trace(cursor: int) -> dict[str, Any]:
     """Trace events recorded since ``cursor`` as plain records, summary rows of the steps
     that left without their detail, the new cursor and the recorder's overflow count."""
-    return {**trace_recorder().pull(cursor), "policy": engine_state().pop(_POLICY, None)}
+    return {**trace_recorder().pull(cursor), "policy": engine_state().take_trace_policy()}
 
 
 def set_trace_policy(fields: dict[str, Any]) -> None:

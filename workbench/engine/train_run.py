@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 from workbench.engine.fail_together import fail_together
 from workbench.engine.run_slot import (
-    RUN,
     agreed,
     autosave_if_due,
     close_run,
@@ -71,7 +70,7 @@ def _build_run(
 def together(fn: Callable[..., T], *args: Any) -> T:
     """``fail_together`` for a run on every rank; a plain call for a ``single`` run, which
     lives on one rank: no peer waits for it, so a failure must not close the group."""
-    if getattr(engine_state().get(RUN), "strategy", None) == "single":
+    if getattr(engine_state().run, "strategy", None) == "single":
         return fn(*args)
     return fail_together(fn, *args)
 
@@ -182,7 +181,7 @@ def describe_run() -> dict[str, Any] | None:
     """This rank's run as a new kernel's stepper takes it up (``Stepper.attach``): its
     ``RunSpec`` fields (None for a run of the user's own model), its phases, where it stands
     and the events its recorder still holds (not yet acknowledged); None when it holds none."""
-    train_step = engine_state().get(RUN)
+    train_step = engine_state().run
     if train_step is None:
         return None
     spec = getattr(train_step, "spec", None)

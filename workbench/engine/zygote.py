@@ -19,9 +19,9 @@ environment, working directory and output file (engine/warm_request.py), which t
 writes when ``%wb start`` launches the engines. End of input before a request (the kernel
 ended or gave it up) ends it.
 
-With ``--spare DIR`` first (``zygote.py [--warm] [--spare DIR] N ...``), it forks a spare
+With ``--standby DIR`` first (``zygote.py [--warm] [--standby DIR] N ...``), it forks a standby
 forker right after its engines, which a replacement engine's launcher takes
-(engine/spare.py).
+(engine/standby.py).
 
 This process stays until every engine it forked has exited (reaping them; exiting with the
 first non-zero status), and passes SIGTERM, SIGINT and SIGHUP on to them: to ipyparallel it
@@ -35,7 +35,7 @@ import signal
 import sys
 import time
 
-from workbench.engine import spare
+from workbench.engine import standby
 from workbench.engine.boot import FORKED_ENV, STARTED_ENV
 from workbench.engine.warm_request import await_request
 
@@ -131,19 +131,19 @@ def _reap(children: set[int]) -> int:
 
 def main() -> None:
     started = time.time()
-    owner = os.getppid()  # the kernel: a spare not taken ends once it has gone
+    owner = os.getppid()  # the kernel: a standby not taken ends once it has gone
     argv = sys.argv[1:]
     warm = argv[:1] == [WARM_FLAG]
     _preload()
     if warm:
         argv = await_request()
     while True:
-        spare_dir, argv = spare.split_args(argv)
+        standby_dir, argv = standby.split_args(argv)
         children = _fork_engines(started, argv)
-        taken = spare.fork_spare(spare_dir, owner) if spare_dir else None
+        taken = standby.fork_standby(standby_dir, owner) if standby_dir else None
         if taken is None:
             break
-        # This process is the spare, now a replacement's forker: fork as it asks.
+        # This process is the standby, now a replacement's forker: fork as it asks.
         argv, started = taken, time.time()
     sys.exit(_reap(children))
 

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.engine.state import engine_state
+
 __all__ = [
     "THREAD_NAME",
     "Silence",
@@ -44,7 +46,6 @@ __all__ = [
 
 THREAD_NAME = "workbench-fence"
 _POLL_MS = 250  # how often the thread looks at the clock when no ping comes
-_started: list[threading.Thread] = []  # this process's fence thread (one at most)
 
 
 @dataclass(slots=True)
@@ -162,7 +163,7 @@ def _read_queued(sub: Any) -> None:
 def start(after_s: float, on_expiry: Callable[[], None] = end_engine) -> bool:
     """On an engine: start the fence thread (once per process). False where it cannot
     watch (not an engine, ssh-tunnelled) or ``after_s`` is not positive."""
-    if any(t.is_alive() for t in _started):
+    if _fencing():
         return True
     if after_s <= 0:
         return False
@@ -178,10 +179,15 @@ def start(after_s: float, on_expiry: Callable[[], None] = end_engine) -> bool:
         daemon=True,
     )
     thread.start()
-    _started[:] = [thread]
+    engine_state().start_fence(thread)
     return True
+
+
+def _fencing() -> bool:
+    thread = engine_state().fence_thread
+    return thread is not None and thread.is_alive()
 
 
 def running() -> dict[str, Any]:
     """Whether this engine's fence thread runs (for tests and the doctor)."""
-    return {"pid": os.getpid(), "fencing": any(t.is_alive() for t in _started)}
+    return {"pid": os.getpid(), "fencing": _fencing()}

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["MAX_MESSAGE_BYTES", "OUTPUT_TYPE", "LivePusher", "LiveText", "cap_receiving"]
+__all__ = ["MAX_MESSAGE_BYTES", "OUTPUT_TYPE", "LivePusher", "LiveText"]
 
 OUTPUT_TYPE = "wb_cell_output"
 _INTERVAL_S = 0.1
@@ -31,17 +31,6 @@ _MAX_CHARS = 256 * 1024  # per stream and message; the rest is counted, not sent
 # The largest frame a real progress message has: its text JSON-escaped (at most 6 bytes a
 # character, ``\u001b``) plus headers. The kernel's inbox drops larger frames unread.
 MAX_MESSAGE_BYTES = 6 * _MAX_CHARS + 64 * 1024
-
-
-def cap_receiving(socket: Any, max_bytes: int, hwm: int) -> None:
-    """Bound what any connection can make this process hold for ``socket``: a frame over
-    ``max_bytes`` makes zmq drop the connection unread (``MAXMSGSIZE``), and at most
-    ``hwm`` messages per connection wait in its queue (``RCVHWM``: zmq stops reading
-    that peer, TCP pushes back)."""
-    import zmq
-
-    socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)
-    socket.rcvhwm = hwm
 
 
 class LiveText(io.StringIO):

@@ -1,19 +1,19 @@
-"""A spare forker: a fork of a local cluster's engine forker, past its imports, waiting to
+"""A standby forker: a fork of a local cluster's engine forker, past its imports, waiting to
 become the forker of a replacement engine (issue 31).
 
 A replacement engine's start used to import torch again in a new forking process (~1.8 s
-of a recovery on a 2-core machine), or waited for a spare started after the cluster's start
+of a recovery on a 2-core machine), or waited for a standby started after the cluster's start
 to finish that import, on the cores the first cells use (a cold start 1.4x slower). Here
-the forker (engine/zygote.py, run with ``--spare DIR``) forks the spare right after its
+the forker (engine/zygote.py, run with ``--standby DIR``) forks the standby right after its
 engines: a copy of a process that has imported everything, made in milliseconds, sharing
 its memory until written.
 
 ``DIR`` is a private directory the kernel made (cluster/spare_forker.py) holding a FIFO
-(``FIFO``). The spare is the forker's child but not one of its engines (the forker passes
+(``FIFO``). The standby is the forker's child but not one of its engines (the forker passes
 signals to its engines only, and exits once they have); it starts a session of its own,
 opens the FIFO, writes its pid (``PID``) and waits for one request line
 (engine/warm_request.py) from the launcher of a replacement engine. The request makes it a
-forker with ``--spare DIR`` again, so it forks the next spare after its engine. Without a
+forker with ``--standby DIR`` again, so it forks the next standby after its engine. Without a
 request it ends once the kernel that started the cluster has exited or ``DIR`` is gone
 (the cluster's stop removes it), looked at every ``CHECK_S``. Standard library only.
 """
@@ -27,26 +27,26 @@ import signal
 
 from workbench.engine.warm_request import apply_request
 
-__all__ = ["CHECK_S", "FIFO", "PID", "SPARE_FLAG", "fork_spare", "split_args"]
+__all__ = ["CHECK_S", "FIFO", "PID", "STANDBY_FLAG", "fork_standby", "split_args"]
 
-SPARE_FLAG = "--spare"
+STANDBY_FLAG = "--standby"
 FIFO = "request.fifo"
-PID = "spare.pid"
-CHECK_S = 0.5  # how often a waiting spare looks whether its kernel and directory remain
+PID = "standby.pid"
+CHECK_S = 0.5  # how often a waiting standby looks whether its kernel and directory remain
 _DEFAULT = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # the forker passes these on
 
 
 def split_args(argv: list[str]) -> tuple[str | None, list[str]]:
-    """``[--spare DIR] N ARGS...`` -> (DIR or None, ``[N, ARGS...]``)."""
-    if argv[:1] == [SPARE_FLAG] and len(argv) >= 2:
+    """``[--standby DIR] N ARGS...`` -> (DIR or None, ``[N, ARGS...]``)."""
+    if argv[:1] == [STANDBY_FLAG] and len(argv) >= 2:
         return argv[1], argv[2:]
     return None, argv
 
 
-def fork_spare(directory: str, owner: int) -> list[str] | None:
-    """In the forker, after its engines: fork the spare. Returns None in the forker; in the
-    spare, once a launcher took it, the request's arguments (it then forks as asked). A
-    spare that is not taken exits here."""
+def fork_standby(directory: str, owner: int) -> list[str] | None:
+    """In the forker, after its engines: fork the standby. Returns None in the forker; in the
+    standby, once a launcher took it, the request's arguments (it then forks as asked). A
+    standby that is not taken exits here."""
     if os.fork():
         return None
     try:
@@ -73,7 +73,7 @@ def _wanted(directory: str, owner: int) -> bool:
 
 
 def _await_line(directory: str, owner: int) -> str | None:
-    """Open the FIFO, say where this spare is, and read one request line (None: not taken)."""
+    """Open the FIFO, say where this standby is, and read one request line (None: not taken)."""
     path = os.path.join(directory, FIFO)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no writer needed to open
     try:

@@ -31,6 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from workbench.engine.state import engine_state
 from workbench.trace.events import Event
 from workbench.trace.recorder import Recorder
 
@@ -86,7 +87,7 @@ def read_ledger(run_dir: str | os.PathLike[str], rank: int) -> dict[str, Any] | 
 
 class Ledger:
     """This rank's record of the collectives it issued since its group was created, and in
-    the current cell. One owner (the engine's cell recorder, ``flight.FlightRecorder``)
+    the current cell. One owner (the engine's cell recorder, ``hang.FlightRecorder``)
     calls ``begin`` / ``end`` around each collective and ``new_cell`` as a cell starts."""
 
     def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
@@ -241,6 +242,10 @@ class _Monitor(threading.Thread):
         self.lock = threading.Lock()
         self.last = ""
 
+    def retarget(self, run_dir: str, rank: int) -> None:
+        """A new group's run directory and rank (the thread lives as long as the engine)."""
+        self.run_dir, self.rank, self.last = run_dir, rank, ""
+
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             recorders = [r for ref in self.recorders if (r := ref()) is not None]
@@ -281,24 +286,27 @@ class _Monitor(threading.Thread):
                 continue
 
 
-_monitor: list[_Monitor] = []
-_cell: dict[str, Any] = {}  # "recorder", "tracer" of this engine
+def _monitor() -> _Monitor | None:
+    """This engine's status thread (the engine state holds it), if one was started."""
+    monitor = engine_state().status_thread
+    return monitor if isinstance(monitor, _Monitor) else None
 
 
 def start_monitor(run_dir: str, rank: int) -> None:
     """Start (or retarget) this engine's status thread and its cell tracer."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    if _monitor and _monitor[0].is_alive():
-        monitor = _monitor[0]
-        monitor.run_dir, monitor.rank, monitor.last = run_dir, rank, ""
+    state = engine_state()
+    monitor = _monitor()
+    if monitor is not None and monitor.is_alive():
+        monitor.retarget(run_dir, rank)
     else:
         monitor = _Monitor(run_dir, rank)
-        _monitor[:] = [monitor]
+        state.start_status_thread(monitor)
         monitor.start()
-    recorder = _cell.get("recorder")
-    if recorder is None:
+    recorder = state.cell_recorder
+    if not isinstance(recorder, FlightRecorder):
         recorder = FlightRecorder(rank)
-        _cell["recorder"] = recorder
+        state.record_cells(recorder)
         watch(recorder)
         _count_cells()
     recorder.keep_ledger(run_dir, rank)
@@ -307,7 +315,7 @@ def start_monitor(run_dir: str, rank: int) -> None:
 
 def ledger() -> Ledger | None:
     """This rank's ledger of collectives (None before its first group with a run dir)."""
-    recorder = _cell.get("recorder")
+    recorder = engine_state().cell_recorder
     return recorder.ledger if isinstance(recorder, FlightRecorder) else None
 
 
@@ -338,16 +346,16 @@ def stop_monitor() -> None:
     from workbench.trace.intercept import release
 
     release()
-    if _monitor:
-        _monitor[0].stopped.set()
-        _monitor.clear()
+    monitor = engine_state().stop_status_thread()
+    if isinstance(monitor, _Monitor):
+        monitor.stopped.set()
 
 
 def watch(recorder: Recorder) -> None:
     """Include ``recorder`` (a training run's) in this engine's status file."""
-    if not _monitor:
+    monitor = _monitor()
+    if monitor is None:
         return
-    monitor = _monitor[0]
     with monitor.lock:
         monitor.recorders = [ref for ref in monitor.recorders if ref() is not None]
         if all(ref() is not recorder for ref in monitor.recorders):
@@ -355,9 +363,9 @@ def watch(recorder: Recorder) -> None:
 
 
 def unwatch(recorder: Recorder) -> None:
-    if not _monitor:
+    monitor = _monitor()
+    if monitor is None:
         return
-    monitor = _monitor[0]
     with monitor.lock:
         monitor.recorders = [
             ref for ref in monitor.recorders if ref() is not None and ref() is not recorder
@@ -366,7 +374,9 @@ def unwatch(recorder: Recorder) -> None:
 
 def pause_cell_tracer() -> None:
     """Stop the cell tracer (a traced training run records its own collectives)."""
-    tracer = _cell.pop("tracer", None)
+    state = engine_state()
+    tracer = state.cell_tracer
+    state.trace_cells(None)
     current = ledger()
     if current is not None:  # what it counted is not this run's: say so (autopsy)
         current.untracked()
@@ -374,15 +384,16 @@ def pause_cell_tracer() -> None:
         try:
             tracer.stop()
         except Exception:  # another dispatch mode on top: leave it rather than fail
-            _cell["tracer"] = tracer
+            state.trace_cells(tracer)
 
 
 def resume_cell_tracer() -> None:
-    recorder = _cell.get("recorder")
-    if recorder is None or "tracer" in _cell:
+    state = engine_state()
+    recorder = state.cell_recorder
+    if recorder is None or state.cell_tracer is not None:
         return
     if isinstance(recorder, FlightRecorder) and recorder.ledger is not None:
         recorder.ledger.tracked()
     from workbench.trace.comm import CommTracer
 
-    _cell["tracer"] = CommTracer(recorder).start()
+    state.trace_cells(CommTracer(recorder).start())
