@@ -91,7 +91,7 @@ test-system-python: $(SYSTEM_STAMP) state
 
 # The unit tier: no engines, ranks or subprocesses (tests/conftest.py enforces it), < 1 min.
 test-fast: $(STAMP) state
-	WB_TEST_TIER=unit $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not engines and not browser and not slow" tests
+	WB_TEST_TIER=unit $(PY) -m pytest -q -p no:cacheprovider -m "not engines and not browser and not slow" tests
 
 lint: $(STAMP)
 	$(PY) -m ruff check workbench tests benchmarks notebooks/build.py
