@@ -187,12 +187,11 @@ def install() -> None:
     fail_wait.Seen.look = seen_look  # type: ignore[method-assign]
     _UNDO.append(lambda: setattr(fail_wait.Seen, "look", look))
     from workbench.cluster import cluster as cluster_module
-    from workbench.cluster.engines import EngineSet
     from workbench.magics import cluster_cmds
 
     _wrap(Cluster, "recover_sync", "recover_sync: called", "recover_sync: returned")
     _wrap(cluster_cmds, "_session_on", "magic: session looked up", "magic: session found")
-    _wrap(EngineSet, "check_controller", "check_controller: start", "check_controller: end")
+    _wrap(Cluster, "check_controller", "check_controller: start", "check_controller: end")
     _wrap(shell_of(), "showtraceback", "ipython: traceback start", "ipython: traceback shown")
     _wrap_async(cluster_module, "recover_engines", "recover")
     for name, label in {

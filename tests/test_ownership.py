@@ -35,7 +35,6 @@ WRITES_TO_REMOVE: set[str] = {
     "cluster/recovery.py::_drop::report.dropped",
     "cluster/recovery.py::_drop::report.renumbered",
     "cluster/recovery.py::_free_stuck::report.freed",
-    "cluster/recovery.py::regroup::engines.state",
     "cluster/registration.py::engine_infos::engines.launch_hosts",
     "cluster/registration.py::new_engines::engines.environment",
     "cluster/registration.py::wait_for_engines::engines.address_futures",

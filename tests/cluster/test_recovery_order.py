@@ -11,15 +11,18 @@ from typing import Any
 import pytest
 
 from workbench.cluster import recovery
+from workbench.cluster.state import ClusterState, StateLink
 
 
 def _fake_engines() -> Any:
     return SimpleNamespace(
-        check_controller=lambda: None,
-        state="degraded",
         client_unchecked=lambda: SimpleNamespace(ids=[0, 2]),
         config=SimpleNamespace(launcher="local"),
     )
+
+
+def _degraded() -> StateLink:
+    return StateLink(lambda: ClusterState.DEGRADED, lambda: None, lambda: None)
 
 
 def _ranks() -> Any:
@@ -56,6 +59,6 @@ def test_replacement_starts_while_stuck_ranks_are_freed(monkeypatch: pytest.Monk
     monkeypatch.setattr(recovery, "regroup", nothing)
     monkeypatch.setattr(recovery, "local_state", lambda host, pid: None)
 
-    report = asyncio.run(recovery.recover(_fake_engines(), _ranks(), ({}, set())))
+    report = asyncio.run(recovery.recover(_fake_engines(), _ranks(), ({}, set()), _degraded()))
     assert events == ["free [1]", "replace [1]", "freed", "replace [2]"]
     assert report.killed == [2] and sorted(report.replaced) == [1, 2]

@@ -10,6 +10,7 @@ import pytest
 
 from workbench.cluster import Cluster
 from workbench.cluster.ranks import RankAssignment
+from workbench.cluster.state import ClusterState
 from workbench.errors import EngineDied
 
 
@@ -36,7 +37,7 @@ def test_engine_gone_between_check_and_request_is_engine_died() -> None:
     cluster = Cluster(n=2)
     cluster.engines.client = _Client()
     cluster.ranks = [_rank(0), _rank(1)]
-    cluster.state = "running"
+    cluster._set_state(ClusterState.RUNNING)
     try:
         cluster.view(0)  # a live engine: its view
         with pytest.raises(EngineDied) as info:
@@ -47,4 +48,4 @@ def test_engine_gone_between_check_and_request_is_engine_died() -> None:
     finally:
         cluster.engines.client = None
         cluster.ranks = []
-        cluster.state = "stopped"
+        cluster._set_state(ClusterState.STOPPED)

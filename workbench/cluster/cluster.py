@@ -42,6 +42,7 @@ from workbench.cluster.recovery import recover as recover_engines
 from workbench.cluster.scripts import ScriptRuns
 from workbench.cluster.shutdown import shutdown
 from workbench.cluster.startup import StartupProfile
+from workbench.cluster.state import CURRENT, LIVE, ClusterState, StateLink, checked_move
 from workbench.config import ClusterConfig
 from workbench.errors import ClusterError
 
@@ -155,7 +156,9 @@ class Cluster(ScriptRuns, ClusterDoctor):
         # running code on them, their views, cell sockets and blocked ranks (RankDispatch).
         self.engines = EngineSet(self.config, self.launcher_options, self.check_packages, keep_as)
         self._ranks: list[RankAssignment] = []
-        self.dispatch = RankDispatch(self.engines, self._ranks)
+        self._state = ClusterState.STOPPED  # written here only: _set_state (state.py)
+        self._link = StateLink(lambda: self._state, self.check_controller, self._degrade)
+        self.dispatch = RankDispatch(self.engines, self._ranks, self._link)
         # Set when a failing rank closed the process group on every rank (a session's
         # fail-together operation); the next session build re-creates it (recover()).
         self.group_closed = False
@@ -170,7 +173,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
         current: ``Cluster.current()``, ``%wb`` and ``%%wb`` all read it."""
         for ref in reversed(_current):
             cluster = ref()
-            if cluster is not None and cluster.state in ("running", "degraded", "broken"):
+            if cluster is not None and cluster.state in CURRENT:
                 return cluster
         return None
 
@@ -178,7 +181,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     def current(cls) -> Cluster:
         """The most recently started cluster that is still running (e.g. by ``%wb start``)."""
         cluster = cls.latest()
-        if cluster is not None and cluster.state == "broken":
+        if cluster is not None and cluster.state == ClusterState.BROKEN:
             raise cluster.controller_died()
         if cluster is None:
             raise ClusterError(
@@ -197,7 +200,11 @@ class Cluster(ScriptRuns, ClusterDoctor):
         kept = KeptClusters().take(name)
         for ref in _current:  # already attached (or started) in this kernel
             cluster = ref()
-            if cluster is not None and cluster.kept == kept.name and cluster.state != "stopped":
+            if (
+                cluster is not None
+                and cluster.kept == kept.name
+                and cluster.state != ClusterState.STOPPED
+            ):
                 return cluster
         config = dict(kept.data["config"])
         options = config.pop("launcher_options")
@@ -225,7 +232,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
             self.engines.adopt(kept, client, self._ranks)
             # an engine that died while no kernel held the cluster: `%wb restart`
             lost = [r.rank for r in self.ranks if r.engine_id not in client.ids]
-            self.state = "degraded" if lost else "running"
+            self._set_state(ClusterState.DEGRADED if lost else ClusterState.RUNNING)
             _live.add(self)
             _current[:] = [r for r in _current if r() not in (None, self)] + [weakref.ref(self)]
             return self
@@ -249,18 +256,29 @@ class Cluster(ScriptRuns, ClusterDoctor):
             self.dispatch.forget()
             self.engines.release()
             self._ranks.clear()
+            self._set_state(ClusterState.STOPPED)
             _live.discard(self)
 
     # ----------------------------------------------------------------- state
     @property
-    def state(self) -> str:
+    def state(self) -> ClusterState:
         """``stopped``, ``starting``, ``running``, ``degraded`` (a dead or stuck engine:
-        ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``."""
-        return self.engines.state
+        ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``
+        (``ClusterState``, equal to those strings)."""
+        if self._state in LIVE and self.engines.controller_lost():
+            self._set_state(ClusterState.BROKEN)
+        return self._state
 
-    @state.setter
-    def state(self, value: str) -> None:
-        self.engines.state = value
+    def _set_state(self, new: ClusterState) -> None:
+        """The one writer of the state: a move the lifecycle does not allow raises
+        (state.py)."""
+        self._state = checked_move(self._state, new)
+
+    def _degrade(self) -> None:
+        """The dispatch saw an engine die or a rank stay stuck: a live cluster is degraded
+        (a stopping or broken one stays what it is)."""
+        if self._state in LIVE:
+            self._set_state(ClusterState.DEGRADED)
 
     @property
     def ranks(self) -> list[RankAssignment]:
@@ -290,7 +308,8 @@ class Cluster(ScriptRuns, ClusterDoctor):
 
     def check_controller(self) -> None:
         """Raise ``controller_died()`` when the controller is gone (fast, no round trip)."""
-        self.engines.check_controller()
+        if self.state == ClusterState.BROKEN:
+            raise self.engines.controller_died()
 
     def controller_lost(self) -> bool:
         """True when the controller this cluster started has exited."""
@@ -304,7 +323,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     # ----------------------------------------------------------------- introspection
     def __repr__(self) -> str:
         c = self.config
-        parts = [f"n={c.n}", f"launcher={c.launcher!r}", f"state={self.state!r}"]
+        parts = [f"n={c.n}", f"launcher={c.launcher!r}", f"state={self.state.value!r}"]
         if self.ranks:
             r0 = self.ranks[0]
             hosts = len({r.host for r in self.ranks})
@@ -328,7 +347,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     def client(self) -> ipp.Client:
         self.check_controller()
         client = self.engines.client
-        if client is None or self.state not in ("running", "degraded"):
+        if client is None or self.state not in LIVE:
             raise ClusterError("the cluster is not running; start it with start_sync()")
         return client
 
@@ -384,7 +403,12 @@ class Cluster(ScriptRuns, ClusterDoctor):
             self.engines.refuse_if_adopted("recover (replace engines)")
             stuck = self.dispatch.stuck
             report = await recover_engines(
-                self.engines, self._ranks, (stuck.held, stuck.given_up), shrink=shrink, drop=drop
+                self.engines,
+                self._ranks,
+                (stuck.held, stuck.given_up),
+                self._link,
+                shrink=shrink,
+                drop=drop,
             )
             self._regrouped()
             self.timings["recover_s"] = report.seconds
@@ -397,12 +421,13 @@ class Cluster(ScriptRuns, ClusterDoctor):
         back to the size it had). Returns a ``RecoveryReport``."""
         async with self._lifecycle.hold("cluster.grow()"):
             self.engines.refuse_if_adopted("grow")
-            report = await grow_engines(self.engines, self._ranks, n, hosts)
+            report = await grow_engines(self.engines, self._ranks, self._link, n, hosts)
             self._regrouped()
             return report
 
     def _regrouped(self) -> None:
         """A fresh process group on every rank: none is blocked, none has it closed."""
+        self._set_state(ClusterState.RUNNING)
         self.dispatch.stuck.forget()
         self.group_closed = False
 
@@ -420,11 +445,11 @@ class Cluster(ScriptRuns, ClusterDoctor):
     detach_sync = sync_twin(detach)
 
     async def _start(self) -> Cluster:
-        if self.state in ("running", "degraded"):
+        if self.state in LIVE:
             return self
-        if self.state == "broken":  # reap what outlived the controller before starting anew
+        if self.state == ClusterState.BROKEN:  # reap what outlived the controller first
             await self._stop()
-        self.state = "starting"
+        self._set_state(ClusterState.STARTING)
         self.network = None  # measured on the engines that are about to be replaced
         notes, self.startup = self.startup.notes, StartupProfile()
         self.startup.notes.update(notes)  # e.g. the kernel's import of the magics
@@ -434,19 +459,23 @@ class Cluster(ScriptRuns, ClusterDoctor):
             )
         except BaseException:
             await self._shutdown(quiet=True)
-            self.state = "stopped"
+            self._set_state(ClusterState.STOPPED)
             raise
-        self.state = "running"
+        self._set_state(ClusterState.RUNNING)
         _live.add(self)
         _current[:] = [r for r in _current if r() not in (None, self)] + [weakref.ref(self)]
         return self
 
     async def _stop(self) -> None:
-        if self.state == "stopped" and self.engines.ipp is None and self.engines.client is None:
+        if (
+            self.state == ClusterState.STOPPED
+            and self.engines.ipp is None
+            and self.engines.client is None
+        ):
             return
-        self.state = "stopping"
+        self._set_state(ClusterState.STOPPING)
         await self._shutdown(quiet=False)
-        self.state = "stopped"
+        self._set_state(ClusterState.STOPPED)
         _live.discard(self)
 
     @property

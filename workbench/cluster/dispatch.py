@@ -35,6 +35,7 @@ from workbench.cluster.results import (
     reply_metadata,
 )
 from workbench.cluster.signals import signal_rank
+from workbench.cluster.state import LIVE, ClusterState, StateLink
 from workbench.cluster.stuck import INTERRUPT_GRACE_S, POLL_S, StuckRanks
 from workbench.errors import ClusterError, CollectiveTimeout, EngineDied, RankError
 
@@ -55,8 +56,9 @@ class RankDispatch:
     """Sends work to the ranks of ``engines``; ``ranks`` is the cluster's list (shared: a
     recovery renumbers it in place)."""
 
-    def __init__(self, engines: EngineSet, ranks: list[RankAssignment]) -> None:
+    def __init__(self, engines: EngineSet, ranks: list[RankAssignment], state: StateLink) -> None:
         self.engines = engines
+        self.state = state  # the cluster's: read here, deaths reported back (never written)
         self.ranks = ranks
         self.views: dict[int, Any] = {}  # engine id -> its DirectView (see view)
         self.cells = CellRoutes(engines, ranks)  # the pool of cells straight to local engines
@@ -88,8 +90,8 @@ class RankDispatch:
     def _targets(
         self, ranks: int | Sequence[int] | None, *, blocked_ok: bool = False
     ) -> list[RankAssignment]:
-        self.engines.check_controller()  # (it read the state: once per call is enough)
-        if not self.ranks or self.engines.last_state not in ("running", "degraded"):
+        self.state.check()  # (it read the state: once per call is enough)
+        if not self.ranks or self.state.last() not in LIVE:
             raise ClusterError("the cluster is not running; start it first (%wb start)")
         size = len(self.ranks)
         wanted = list(range(size)) if ranks is None else validate.rank_list(ranks, size)
@@ -113,7 +115,7 @@ class RankDispatch:
             except IndexError:
                 self.ensure_alive()  # raises EngineDied for every rank already gone
                 lost = [r.rank for r in self.ranks if r.engine_id == engine_id]
-                self.engines.state = "degraded"
+                self.state.degrade()
                 raise self._lost_error(lost) from None
         return view
 
@@ -193,7 +195,7 @@ class RankDispatch:
         chosen = self.ranks if ranks is None else [self.ranks[r] for r in ranks]
         dead = sorted(r.rank for r in chosen if r.engine_id not in ids or self._frozen(r))
         if dead:
-            self.engines.state = "degraded"
+            self.state.degrade()
             raise self._lost_error(dead)
 
     @staticmethod
@@ -259,9 +261,9 @@ class RankDispatch:
         client = self.engines.client  # a stop (or restart) from another thread replaces it
         try:
             while True:
-                if self.engines.client is not client or self.engines.last_state in (
-                    "stopping",
-                    "stopped",
+                if self.engines.client is not client or self.state.last() in (
+                    ClusterState.STOPPING,
+                    ClusterState.STOPPED,
                 ):
                     raise hang.stopped_while_waiting([r.rank for r in targets])
                 pending = [i for i, f in enumerate(futures) if not f.ready()]
@@ -271,7 +273,7 @@ class RankDispatch:
                 health = now >= next_health
                 if health:
                     next_health = now + _HEALTH_S
-                    self.engines.check_controller()
+                    self.state.check()
                 # A death shows in the client's bookkeeping, checked every poll; a stopped
                 # process only in its state, read on the health cadence: reading it for
                 # every rank at every poll put ~1 ms on a 10 ms cell's round trip.
@@ -352,7 +354,7 @@ class RankDispatch:
 
     def _mark_stuck(self, targets: list[RankAssignment], futures: list[Any]) -> None:
         if self.stuck.mark(targets, futures):
-            self.engines.state = "degraded"
+            self.state.degrade()
 
     def collect(
         self, targets: list[RankAssignment], futures: list[Any], timeout: float | None
@@ -376,7 +378,7 @@ class RankDispatch:
                 failures[r.rank] = ABORTED
         if dead:
             self._mark_stuck(targets, futures)
-            self.engines.state = "degraded"
+            self.state.degrade()
             raise self._lost_error(dead)
         if failures:
             raise RankError.from_failures(failures)
@@ -440,7 +442,7 @@ class RankDispatch:
                 fill_failure(result, future)
         if dead:
             self._mark_stuck(targets, futures)
-            self.engines.state = "degraded"
+            self.state.degrade()
             raise self._lost_error(dead)
         return out
 
@@ -485,6 +487,6 @@ class RankDispatch:
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, engine id, host, pid, device, backend, state."""
-        self.engines.check_controller()  # the queue query below would wait forever for a dead hub
+        self.state.check()  # the queue query below would wait forever for a dead hub
         busy = self.cells.busy()
         return status_rows(self.ranks, self.engines.client, busy)

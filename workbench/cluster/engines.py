@@ -3,8 +3,8 @@
 The one owner of what the kernel holds about its engines: the ipyparallel cluster and
 client, the facts each engine was asked for as it registered, the engines chosen to get
 ranks, their launch hosts and nannies, the kernel's watch on local engines, the orphan
-watchdog with its pid file and run directory, the controller's address, and the cluster's
-state (``running``, ``degraded``, ``broken``...). The start sequence, the stop and the
+watchdog with its pid file and run directory, and the controller's address (the cluster's
+state is ``Cluster``'s: state.py). The start sequence, the stop and the
 recovery (``start_sequence.py``, ``shutdown.py``, ``recovery.py``) change it through this
 object; ``Cluster`` holds one.
 
@@ -63,7 +63,7 @@ def local_ranks(ranks: Sequence[RankAssignment]) -> list[RankAssignment]:
 
 
 class EngineSet:
-    """A cluster's engines, their processes and the cluster's state (one owner each)."""
+    """A cluster's engines and their processes (one owner each)."""
 
     def __init__(
         self,
@@ -104,27 +104,8 @@ class EngineSet:
         self.keep = keep
         self.kept: KeptCluster | None = None
         self.adopted: psutil.Process | None = None
-        self._state = "stopped"
 
-    # ----------------------------------------------------------------- state
-    @property
-    def state(self) -> str:
-        """``stopped``, ``starting``, ``running``, ``degraded`` (a dead or stuck engine:
-        ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``."""
-        if self._state in ("running", "degraded") and self.controller_lost():
-            self._state = "broken"
-        return self._state
-
-    @state.setter
-    def state(self, value: str) -> None:
-        self._state = value
-
-    @property
-    def last_state(self) -> str:
-        """The state as last set, without looking at the controller (a waiting loop reads
-        it at every poll; ``check_controller`` looks on its own cadence)."""
-        return self._state
-
+    # ----------------------------------------------------------------- controller
     def controller_died(self) -> ClusterError:
         """The error every call raises once the controller is gone."""
         proc = self.controller_process()
@@ -134,11 +115,6 @@ class EngineSet:
             "or notice an engine death any more. Rebuild the whole cluster with "
             "`%wb restart` (cluster.restart_sync()); this stops every process it started."
         )
-
-    def check_controller(self) -> None:
-        """Raise ``controller_died()`` when the controller is gone (fast, no round trip)."""
-        if self.state == "broken":
-            raise self.controller_died()
 
     def controller_lost(self) -> bool:
         """True when the controller this cluster started has exited. It is a child of this
@@ -316,7 +292,6 @@ class EngineSet:
         self.run_dir = self.ssh_dir = None
         self.spare = None
         self.known = {}
-        self._state = "stopped"
 
     async def track_start(self, ranks: Sequence[RankAssignment]) -> None:
         """While starting, tell the watchdog about each process within ``_TRACK_S`` of its

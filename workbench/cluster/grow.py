@@ -15,6 +15,7 @@ from workbench.cluster.host_placement import check_hosts, placed, start_on
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.recovery import RecoveryReport, regroup
 from workbench.cluster.registration import new_engines
+from workbench.cluster.state import ClusterState, StateLink
 from workbench.config import MAX_ENGINES
 from workbench.errors import ClusterError
 
@@ -22,7 +23,11 @@ __all__ = ["grow"]
 
 
 async def grow(
-    engines: EngineSet, ranks: list[RankAssignment], count: int, hosts: object = None
+    engines: EngineSet,
+    ranks: list[RankAssignment],
+    state: StateLink,
+    count: int,
+    hosts: object = None,
 ) -> RecoveryReport:
     """Start ``count`` engines where the launcher puts them (or round-robin on ``hosts``)
     and add them as the last ranks (a new process group at the bigger world size). The
@@ -30,10 +35,10 @@ async def grow(
     validate.integer("n", count, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
     if hosts is not None:
         hosts = check_hosts("hosts", hosts, engines.config.launcher)
-    engines.check_controller()
-    if engines.state != "running" or not ranks:
+    state.check()
+    if state.last() != ClusterState.RUNNING or not ranks:
         raise ClusterError(
-            f"the cluster is {engines.state}; grow a running cluster (recover it first)"
+            f"the cluster is {state.last().value}; grow a running cluster (recover it first)"
         )
     ipp_cluster = engines.ipp
     if ipp_cluster is None or engines.config.launcher == "mpi":

@@ -42,6 +42,7 @@ from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.spares import move_to_spares, start_args
 from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
+from workbench.cluster.state import LIVE, StateLink
 from workbench.engine import process_group
 from workbench.errors import ClusterError
 
@@ -259,13 +260,15 @@ async def recover(
     engines: EngineSet,
     ranks: list[RankAssignment],
     blocked: tuple[Mapping[int, Any], set[int]],
+    state: StateLink,
     *,
     shrink: bool = False,
     drop: tuple[int, ...] = (),
 ) -> RecoveryReport:
     """See the module docstring. Works from ``running`` too (re-creates the group).
     ``blocked``: the dispatcher's stuck ranks (rank -> unfinished request) and the ranks
-    of those it gave up on; the caller forgets them once this returns.
+    of those it gave up on; the caller forgets them once this returns. ``state``: the
+    cluster's (read only; the cluster is running again once this returns).
 
     ``shrink=True``: dead ranks are dropped instead of replaced, the survivors renumbered
     0..n-1 (``cluster/elastic.py``); ``drop`` names survivors to leave out too (their
@@ -273,8 +276,8 @@ async def recover(
     lost host (every engine gone, the host silent) raises ``HostLost``."""
     validate.boolean("shrink", shrink)
     drop = tuple(validate.rank_list(drop, len(ranks))) if drop else ()
-    engines.check_controller()  # a dead controller needs a full restart, not a recovery
-    if engines.state not in ("running", "degraded") or not ranks:
+    state.check()  # a dead controller needs a full restart, not a recovery
+    if state.last() not in LIVE or not ranks:
         raise ClusterError("the cluster is not running; start it with `%wb start`")
     started = time.perf_counter()
     report = RecoveryReport()
@@ -341,5 +344,4 @@ async def regroup(engines: EngineSet, ranks: list[RankAssignment]) -> None:
         await wait_joined(engines.config.init_timeout, futures)
     except Exception as exc:
         raise ClusterError(f"re-creating the process group failed: {exc}") from exc
-    engines.state = "running"
     engines.write_pidfile(ranks)

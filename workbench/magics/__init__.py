@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.cluster.state import ClusterState
 from workbench.magics.core import COMMANDS, WorkbenchMagics
 
 __all__ = ["COMMANDS", "WorkbenchMagics", "load_ipython_extension", "unload_ipython_extension"]
@@ -22,6 +23,6 @@ def unload_ipython_extension(ipython: Any) -> None:
     magics: WorkbenchMagics | None = getattr(ipython, _KEY, None)
     if magics is not None:  # what %wb start started ends with the extension
         for cluster in magics.started:
-            if cluster.state != "stopped":
+            if cluster.state != ClusterState.STOPPED:
                 cluster.stop_sync()
         magics.started = []

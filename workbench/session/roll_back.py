@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from workbench.cluster.state import ClusterState
 from workbench.errors import HostLost
 
 if TYPE_CHECKING:
@@ -71,13 +72,13 @@ def recover_and_roll_back(session: TrainingSession, shrink: bool | None = None) 
     cluster = session.cluster
     shrink = session.elastic if shrink is None else validate.boolean("shrink", shrink)
     started = time.perf_counter()
-    if shrink and cluster.state == "degraded":  # go on with the ranks left
+    if shrink and cluster.state == ClusterState.DEGRADED:  # go on with the ranks left
         from workbench.session.elastic_run import shrink_and_roll_back
 
         message = shrink_and_roll_back(session)
     else:
         cluster_report = ""
-        if cluster.state == "degraded" or cluster.stuck_ranks or cluster.group_closed:
+        if cluster.state == ClusterState.DEGRADED or cluster.stuck_ranks or cluster.group_closed:
             cluster_report = str(cluster.recover_sync())  # also re-opens the process group
         message = roll_back(session) + (f"; {cluster_report}" if cluster_report else "")
     # the whole way back to training, checkpoint loaded: what a fault's cost counts

@@ -12,6 +12,7 @@ from typing import Any
 
 from workbench import validate
 from workbench.cluster.cluster import Cluster
+from workbench.cluster.state import ClusterState
 from workbench.engine import train_run
 from workbench.errors import (
     CheckpointError,
@@ -311,7 +312,11 @@ class TrainingSession:
         self.build()
 
     def close(self) -> None:
-        if self.built and self.cluster.state == "running" and not self.cluster.stuck_ranks:
+        if (
+            self.built
+            and self.cluster.state == ClusterState.RUNNING
+            and not self.cluster.stuck_ranks
+        ):
             self.cluster.run(train_run.close_run, ranks=self.run_ranks, timeout=60)
         self.built = False
 
