@@ -225,10 +225,11 @@ def test_rates_of_calibrate() -> None:
 
 def test_addresses_and_ports_of_a_cluster() -> None:
     from workbench.cluster import Cluster
+    from workbench.cluster.world import World
 
     def shown(port: int) -> str:
         cluster = Cluster(n=2)
-        cluster.ranks = _ranks(HERE, [1, 2], port=port, addr="127.0.0.1")
+        cluster._set_world(World(tuple(_ranks(HERE, [1, 2], port=port, addr="127.0.0.1"))))
         env = "\n".join(f"{k}={v}" for k, v in cluster.ranks[1].env().items())
         return f"{cluster!r}\n{env}"
 

@@ -14,6 +14,7 @@ from workbench.cluster.doctor_env import (
     environment_report,
     refuse_mismatch,
 )
+from workbench.cluster.world import World
 from workbench.engine.doctor_env import environment_facts
 from workbench.errors import ClusterError, ConfigError
 
@@ -145,7 +146,8 @@ def test_the_start_refuses_before_any_store_or_group_exists(
     with pytest.raises(ClusterError, match=rf"nccl differs: node-a has {here}, node-b has 2\.1"):
         start = start_sequence.init_process_group(
             engines,  # type: ignore[arg-type]
-            [],
+            World(),
+            lambda world: None,
             StartupProfile(),
             lambda *_: None,
         )

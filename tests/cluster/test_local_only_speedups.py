@@ -15,6 +15,7 @@ import pytest
 from workbench.cluster import Cluster, RankAssignment, fast_stop, shutdown
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
 from workbench.cluster.start_sequence import controller_args, make_ipp_cluster
+from workbench.cluster.world import World
 from workbench.engine import boot, process_group, zygote
 
 
@@ -103,7 +104,7 @@ def _stop(launcher: str, monkeypatch: pytest.MonkeyPatch) -> tuple[_Client, list
     cluster = Cluster(n=2, launcher=launcher, hosts=hosts)
     client = _Client()
     cluster.engines.client = client  # type: ignore[assignment]
-    cluster.ranks = [_rank(0), _rank(1)]
+    cluster._set_world(World(tuple([_rank(0), _rank(1)])))
     ended: list[Any] = []
     monkeypatch.setattr(fast_stop, "end", lambda procs, grace=0.5: ended.append(procs) or [])
     monkeypatch.setattr(cluster.engines, "process_tree", lambda ranks: [])

@@ -11,6 +11,7 @@ import pytest
 from workbench.cluster import Cluster
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.state import ClusterState
+from workbench.cluster.world import World
 from workbench.errors import EngineDied
 
 
@@ -36,7 +37,7 @@ def _rank(rank: int) -> RankAssignment:
 def test_engine_gone_between_check_and_request_is_engine_died() -> None:
     cluster = Cluster(n=2)
     cluster.engines.client = _Client()
-    cluster.ranks = [_rank(0), _rank(1)]
+    cluster._set_world(World(tuple([_rank(0), _rank(1)])))
     cluster._set_state(ClusterState.RUNNING)
     try:
         cluster.view(0)  # a live engine: its view
@@ -47,5 +48,5 @@ def test_engine_gone_between_check_and_request_is_engine_died() -> None:
         assert cluster.state == "degraded"
     finally:
         cluster.engines.client = None
-        cluster.ranks = []
+        cluster._set_world(World())
         cluster._set_state(ClusterState.STOPPED)

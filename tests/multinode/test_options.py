@@ -16,6 +16,7 @@ from workbench.cluster import Cluster, rendezvous, signals
 from workbench.cluster.launch import launchers
 from workbench.cluster.loop import run_anywhere
 from workbench.cluster.ranks import EngineInfo, assign_ranks, relocalize
+from workbench.cluster.world import World
 from workbench.engine import hosts
 from workbench.errors import ClusterError, ConfigError
 
@@ -113,7 +114,9 @@ def test_relocalize_recomputes_local_ranks_after_a_move() -> None:
 def test_a_remote_pid_is_never_used_locally(monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = Cluster(n=2, launcher="ssh", hosts=["n1"])
     me = os.getpid()
-    cluster.ranks = [replace(r, pid=me, pid_space=REMOTE) for r in _ranks({"n1": 2})]
+    cluster._set_world(
+        World(tuple([replace(r, pid=me, pid_space=REMOTE) for r in _ranks({"n1": 2})]))
+    )
     cluster.engines.ipp = SimpleNamespace(controller=None, engines={})  # started, as far as pids go
     assert me not in cluster.pids()
     assert me not in [p.pid for p in cluster.engines.process_tree(cluster.ranks)]

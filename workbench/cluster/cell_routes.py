@@ -21,6 +21,7 @@ from workbench.cluster.direct_channel import DirectCells
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.live_output import LiveWatch, OnOutput
 from workbench.cluster.ranks import RankAssignment
+from workbench.cluster.world import World
 from workbench.engine.rank_debug import debug_label
 from workbench.errors import ConfigError, RankError
 
@@ -116,9 +117,9 @@ def top_level_await(code: str) -> bool:
 class CellRoutes:
     """A cluster's pool of direct cells: made for its client, kept to its ranks' engines."""
 
-    def __init__(self, engines: EngineSet, ranks: list[RankAssignment]) -> None:
+    def __init__(self, engines: EngineSet, world: Callable[[], World]) -> None:
         self.engines = engines
-        self.ranks = ranks  # the cluster's list, shared
+        self.world = world  # reads the cluster's World (never written here)
         self.pool: DirectCells | None = None
 
     def _pool(self) -> DirectCells | None:
@@ -145,7 +146,7 @@ class CellRoutes:
         pool = self._pool()
         if pool is None:
             return None
-        pool.keep_only({r.engine_id for r in self.ranks})
+        pool.keep_only({r.engine_id for r in self.world().ranks})
         new = [r for r in targets if not pool.known(r.engine_id)]
         if not new:
             return pool

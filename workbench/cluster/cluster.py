@@ -43,6 +43,7 @@ from workbench.cluster.scripts import ScriptRuns
 from workbench.cluster.shutdown import shutdown
 from workbench.cluster.startup import StartupProfile
 from workbench.cluster.state import CURRENT, LIVE, ClusterState, StateLink, checked_move
+from workbench.cluster.world import World
 from workbench.config import ClusterConfig
 from workbench.errors import ClusterError
 
@@ -151,14 +152,14 @@ class Cluster(ScriptRuns, ClusterDoctor):
         self.progress = progress
         self.timings: dict[str, float] = {}
         self.startup = StartupProfile()  # where the last start's time went (startup.py)
-        # One owner each: the engines, their processes and the state (EngineSet); the
-        # ranks (this list, shared with the dispatcher; a recovery renumbers it in place);
-        # running code on them, their views, cell sockets and blocked ranks (RankDispatch).
+        # One owner each: the engines and their processes (EngineSet); the state and the
+        # World, this cluster's (written only here; the dispatch reads them through what it is
+        # handed); running code on the ranks, views, cell sockets, blocked ranks (RankDispatch).
         self.engines = EngineSet(self.config, self.launcher_options, self.check_packages, keep_as)
-        self._ranks: list[RankAssignment] = []
-        self._state = ClusterState.STOPPED  # written here only: _set_state (state.py)
+        self._world = World()
+        self._state = ClusterState.STOPPED  # _set_state checks each move (state.py)
         self._link = StateLink(lambda: self._state, self.check_controller, self._degrade)
-        self.dispatch = RankDispatch(self.engines, self._ranks, self._link)
+        self.dispatch = RankDispatch(self.engines, lambda: self._world, self._link)
         # Set when a failing rank closed the process group on every rank (a session's
         # fail-together operation); the next session build re-creates it (recover()).
         self.group_closed = False
@@ -228,8 +229,8 @@ class Cluster(ScriptRuns, ClusterDoctor):
                     f"kept cluster {kept.name!r}: its controller does not answer ({exc}); "
                     "`%wb list` shows whether it still runs"
                 ) from exc
-            self.ranks = [RankAssignment(**r) for r in kept.data["ranks"]]
-            self.engines.adopt(kept, client, self._ranks)
+            self._set_world(self._world.replaced([RankAssignment(**r) for r in kept.data["ranks"]]))
+            self.engines.adopt(kept, client, self._world.ranks)
             # an engine that died while no kernel held the cluster: `%wb restart`
             lost = [r.rank for r in self.ranks if r.engine_id not in client.ids]
             self._set_state(ClusterState.DEGRADED if lost else ClusterState.RUNNING)
@@ -255,7 +256,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
                 )
             self.dispatch.forget()
             self.engines.release()
-            self._ranks.clear()
+            self._set_world(self._world.replaced(()))
             self._set_state(ClusterState.STOPPED)
             _live.discard(self)
 
@@ -281,12 +282,18 @@ class Cluster(ScriptRuns, ClusterDoctor):
             self._set_state(ClusterState.DEGRADED)
 
     @property
-    def ranks(self) -> list[RankAssignment]:
-        return self._ranks
+    def world(self) -> World:
+        """The ranks now (frozen: a recovery, shrink or grow makes a new one)."""
+        return self._world
 
-    @ranks.setter
-    def ranks(self, value: list[RankAssignment]) -> None:
-        self._ranks[:] = value  # in place: the dispatcher holds this list
+    @property
+    def ranks(self) -> list[RankAssignment]:
+        return list(self._world.ranks)
+
+    def _set_world(self, world: World) -> None:
+        """The one writer of the world: the start, a recovery or a grow hands each new one
+        here as it makes it (world.py)."""
+        self._world = world
 
     @property
     def run_dir(self) -> str | None:
@@ -318,7 +325,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     def pids(self) -> list[int]:
         """Process ids (on this host) of the controller, engines and their nannies started
         by this cluster."""
-        return self.engines.pids(self._ranks)
+        return self.engines.pids(self._world.ranks)
 
     # ----------------------------------------------------------------- introspection
     def __repr__(self) -> str:
@@ -404,9 +411,10 @@ class Cluster(ScriptRuns, ClusterDoctor):
             stuck = self.dispatch.stuck
             report = await recover_engines(
                 self.engines,
-                self._ranks,
+                self._world,
                 (stuck.held, stuck.given_up),
                 self._link,
+                self._set_world,
                 shrink=shrink,
                 drop=drop,
             )
@@ -421,7 +429,9 @@ class Cluster(ScriptRuns, ClusterDoctor):
         back to the size it had). Returns a ``RecoveryReport``."""
         async with self._lifecycle.hold("cluster.grow()"):
             self.engines.refuse_if_adopted("grow")
-            report = await grow_engines(self.engines, self._ranks, self._link, n, hosts)
+            report = await grow_engines(
+                self.engines, self._world, self._link, self._set_world, n, hosts
+            )
             self._regrouped()
             return report
 
@@ -434,7 +444,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     def lost_ranks(self) -> list[int]:
         """Ranks whose engine is gone or does not respond (what a recovery replaces or
         drops)."""
-        return lost_ranks(self.engines, self._ranks)
+        return lost_ranks(self.engines, self._world.ranks)
 
     # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
     start_sync = sync_twin(start)
@@ -455,7 +465,12 @@ class Cluster(ScriptRuns, ClusterDoctor):
         self.startup.notes.update(notes)  # e.g. the kernel's import of the magics
         try:
             self.timings = await start_sequence.start(
-                self.engines, self._ranks, self.startup, self._report, self.dispatch.cells.ask_port
+                self.engines,
+                self._world,
+                self._set_world,
+                self.startup,
+                self._report,
+                self.dispatch.cells.ask_port,
             )
         except BaseException:
             await self._shutdown(quiet=True)
@@ -511,6 +526,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
 
     async def _shutdown(self, *, quiet: bool) -> None:
         try:
-            await shutdown(self.engines, self._ranks, quiet=quiet)
+            await shutdown(self.engines, self._world.ranks, quiet=quiet)
+            self._set_world(self._world.replaced(()))  # every rank's engine is gone
         finally:  # what the dispatcher holds per engine (views, cell sockets, stuck ranks)
             self.dispatch.forget()

@@ -37,6 +37,7 @@ from workbench.cluster.results import (
 from workbench.cluster.signals import signal_rank
 from workbench.cluster.state import LIVE, ClusterState, StateLink
 from workbench.cluster.stuck import INTERRUPT_GRACE_S, POLL_S, StuckRanks
+from workbench.cluster.world import World
 from workbench.errors import ClusterError, CollectiveTimeout, EngineDied, RankError
 
 __all__ = ["RankDispatch"]
@@ -53,17 +54,22 @@ _HEALTH_S = 0.25
 
 
 class RankDispatch:
-    """Sends work to the ranks of ``engines``; ``ranks`` is the cluster's list (shared: a
-    recovery renumbers it in place)."""
+    """Sends work to the ranks of ``engines``; ``world`` reads the cluster's ``World`` (a
+    recovery makes a new one there), ``state`` its state."""
 
-    def __init__(self, engines: EngineSet, ranks: list[RankAssignment], state: StateLink) -> None:
+    def __init__(self, engines: EngineSet, world: Callable[[], World], state: StateLink) -> None:
         self.engines = engines
+        self.world = world  # the cluster's: read here, never written
         self.state = state  # the cluster's: read here, deaths reported back (never written)
-        self.ranks = ranks
         self.views: dict[int, Any] = {}  # engine id -> its DirectView (see view)
-        self.cells = CellRoutes(engines, ranks)  # the pool of cells straight to local engines
+        self.cells = CellRoutes(engines, world)  # the pool of cells straight to local engines
         self.stuck = StuckRanks()
         self.debug_inbox: DebugInbox | None = None  # opened by the first debuggable call
+
+    @property
+    def ranks(self) -> tuple[RankAssignment, ...]:
+        """The cluster's ranks now (one read of its world)."""
+        return self.world().ranks
 
     def forget(self) -> None:
         """The engines stopped: drop views, blocked ranks and the cell sockets."""
@@ -91,14 +97,15 @@ class RankDispatch:
         self, ranks: int | Sequence[int] | None, *, blocked_ok: bool = False
     ) -> list[RankAssignment]:
         self.state.check()  # (it read the state: once per call is enough)
-        if not self.ranks or self.state.last() not in LIVE:
+        world = self.ranks  # one world for the whole choice
+        if not world or self.state.last() not in LIVE:
             raise ClusterError("the cluster is not running; start it first (%wb start)")
-        size = len(self.ranks)
+        size = len(world)
         wanted = list(range(size)) if ranks is None else validate.rank_list(ranks, size)
         self.ensure_alive(None if ranks is None else wanted)
         if not blocked_ok:
             self.stuck.ensure_free(wanted, self.engines.run_dir)
-        return [self.ranks[r] for r in sorted(set(wanted))]
+        return [world[r] for r in sorted(set(wanted))]
 
     def view(self, engine_id: int) -> Any:
         """The engine's DirectView, made once per client (making one costs ~0.2 ms, as
@@ -192,7 +199,8 @@ class RankDispatch:
         if client is None:
             return
         ids = set(client.ids)
-        chosen = self.ranks if ranks is None else [self.ranks[r] for r in ranks]
+        world = self.ranks
+        chosen = world if ranks is None else [world[r] for r in ranks]
         dead = sorted(r.rank for r in chosen if r.engine_id not in ids or self._frozen(r))
         if dead:
             self.state.degrade()

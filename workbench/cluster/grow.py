@@ -1,4 +1,4 @@
-"""``grow(engines, ranks, n)``: more ranks on a running cluster, the inverse of a shrink
+"""``grow(engines, world, n)``: more ranks on a running cluster, the inverse of a shrink
 (``recover(shrink=True)``): new engines join as the last ranks and every rank joins a new
 process group at the bigger world size. A training session then rebuilds its run there and
 loads its last checkpoint, resharded (``TrainingSession.grow``)."""
@@ -9,13 +9,12 @@ import time
 from dataclasses import replace
 
 from workbench import validate
-from workbench.cluster.elastic import grown_ranks
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.host_placement import check_hosts, placed, start_on
-from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.recovery import RecoveryReport, regroup
 from workbench.cluster.registration import new_engines
 from workbench.cluster.state import ClusterState, StateLink
+from workbench.cluster.world import Commit, World
 from workbench.config import MAX_ENGINES
 from workbench.errors import ClusterError
 
@@ -24,18 +23,20 @@ __all__ = ["grow"]
 
 async def grow(
     engines: EngineSet,
-    ranks: list[RankAssignment],
+    world: World,
     state: StateLink,
+    commit: Commit,
     count: int,
     hosts: object = None,
 ) -> RecoveryReport:
     """Start ``count`` engines where the launcher puts them (or round-robin on ``hosts``)
     and add them as the last ranks (a new process group at the bigger world size). The
-    inverse of a shrink."""
+    inverse of a shrink. Each new world goes to ``commit`` as it is made."""
     validate.integer("n", count, minimum=1, maximum=MAX_ENGINES, what="a number of engines")
     if hosts is not None:
         hosts = check_hosts("hosts", hosts, engines.config.launcher)
     state.check()
+    ranks = world.ranks
     if state.last() != ClusterState.RUNNING or not ranks:
         raise ClusterError(
             f"the cluster is {state.last().value}; grow a running cluster (recover it first)"
@@ -66,8 +67,9 @@ async def grow(
                 pid_space=info["pid_space"],
             )
         )
-    ranks[:] = grown_ranks(ranks, added)
-    report.added = [r.rank for r in ranks if r.engine_id in dict(new)]
-    await regroup(engines, ranks)
+    world = world.grown(added)
+    commit(world)
+    report.added = [r.rank for r in world.ranks if r.engine_id in dict(new)]
+    await regroup(engines, world, commit)
     report.seconds = time.perf_counter() - started
     return report

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from workbench.cluster.host_loss import host_lost, mpi_job_ended
@@ -143,7 +144,7 @@ def after_interrupt(freed: list[int], blocked: list[int]) -> str:
 
 
 def lost_engines_error(
-    ranks: list[RankAssignment],
+    ranks: Sequence[RankAssignment],
     lost: list[int],
     run_dir: str | None,
     client: Any = None,

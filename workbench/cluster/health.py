@@ -4,6 +4,7 @@ from the controller's view alone. (The error for a lost engine is ``hang.lost_en
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from workbench.cluster.processes import FROZEN, GONE, local_state
@@ -13,7 +14,7 @@ __all__ = ["status_rows"]
 
 
 def status_rows(
-    ranks: list[RankAssignment], client: Any, running_cells: set[int] | None = None
+    ranks: Sequence[RankAssignment], client: Any, running_cells: set[int] | None = None
 ) -> list[dict[str, Any]]:
     """One row per rank: rank, engine id, host, pid, device, backend, state.
     ``running_cells``: engines running a cell sent to them directly (the controller's

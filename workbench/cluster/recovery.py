@@ -1,4 +1,4 @@
-"""``recover(engines, ranks)``: back to a working process group after a dead or stuck engine.
+"""``recover(engines, world)``: back to a working process group after a dead or stuck engine.
 
 0. Unresponsive engines (a process still there on this host, but stopped or missing the
    controller's heartbeats) are killed first: that closes their sockets, so a survivor
@@ -25,14 +25,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
 
 from workbench import validate
-from workbench.cluster.elastic import shrunk_ranks
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.host_loss import mpi_job_ended, sever_stuck
 from workbench.cluster.processes import FROZEN, GONE, local_state
@@ -43,6 +42,7 @@ from workbench.cluster.signals import signal_rank
 from workbench.cluster.spares import move_to_spares, start_args
 from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.cluster.state import LIVE, StateLink
+from workbench.cluster.world import Commit, World
 from workbench.engine import process_group
 from workbench.errors import ClusterError
 
@@ -97,7 +97,7 @@ class RecoveryReport:
         return "; ".join(parts) + "; process group re-created on a fresh port"
 
 
-def _unresponsive(engines: EngineSet, ranks: list[RankAssignment], ids: set[int]) -> list[int]:
+def _unresponsive(engines: EngineSet, ranks: Sequence[RankAssignment], ids: set[int]) -> list[int]:
     """Local ranks whose process is still there but stopped, or gone from the controller."""
     out = []
     for r in ranks:
@@ -107,20 +107,20 @@ def _unresponsive(engines: EngineSet, ranks: list[RankAssignment], ids: set[int]
     return out
 
 
-def lost_ranks(engines: EngineSet, ranks: list[RankAssignment]) -> list[int]:
+def lost_ranks(engines: EngineSet, ranks: Sequence[RankAssignment]) -> list[int]:
     """Ranks whose engine is gone or does not respond (what a recovery replaces or drops)."""
     ids = set(engines.client_unchecked().ids)
     gone = (r.rank for r in ranks if _gone(engines, ranks, r.rank, ids))
     return sorted({*_unresponsive(engines, ranks, ids), *gone})
 
 
-def _gone(engines: EngineSet, ranks: list[RankAssignment], r_rank: int, ids: set[int]) -> bool:
+def _gone(engines: EngineSet, ranks: Sequence[RankAssignment], r_rank: int, ids: set[int]) -> bool:
     """The engine left the controller, or (on this host) its process exited."""
     r = ranks[r_rank]
     return r.engine_id not in ids or local_state(r.host, r.pid) == GONE
 
 
-async def _kill_local(ranks: list[RankAssignment], which: list[int]) -> None:
+async def _kill_local(ranks: Sequence[RankAssignment], which: list[int]) -> None:
     """SIGKILL the (local) engines of ranks ``which`` and wait until their processes are gone."""
     procs = []
     for rank in which:
@@ -133,12 +133,12 @@ async def _kill_local(ranks: list[RankAssignment], which: list[int]) -> None:
     await asyncio.to_thread(psutil.wait_procs, procs, 15)
 
 
-async def _interrupt(engines: EngineSet, ranks: list[RankAssignment], which: list[int]) -> None:
+async def _interrupt(engines: EngineSet, ranks: Sequence[RankAssignment], which: list[int]) -> None:
     client = engines.client_unchecked()
     await asyncio.gather(*(signal_rank(client, ranks[r], signal.SIGINT) for r in which))
 
 
-def _leave_group(engines: EngineSet, ranks: list[RankAssignment], rank: int) -> Any:
+def _leave_group(engines: EngineSet, ranks: Sequence[RankAssignment], rank: int) -> Any:
     """Tear the group down on ``rank`` and cut its connections (``teardown_rank(sever=True)``):
     a rank blocked in a collective with it fails at once, whoever still holds the group."""
     client = engines.client_unchecked()
@@ -147,20 +147,20 @@ def _leave_group(engines: EngineSet, ranks: list[RankAssignment], rank: int) -> 
 
 async def _free_stuck(
     engines: EngineSet,
-    ranks: list[RankAssignment],
+    ranks: Sequence[RankAssignment],
     dead: list[int],
-    report: RecoveryReport,
     blocked: tuple[Mapping[int, Any], set[int]],
-) -> list[int]:
-    """Free stuck ranks; returns the ranks whose engines had to be killed. ``blocked``:
-    the dispatcher's stuck ranks (rank -> its unfinished request) and those given up."""
+) -> tuple[list[int], list[int]]:
+    """Free stuck ranks; returns the ranks freed and those whose engines had to be killed.
+    ``blocked``: the dispatcher's stuck ranks (rank -> its unfinished request) and those
+    given up."""
     client = engines.client_unchecked()
     # a survivor of a death that has failed out of its collective since is no longer stuck
     # (the death returned without waiting for it): it is healthy, as _ensure_free finds too
     held, given_up = blocked
     stuck = {r: f for r, f in held.items() if r not in dead and (r in given_up or not f.ready())}
     if not stuck:
-        return []
+        return [], []
     healthy = [r.rank for r in ranks if r.rank not in dead and r.rank not in stuck]
     await _interrupt(engines, ranks, sorted(stuck))  # frees ranks busy in Python code
     # a rank blocked on a silent host: its control thread cuts the group's connections
@@ -177,7 +177,7 @@ async def _free_stuck(
             break
         await asyncio.sleep(0.02)
     killed = [r for r, f in sorted(stuck.items()) if not f.ready()]
-    report.freed = [r for r in sorted(stuck) if r not in killed]
+    freed = [r for r in sorted(stuck) if r not in killed]
     try:  # every rank that stays has left the old group before the new one is made
         await gather(list(leaving.values()), timeout=15)
     except Exception as exc:  # setup_rank tears down again before it joins
@@ -190,7 +190,7 @@ async def _free_stuck(
     deadline = time.monotonic() + 15
     while ids & set(client.ids) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
-    return killed
+    return freed, killed
 
 
 def cluster_log(message: str) -> None:
@@ -200,7 +200,7 @@ def cluster_log(message: str) -> None:
 
 
 async def _start_replacements(
-    engines: EngineSet, ranks: list[RankAssignment], dead: list[int]
+    engines: EngineSet, ranks: Sequence[RankAssignment], dead: list[int]
 ) -> None:
     """Start one engine per dead rank: on the dead engine's own host where the launcher
     can place engines (ssh, slurm), else wherever the launcher puts them."""
@@ -231,14 +231,17 @@ async def _start_replacements(
 
 
 async def _replace(
-    engines: EngineSet, ranks: list[RankAssignment], dead: list[int], report: RecoveryReport
-) -> None:
-    """Start ``len(dead)`` engines and give them the dead ranks (same host first)."""
+    engines: EngineSet, world: World, dead: list[int], report: RecoveryReport, commit: Commit
+) -> World:
+    """Start ``len(dead)`` engines and give them the dead ranks (same host first); the
+    world with them (committed)."""
     if not dead:
-        return
-    new = await new_engines(engines, ranks, len(dead), _start_replacements(engines, ranks, dead))
+        return world
+    start = _start_replacements(engines, world.ranks, dead)
+    new = await new_engines(engines, world.ranks, len(dead), start)
     # each dead rank takes a new engine started by the same launch host when there is one
     free = list(new)
+    ranks = list(world.ranks)
     for rank in sorted(dead):
         old = ranks[rank]
         want = engines.launch_hosts.get(old.engine_id)
@@ -251,16 +254,19 @@ async def _replace(
             old, engine_id=eid, pid=info["pid"], host=info["host"], pid_space=info["pid_space"]
         )
         if rank == 0 and info["host"] != old.host and old.master_addr != "127.0.0.1":
-            ranks[:] = [replace(r, master_addr=info["address"]) for r in ranks]
+            ranks = [replace(r, master_addr=info["address"]) for r in ranks]
     # a replacement on another host changes who is local to whom (LOCAL_RANK, devices)
-    ranks[:] = relocalize(ranks)
+    world = world.replaced(relocalize(ranks))
+    commit(world)
+    return world
 
 
 async def recover(
     engines: EngineSet,
-    ranks: list[RankAssignment],
+    world: World,
     blocked: tuple[Mapping[int, Any], set[int]],
     state: StateLink,
+    commit: Commit,
     *,
     shrink: bool = False,
     drop: tuple[int, ...] = (),
@@ -268,13 +274,15 @@ async def recover(
     """See the module docstring. Works from ``running`` too (re-creates the group).
     ``blocked``: the dispatcher's stuck ranks (rank -> unfinished request) and the ranks
     of those it gave up on; the caller forgets them once this returns. ``state``: the
-    cluster's (read only; the cluster is running again once this returns).
+    cluster's (read only; the cluster is running again once this returns). Each new world
+    (replacements in, ranks dropped, the new port) goes to ``commit`` as it is made.
 
     ``shrink=True``: dead ranks are dropped instead of replaced, the survivors renumbered
     0..n-1 (``cluster/elastic.py``); ``drop`` names survivors to leave out too (their
     engines are killed: a TP/PP partner of a lost rank cannot train alone). Without it, a
     lost host (every engine gone, the host silent) raises ``HostLost``."""
     validate.boolean("shrink", shrink)
+    ranks = world.ranks
     drop = tuple(validate.rank_list(drop, len(ranks))) if drop else ()
     state.check()  # a dead controller needs a full restart, not a recovery
     if state.last() not in LIVE or not ranks:
@@ -293,55 +301,66 @@ async def recover(
     if not shrink:
         move_to_spares(engines, ranks, dead)  # a lost host's ranks: to a spare, or HostLost
     if shrink:
-        killed = await _free_stuck(engines, ranks, dead, report, blocked)
-        await _drop(engines, ranks, sorted({*dead, *killed}), sorted(set(drop) - set(dead)), report)
+        report.freed, killed = await _free_stuck(engines, ranks, dead, blocked)
+        gone, also = sorted({*dead, *killed}), sorted(set(drop) - set(dead))
+        world = await _drop(engines, world, gone, also, commit)
+        report.dropped, report.renumbered = _renumbering(ranks, world, [*gone, *also])
     else:
         # The dead ranks' replacements start while stuck ranks are freed: a new engine's
         # start (its forker imports torch) is most of a recovery, freeing is reply trips.
-        killed, _ = await asyncio.gather(
-            _free_stuck(engines, ranks, dead, report, blocked),
-            _replace(engines, ranks, dead, report),
+        (report.freed, killed), world = await asyncio.gather(
+            _free_stuck(engines, ranks, dead, blocked),
+            _replace(engines, world, dead, report, commit),
         )
-        await _replace(engines, ranks, killed, report)  # ranks that stayed stuck (rare)
+        world = await _replace(engines, world, killed, report, commit)  # stayed stuck (rare)
     report.killed = killed
-    await regroup(engines, ranks)  # (a taken spare forked the next one: spare_forker.py)
+    await regroup(engines, world, commit)  # (a taken spare forked the next one: spare_forker.py)
     report.seconds = time.perf_counter() - started
     return report
 
 
 async def _drop(
-    engines: EngineSet,
-    ranks: list[RankAssignment],
-    gone: list[int],
-    also: list[int],
-    report: RecoveryReport,
-) -> None:
-    """Leave ``gone`` (and the survivors ``also``, killed here) out; renumber the rest."""
+    engines: EngineSet, world: World, gone: list[int], also: list[int], commit: Commit
+) -> World:
+    """Leave ``gone`` (and the survivors ``also``, killed here) out; the rest renumbered
+    (committed at once, and again with rank 0's address when rank 0 moved)."""
     client = engines.client_unchecked()
-    await asyncio.gather(*(signal_rank(client, ranks[r], signal.SIGKILL) for r in also))
-    old = {r.engine_id: r.rank for r in ranks}
-    old_master = ranks[0]
-    ranks[:] = shrunk_ranks(ranks, [*gone, *also])
-    report.dropped = sorted([*gone, *also])
-    report.renumbered = {old[r.engine_id]: r.rank for r in ranks}
-    first = ranks[0]
+    await asyncio.gather(*(signal_rank(client, world.ranks[r], signal.SIGKILL) for r in also))
+    old_master = world.ranks[0]
+    world = world.shrunk([*gone, *also])
+    commit(world)
+    first = world.ranks[0]
     if first.engine_id != old_master.engine_id and first.master_addr != "127.0.0.1":
         # rank 0 (the rendezvous host) is gone: the new rank 0's host holds the store
         fact = await gather([client[first.engine_id].apply_async(*engines.address_call())], 60)
-        ranks[:] = [replace(r, master_addr=fact[0]["address"]) for r in ranks]
+        world = world.replaced([replace(r, master_addr=fact[0]["address"]) for r in world.ranks])
+        commit(world)
+    return world
 
 
-async def regroup(engines: EngineSet, ranks: list[RankAssignment]) -> None:
-    """A new process group on a fresh port, on every rank of ``ranks``."""
+def _renumbering(
+    before: Sequence[RankAssignment], after: World, dropped: list[int]
+) -> tuple[list[int], dict[int, int]]:
+    """A shrink's report: the ranks dropped, and old -> new rank of those left."""
+    old = {r.engine_id: r.rank for r in before}
+    return sorted(dropped), {old[r.engine_id]: r.rank for r in after.ranks}
+
+
+async def regroup(engines: EngineSet, world: World, commit: Commit) -> World:
+    """A new process group on a fresh port, on every rank of ``world``; the world with the
+    port (committed before the ranks join)."""
     client = engines.client_unchecked()
-    if ranks[0].num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (and
+    if world.ranks[0].num_nodes > 1:  # every rank proves it reaches MASTER_ADDR (and
         # points gloo at the interface that does) before the store opens
-        await check_reachable(client, ranks)
-    port = await open_store(engines, ranks[0])
-    ranks[:] = [replace(r, master_port=int(port)) for r in ranks]
+        await check_reachable(client, list(world.ranks))
+    port = await open_store(engines, world.ranks[0])
+    world = world.replaced([replace(r, master_port=int(port)) for r in world.ranks])
+    commit(world)
+    ranks = world.ranks
     futures = setup_requests(engines, ranks, {})  # every rank shares rank 0's clock
     try:
         await wait_joined(engines.config.init_timeout, futures)
     except Exception as exc:
         raise ClusterError(f"re-creating the process group failed: {exc}") from exc
     engines.write_pidfile(ranks)
+    return world

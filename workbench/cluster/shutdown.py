@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from typing import Any
 
 import psutil
@@ -30,15 +31,14 @@ __all__ = ["shutdown"]
 log = logging.getLogger("workbench.cluster")
 
 
-async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bool) -> None:
-    """Stop every process of ``engines`` (see the module docstring); ``ranks`` is emptied.
-    What the cluster holds per rank besides (views, stuck cells, cell sockets) is its
-    dispatcher's to forget."""
+async def shutdown(engines: EngineSet, ranks: Sequence[RankAssignment], *, quiet: bool) -> None:
+    """Stop every process of ``engines`` (see the module docstring); ``ranks`` are the
+    cluster's, whose world is empty once this returns. What the cluster holds per rank
+    besides (views, stuck cells, cell sockets) is its dispatcher's to forget."""
     kept = engines.kept
     if engines.adopted is not None and kept is not None:  # attached here: its watchdog ends it
         engines.release()
         await asyncio.to_thread(kept.end)
-        ranks.clear()
         return
     spare, engines.spare = engines.spare, None
     spare_forker.end(spare)  # not yet taken: nothing else would end it
@@ -68,7 +68,6 @@ async def shutdown(engines: EngineSet, ranks: list[RankAssignment], *, quiet: bo
     ipp_cluster, engines.ipp = engines.ipp, None
     if ipp_cluster is not None:
         await _stop_ipyparallel(ipp_cluster, quiet=quiet)
-    ranks.clear()
     ssh_dir, engines.ssh_dir = engines.ssh_dir, None
     if ssh_dir is not None:
         await launchers.close_ssh(engines.config.hosts, engines.launcher_options, ssh_dir)
@@ -112,7 +111,7 @@ def _remove_engine_state(ipp_cluster: Any) -> None:
 
 async def _ask_engines_to_exit(
     engines: EngineSet,
-    ranks: list[RankAssignment],
+    ranks: Sequence[RankAssignment],
     client: Any,
     processes: list[psutil.Process],
     fast: bool,
@@ -162,7 +161,7 @@ def _controller_tree(engines: EngineSet) -> list[psutil.Process]:
 
 
 def _finish_engines(
-    engines: EngineSet, ranks: list[RankAssignment], processes: list[psutil.Process], fast: bool
+    engines: EngineSet, ranks: Sequence[RankAssignment], processes: list[psutil.Process], fast: bool
 ) -> None:
     """Once the engines have exited on request, end their nannies too.
 

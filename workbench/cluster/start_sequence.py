@@ -15,6 +15,7 @@ import logging
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import ipyparallel as ipp
@@ -34,6 +35,7 @@ from workbench.cluster.registration import (
     wait_for_engines,
 )
 from workbench.cluster.startup import StartupProfile
+from workbench.cluster.world import Commit, World
 from workbench.engine import process_group
 from workbench.errors import ClusterError
 
@@ -130,14 +132,15 @@ def make_ipp_cluster(engines: EngineSet) -> ipp.Cluster:
 
 async def start(
     engines: EngineSet,
-    ranks: list[RankAssignment],
+    world: World,
+    commit: Commit,
     startup: StartupProfile,
     report: Report,
     on_register: OnRegister | None = None,
 ) -> dict[str, float]:
     """The whole start: the watchdog, then controller and engines, then the process group
-    (ranks assigned into ``ranks``). Returns where the time went (``Cluster.timings``);
-    on failure the caller stops what started."""
+    (the world of ranks assigned goes to ``commit``, made from ``world``). Returns where
+    the time went (``Cluster.timings``); on failure the caller stops what started."""
     t0 = time.perf_counter()
     # status_dir: a directory every node shares, so hang reports include remote ranks
     engines.run_dir = tempfile.mkdtemp(
@@ -147,16 +150,17 @@ async def start(
     # it appears: a kernel killed at any moment of the start leaves nothing behind.
     engines.start_watchdog()
     startup.mark("watchdog started")
-    tracker = asyncio.ensure_future(engines.track_start(ranks)) if engines.watchdog else None
+    # (no rank yet: the processes are found from the controller's and the launchers')
+    tracker = asyncio.ensure_future(engines.track_start(())) if engines.watchdog else None
     try:
         await start_engines(engines, startup, report, on_register)
         t1 = time.perf_counter()
-        await init_process_group(engines, ranks, startup, report)
+        world = await init_process_group(engines, world, commit, startup, report)
     finally:
         if tracker is not None:
             tracker.cancel()
-    engines.write_pidfile(ranks)
-    await engines.publish_kept(ranks)  # keep=True: how another kernel finds it (keep.py)
+    engines.write_pidfile(world.ranks)
+    await engines.publish_kept(world.ranks)  # keep=True: how another kernel finds it (keep.py)
     return {
         "engines_s": t1 - t0,
         "process_group_s": time.perf_counter() - t1,
@@ -230,7 +234,7 @@ def check_environments(
 
 
 def setup_requests(
-    engines: EngineSet, ranks: list[RankAssignment], clock_offsets: dict[int, int]
+    engines: EngineSet, ranks: Sequence[RankAssignment], clock_offsets: dict[int, int]
 ) -> list[Any]:
     """``setup_rank`` sent to every engine at once (an engine missing from
     ``clock_offsets`` shares rank 0's clock); the requests, in rank order."""
@@ -264,9 +268,10 @@ async def wait_joined(init_timeout: float, futures: list[Any]) -> None:
 
 
 async def init_process_group(
-    engines: EngineSet, ranks: list[RankAssignment], startup: StartupProfile, report: Report
-) -> None:
-    """Assign ranks (into ``ranks``), open the rendezvous store on rank 0, join every rank."""
+    engines: EngineSet, world: World, commit: Commit, startup: StartupProfile, report: Report
+) -> World:
+    """Assign ranks, open the rendezvous store on rank 0, join every rank; the world of
+    them (made from ``world``, committed once every rank joined)."""
     client = engines.client_unchecked()
     config = engines.config
     ids, infos = await engine_infos(engines, startup)
@@ -308,9 +313,11 @@ async def init_process_group(
     for r, future in zip(assigned, futures, strict=True):
         future.add_done_callback(lambda _f, eid=r.engine_id: startup.engine_now(eid, "joined"))
     await wait_joined(config.init_timeout, futures)
-    ranks[:] = assigned
+    world = world.replaced(assigned)
+    commit(world)
     startup.mark("process group formed")
     report("rendezvous", len(assigned), len(assigned))
+    return world
 
 
 async def open_store(engines: EngineSet, r0: RankAssignment) -> int:
