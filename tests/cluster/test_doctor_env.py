@@ -142,6 +142,7 @@ def test_the_start_refuses_before_any_store_or_group_exists(
         check_packages=(),
         environment=None,
     )
+    engines.compared = lambda report: setattr(engines, "environment", report)
     here = str(infos[0]["environment"]["nccl"])  # None on a CPU build of torch
     with pytest.raises(ClusterError, match=rf"nccl differs: node-a has {here}, node-b has 2\.1"):
         start = start_sequence.init_process_group(

@@ -45,7 +45,7 @@ def test_multi_node_launchers_keep_ipyparallels_start_and_a_500ms_heartbeat(
     launcher: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = Cluster(n=2, launcher=launcher, hosts=["node-a", "node-b"])
-    cluster.engines.controller_address = "10.0.0.1"  # what start() would find from the hosts
+    cluster.engines._controller_address = "10.0.0.1"  # what start() would find from the hosts
     ipp_cluster, cmd = _engine_cmd(cluster)
     assert cmd is None
     assert ipp_cluster.send_engines_connection_env is True
@@ -103,7 +103,7 @@ def _stop(launcher: str, monkeypatch: pytest.MonkeyPatch) -> tuple[_Client, list
     hosts = [] if launcher == "local" else ["node-a", "node-b"]
     cluster = Cluster(n=2, launcher=launcher, hosts=hosts)
     client = _Client()
-    cluster.engines.client = client  # type: ignore[assignment]
+    cluster.engines._client = client  # type: ignore[assignment]
     cluster._set_world(World(tuple([_rank(0), _rank(1)])))
     ended: list[Any] = []
     monkeypatch.setattr(fast_stop, "end", lambda procs, grace=0.5: ended.append(procs) or [])

@@ -47,7 +47,7 @@ def test_local_states_running_stopped_gone() -> None:
 
 def test_cluster_pids_leave_out_engines_on_other_hosts() -> None:
     cluster = Cluster(n=2, launcher="ssh", hosts=["node-a", "node-b"])
-    cluster.engines.ipp = object()  # type: ignore[assignment]  # no launchers to list
+    cluster.engines._ipp = object()  # type: ignore[assignment]  # no launchers to list
     cluster._set_world(
         World(
             tuple(

@@ -30,6 +30,11 @@ class _Cluster:
         self.launcher_options = LauncherOptions(partition="wb")
         self.launch_hosts = {r.engine_id: r.host for r in self.ranks}
 
+    def host_lost(self, engine_id: int, lost: str, spare_host: str) -> None:
+        """As ``EngineSet.host_lost``: the launch host is lost, the spare starts it."""
+        self.lost_hosts.add(self.launch_hosts.get(engine_id) or lost)
+        self.launch_hosts[engine_id] = spare_host
+
 
 def test_spare_hosts_are_checked_before_anything_starts() -> None:
     cluster = Cluster(n=4, launcher="ssh", hosts=["a", "b"], spare_hosts="c, d")

@@ -300,10 +300,6 @@ class Cluster(ScriptRuns, ClusterDoctor):
         """Out-of-band status files of the engines (see flight.py) and the watchdog's."""
         return self.engines.run_dir
 
-    @run_dir.setter
-    def run_dir(self, value: str | None) -> None:
-        self.engines.run_dir = value
-
     @property
     def environment(self) -> EnvironmentReport | None:
         """Every host's versions, compared at start (doctor_env.py)."""

@@ -30,7 +30,7 @@ from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.results import (
     ABORTED,
     CellResult,
-    fill_failure,
+    failure_of,
     format_remote,
     reply_metadata,
 )
@@ -442,12 +442,12 @@ class RankDispatch:
         out: list[CellResult] = []
         dead: list[int] = []
         for r, future in zip(targets, futures, strict=True):
-            result = CellResult.of_reply(r.rank, r.engine_id, reply_metadata(future))
-            out.append(result)
-            if self._lost(r, future):
+            lost = self._lost(r, future)
+            # (not lost, not ready: still blocked after a peer died)
+            failure = failure_of(future) if not lost and future.ready() else None
+            out.append(CellResult.of_reply(r.rank, r.engine_id, reply_metadata(future), failure))
+            if lost:
                 dead.append(r.rank)
-            elif future.ready():  # (not: still blocked after a peer died)
-                fill_failure(result, future)
         if dead:
             self._mark_stuck(targets, futures)
             self.state.degrade()

@@ -23,8 +23,9 @@ import dataclasses
 import logging
 import os
 import subprocess
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ipyparallel as ipp
@@ -77,33 +78,192 @@ class EngineSet:
         self.check_packages = check_packages  # compared on every host at start (doctor_env)
         # an external cluster (profile / cluster_id) is connected to, never started or stopped
         self.owns = config.profile is None and config.cluster_id is None
-        self.ipp: ipp.Cluster | None = None
-        self.client: ipp.Client | None = None
-        self.controller_address: str | None = None
-        self.ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
+        # Fields are private: the start, the stop and the recovery change them through the
+        # methods below (named after what happened), everyone reads them as properties.
+        self._ipp: ipp.Cluster | None = None
+        self._client: ipp.Client | None = None
+        self._controller_address: str | None = None
+        self._ssh_dir: str | None = None  # ssh's shared-connection sockets (launcher="ssh")
         # Out-of-band status files of the engines (see flight.py) and the watchdog's pid file.
-        self.run_dir: str | None = None
+        self._run_dir: str | None = None
         # engine id -> its pending facts (engine_info; rendezvous_probe.engine_address), asked
-        # for as it registers (start_sequence.py)
-        self.info_futures: dict[int, Any] = {}
-        self.address_futures: dict[int, Any] = {}
-        self.engine_ids: list[int] = []  # the engines that get ranks, chosen at start
+        # for as it registers (registration.py)
+        self._info_futures: dict[int, Any] = {}
+        self._address_futures: dict[int, Any] = {}
+        self._engine_ids: list[int] = []  # the engines that get ranks, chosen at start
         # engine id -> the launcher's host entry that started it (ssh), for replacements
-        self.launch_hosts: dict[int, str] = {}
-        self.lost_hosts: set[str] = set()  # launch hosts found lost: no spare goes there
+        self._launch_hosts: dict[int, str] = {}
+        self._lost_hosts: set[str] = set()  # launch hosts found lost: no spare host goes there
         self.nanny_pids: set[int] = set()
-        self.environment: EnvironmentReport | None = None  # the hosts compared at start
-        self.watch: EngineWatch | None = None  # reports local engines' deaths
-        self.watchdog: subprocess.Popen[bytes] | None = None  # ends orphans of a killed kernel
-        self.spare: Spare | None = None  # where a forker's spare waits for a replacement
+        self._environment: EnvironmentReport | None = None  # the hosts compared at start
+        self._watch: EngineWatch | None = None  # reports local engines' deaths
+        self._watchdog: subprocess.Popen[bytes] | None = None  # ends a killed kernel's orphans
+        self._spare: Spare | None = None  # where a forker's spare waits for a replacement
         # Every process this cluster started, remembered from the moment it is seen.
-        self.known: dict[int, psutil.Process] = {}
+        self._known: dict[int, psutil.Process] = {}
         # keep=True: the processes outlive the kernel (keep.py); ``kept`` is its connection
         # file once written, ``adopted`` the controller of a cluster attached (not started)
         # by this kernel: no ipyparallel Cluster here, its watchdog ends it.
         self.keep = keep
         self.kept: KeptCluster | None = None
         self.adopted: psutil.Process | None = None
+
+    # ----------------------------------------------------------------- read by all
+    @property
+    def ipp(self) -> ipp.Cluster | None:
+        return self._ipp
+
+    @property
+    def client(self) -> ipp.Client | None:
+        return self._client
+
+    @property
+    def controller_address(self) -> str | None:
+        return self._controller_address
+
+    @property
+    def ssh_dir(self) -> str | None:
+        return self._ssh_dir
+
+    @property
+    def run_dir(self) -> str | None:
+        return self._run_dir
+
+    @property
+    def info_futures(self) -> Mapping[int, Any]:
+        return self._info_futures
+
+    @property
+    def address_futures(self) -> Mapping[int, Any]:
+        return self._address_futures
+
+    @property
+    def engine_ids(self) -> list[int]:
+        return list(self._engine_ids)
+
+    @property
+    def launch_hosts(self) -> Mapping[int, str]:
+        return self._launch_hosts
+
+    @property
+    def lost_hosts(self) -> frozenset[str]:
+        return frozenset(self._lost_hosts)
+
+    @property
+    def environment(self) -> EnvironmentReport | None:
+        return self._environment
+
+    @property
+    def watch(self) -> EngineWatch | None:
+        return self._watch
+
+    @property
+    def watchdog(self) -> subprocess.Popen[bytes] | None:
+        return self._watchdog
+
+    @property
+    def spare(self) -> Spare | None:
+        return self._spare
+
+    @property
+    def known(self) -> Mapping[int, psutil.Process]:
+        return self._known
+
+    # ----------------------------------------------------------------- the start
+    def open_run_dir(self) -> str:
+        """A fresh run directory (``status_dir``: one every node shares, so hang reports
+        include remote ranks)."""
+        self._run_dir = tempfile.mkdtemp(
+            prefix="wb-run-", dir=self.launcher_options.status_dir or None
+        )
+        return self._run_dir
+
+    def open_ssh_dir(self) -> str:
+        """A directory for ssh's shared-connection sockets (launcher="ssh")."""
+        self._ssh_dir = tempfile.mkdtemp(prefix="wb-ssh-")
+        return self._ssh_dir
+
+    def controller_at(self, address: str | None) -> None:
+        """The address the controller listens on (found from the hosts, multi-node)."""
+        self._controller_address = address
+
+    def spare_ready(self, spare: Spare | None) -> None:
+        """Where the forker's spare will wait for a replacement (spare_forker.py)."""
+        self._spare = spare
+
+    def launched(self, ipp_cluster: ipp.Cluster) -> None:
+        """The ipyparallel cluster that starts the controller and the engines."""
+        self._ipp = ipp_cluster
+
+    def connected(self, client: ipp.Client, *, watch: bool = False) -> None:
+        """The client to the controller; ``watch``: the kernel reports its local engines'
+        deaths itself (a local cluster's engines have no nanny)."""
+        self._client = client
+        if watch:
+            self._watch = EngineWatch.for_client(client)
+
+    def registering(self) -> None:
+        """Engines start registering: no facts asked for yet."""
+        self._info_futures, self._address_futures = {}, {}
+
+    def asked(self, engine_id: int, info: Any, address: Any) -> None:
+        """``engine_id`` registered and was asked for its facts and its address."""
+        self._info_futures[engine_id] = info
+        self._address_futures[engine_id] = address
+
+    def chose(self, engine_ids: Sequence[int]) -> None:
+        """The engines that get ranks."""
+        self._engine_ids = list(engine_ids)
+
+    def started_by(self, hosts: Mapping[int, str], *, only: bool = False) -> None:
+        """Which launch host started each engine (``only``: these are all of them)."""
+        if only:
+            self._launch_hosts = {}
+        self._launch_hosts.update(hosts)
+
+    def host_lost(self, engine_id: int, lost: str, spare_host: str) -> None:
+        """``engine_id``'s launch host ``lost`` is lost: it is started again on
+        ``spare_host`` (spares.py), and no spare host goes to ``lost`` any more."""
+        self._lost_hosts.add(self._launch_hosts.get(engine_id) or lost)
+        self._launch_hosts[engine_id] = spare_host
+
+    def compared(self, environment: EnvironmentReport) -> None:
+        """The hosts' versions as last compared (doctor_env.py)."""
+        self._environment = environment
+
+    # ----------------------------------------------------------------- the stop
+    # Each hands over what the stop ends, and holds it no more.
+    def take_spare(self) -> Spare | None:
+        spare, self._spare = self._spare, None
+        return spare
+
+    def take_watch(self) -> EngineWatch | None:
+        watch, self._watch = self._watch, None
+        return watch
+
+    def take_client(self) -> ipp.Client | None:
+        client, self._client = self._client, None
+        return client
+
+    def take_watchdog(self) -> subprocess.Popen[bytes] | None:
+        dog, self._watchdog = self._watchdog, None
+        return dog
+
+    def take_ipp(self) -> ipp.Cluster | None:
+        ipp_cluster, self._ipp = self._ipp, None
+        return ipp_cluster
+
+    def take_ssh_dir(self) -> str | None:
+        ssh_dir, self._ssh_dir = self._ssh_dir, None
+        return ssh_dir
+
+    def take_run_dir(self) -> str | None:
+        run_dir, self._run_dir = self._run_dir, None
+        return run_dir
+
+    def forget_processes(self) -> None:
+        """Every process it started has ended."""
+        self._known = {}
 
     # ----------------------------------------------------------------- controller
     def controller_died(self) -> ClusterError:
@@ -161,16 +321,16 @@ class EngineSet:
         self.nanny_pids = set()
         for pid in self.pids(ranks):
             try:
-                proc = self.known.get(pid) or psutil.Process(pid)
+                proc = self._known.get(pid) or psutil.Process(pid)
                 children = proc.children(recursive=True)
             except psutil.Error:
                 continue
-            self.known[pid] = proc
+            self._known[pid] = proc
             for child in children:
-                self.known.setdefault(child.pid, child)
+                self._known.setdefault(child.pid, child)
             if pid in engine_pids:  # an engine's children are its nanny
                 self.nanny_pids.update(c.pid for c in children)
-        return [p for p in self.known.values() if running(p)]
+        return [p for p in self._known.values() if running(p)]
 
     def pids(self, ranks: Sequence[RankAssignment]) -> list[int]:
         """Process ids (on this host) of the controller, engines and their nannies started
@@ -203,14 +363,14 @@ class EngineSet:
             return
         watchdog.write_pidfile(self.run_dir, [])
         if self.keep is None:
-            self.watchdog = watchdog.spawn(self.run_dir)
+            self._watchdog = watchdog.spawn(self.run_dir)
             return
         # kept: it follows the kernel that holds the cluster (this one, for now) and ends it
         # a lease after none does; the name is claimed here, before any process starts
         files = KeptClusters()
         name = files.free_name(self.keep.name)
         watchdog.write_holder(self.run_dir, os.getpid())
-        self.watchdog = watchdog.spawn(self.run_dir, self.keep.lease, str(files.path_of(name)))
+        self._watchdog = watchdog.spawn(self.run_dir, self.keep.lease, str(files.path_of(name)))
         self.kept = KeptCluster(files.path_of(name), {"name": name, "run_dir": self.run_dir})
 
     async def publish_kept(self, ranks: Sequence[RankAssignment]) -> None:
@@ -253,14 +413,14 @@ class EngineSet:
 
     def adopt(self, kept: KeptCluster, client: ipp.Client, ranks: Sequence[RankAssignment]) -> None:
         """This kernel holds the kept cluster ``kept`` now, through ``client`` (attach)."""
-        self.kept, self.client, self.run_dir = kept, client, kept.run_dir
+        self.kept, self._client, self._run_dir = kept, client, kept.run_dir
         self.adopted = kept.controller()
-        self.controller_address = (kept.data.get("connection") or {}).get("location")
+        self._controller_address = (kept.data.get("connection") or {}).get("location")
         watchdog.write_holder(kept.run_dir, os.getpid())  # its lease is whole again
         if self.config.launcher == "local":  # no nannies: this kernel reports their deaths
-            self.watch = EngineWatch.for_client(client)
+            self._watch = EngineWatch.for_client(client)
             for r in local_ranks(ranks):
-                self.watch.watch(r.engine_id, r.pid)
+                self._watch.watch(r.engine_id, r.pid)
 
     def refuse_if_adopted(self, action: str) -> None:
         """An attached kept cluster has no launchers here to start engines with."""
@@ -281,17 +441,17 @@ class EngineSet:
         from now; a later ``attach`` takes it up again."""
         if self.run_dir is not None and self.kept is not None:
             watchdog.write_holder(self.run_dir, 0)
-        watch, self.watch = self.watch, None
+        watch, self._watch = self._watch, None
         if watch is not None:
             watch.close()
-        client, self.client = self.client, None
+        client, self._client = self._client, None
         if client is not None:
             client.close()
         # dropped, not stopped (its shutdown_atexit is off): the processes run on
-        self.ipp = self.watchdog = self.adopted = self.kept = None
-        self.run_dir = self.ssh_dir = None
-        self.spare = None
-        self.known = {}
+        self._ipp = self._watchdog = self.adopted = self.kept = None
+        self._run_dir = self._ssh_dir = None
+        self._spare = None
+        self._known = {}
 
     async def track_start(self, ranks: Sequence[RankAssignment]) -> None:
         """While starting, tell the watchdog about each process within ``_TRACK_S`` of its

@@ -57,7 +57,7 @@ async def grow(
     template = ranks[-1]
     added = []
     for eid, info in new:
-        engines.launch_hosts[eid] = info.get("launch_host", "")
+        engines.started_by({eid: info.get("launch_host", "")})
         added.append(
             replace(
                 template,

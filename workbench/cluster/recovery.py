@@ -248,7 +248,7 @@ async def _replace(
         pick = next((x for x in free if x[1].get("launch_host") == want), free[0])
         free.remove(pick)
         eid, info = pick
-        engines.launch_hosts[eid] = info.get("launch_host", "")
+        engines.started_by({eid: info.get("launch_host", "")})
         report.replaced[rank] = (old.engine_id, eid)
         ranks[rank] = replace(
             old, engine_id=eid, pid=info["pid"], host=info["host"], pid_space=info["pid_space"]

@@ -55,8 +55,7 @@ async def wait_for_engines(
     n = engines.config.n
     deadline = time.monotonic() + engines.config.start_timeout
     seen = -1
-    engines.info_futures = {}
-    engines.address_futures = {}
+    engines.registering()
     while True:
         # One read of the ids per pass: an engine may register between two reads, and
         # every id counted must be one whose facts were asked for.
@@ -74,7 +73,7 @@ async def wait_for_engines(
             seen = count
         if count >= n:
             startup.mark("all engines registered")
-            engines.engine_ids = ids[:n]
+            engines.chose(ids[:n])
             return
         _refuse_a_failed_start(engines, count, deadline)
         await asyncio.sleep(0.02)
@@ -86,8 +85,7 @@ def _ask_facts(engines: EngineSet, startup: StartupProfile, eid: int) -> None:
     fence_s = fencing.fence_after_s(engines.config.launcher) if engines.owns else 0.0
     future = client[eid].apply_async(boot.timed_engine_info, engines.check_packages, fence_s)
     future.add_done_callback(lambda _f, eid=eid: startup.engine_now(eid, "answered"))
-    engines.info_futures[eid] = future
-    engines.address_futures[eid] = client[eid].apply_async(*engines.address_call())
+    engines.asked(eid, future, client[eid].apply_async(*engines.address_call()))
 
 
 def _refuse_a_failed_start(engines: EngineSet, count: int, deadline: float) -> None:
@@ -152,9 +150,10 @@ async def engine_infos(
     for eid, info in zip(ids, infos, strict=True):
         # another host's wall clock is not ours: its process start is left out
         startup.engine_facts(eid, info, same_clock=info.get("pid_space") == here)
-    engines.launch_hosts = {
-        eid: str(info.get("launch_host", "")) for eid, info in zip(ids, infos, strict=True)
-    }
+    engines.started_by(
+        {eid: str(info.get("launch_host", "")) for eid, info in zip(ids, infos, strict=True)},
+        only=True,
+    )
     if engines.ipp is not None:
         attach_nannies(engines.ipp, dict(zip(ids, infos, strict=True)))
     watch_engines(engines, list(zip(ids, infos, strict=True)))
@@ -216,8 +215,9 @@ async def new_engines(
         timeout=engines.config.start_timeout,
     )
     try:
-        engines.environment = compare_new_engines(
-            engines.environment, list(zip(new_ids, infos, strict=True)), engines.check_packages
+        new_infos = list(zip(new_ids, infos, strict=True))
+        engines.compared(
+            compare_new_engines(engines.environment, new_infos, engines.check_packages)
         )
     except ClusterError:  # refused: they take no rank, so they must not stay idle until stop
         client.shutdown(targets=new_ids, block=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ABORTED", "CellResult", "format_remote", "reply_metadata"]
+__all__ = ["ABORTED", "CellResult", "failure_of", "format_remote", "reply_metadata"]
 
 # ipykernel drops requests queued behind one that failed; say so instead of a task uuid.
 ABORTED = (
@@ -33,8 +33,16 @@ class CellResult:
         return self.ename is None
 
     @classmethod
-    def of_reply(cls, rank: int, engine_id: int, md: dict[str, Any]) -> CellResult:
-        """The outputs a reply's metadata collected (either cell path)."""
+    def of_reply(
+        cls,
+        rank: int,
+        engine_id: int,
+        md: dict[str, Any],
+        failure: tuple[str, str, str] | None = None,
+    ) -> CellResult:
+        """The outputs a reply's metadata collected (either cell path), and the cell's
+        error (``failure_of``) when it raised."""
+        ename, evalue, traceback = failure if failure is not None else (None, None, None)
         return cls(
             rank=rank,
             engine_id=engine_id,
@@ -42,6 +50,9 @@ class CellResult:
             stderr=md.get("stderr", ""),
             outputs=list(md.get("outputs", [])),
             execute_result=md.get("execute_result"),
+            ename=ename,
+            evalue=evalue,
+            traceback=traceback,
         )
 
 
@@ -64,18 +75,18 @@ def format_remote(exc: Any) -> str:
     return "\n".join(lines)
 
 
-def fill_failure(result: CellResult, future: Any) -> None:
-    """Put a finished cell's error (if it raised) into ``result``: the remote exception's
-    name, text and traceback, whichever way ipyparallel reports it."""
+def failure_of(future: Any) -> tuple[str, str, str] | None:
+    """A finished cell's error, if it raised: the remote exception's name, text and
+    traceback, whichever way ipyparallel reports it."""
     import ipyparallel as ipp
 
     try:
         future.get(0)
     except ipp.error.RemoteError as exc:
-        result.ename, result.evalue = exc.ename, str(exc.evalue)
-        result.traceback = format_remote(exc)
+        return exc.ename, str(exc.evalue), format_remote(exc)
     except ipp.error.CompositeError as exc:
         ename, evalue, tb, _ = exc.elist[0]
-        result.ename, result.evalue, result.traceback = ename, str(evalue), tb
+        return ename, str(evalue), tb
     except ipp.error.TaskAborted:
-        result.ename, result.evalue, result.traceback = "TaskAborted", ABORTED, ABORTED
+        return "TaskAborted", ABORTED, ABORTED
+    return None

@@ -40,17 +40,16 @@ async def shutdown(engines: EngineSet, ranks: Sequence[RankAssignment], *, quiet
         engines.release()
         await asyncio.to_thread(kept.end)
         return
-    spare, engines.spare = engines.spare, None
-    spare_forker.end(spare)  # not yet taken: nothing else would end it
+    spare_forker.end(engines.take_spare())  # not yet taken: nothing else would end it
     # Snapshot every process first: once engines exit, their nannies are orphans.
     processes = engines.process_tree(ranks)
-    watch, engines.watch = engines.watch, None
+    watch = engines.take_watch()
     if watch is not None:  # the engines' exits that follow are this stop's own
         await asyncio.to_thread(watch.close)
     # Without a controller no request reaches the engines: stop them by pid below.
     lost = engines.controller_lost()
     fast = engines.config.launcher == "local" and engines.owns
-    client, engines.client = engines.client, None
+    client = engines.take_client()
     asked = client is not None and bool(ranks) and engines.owns and not lost
     if client is not None:
         if asked:
@@ -62,13 +61,13 @@ async def shutdown(engines: EngineSet, ranks: Sequence[RankAssignment], *, quiet
         await asyncio.to_thread(terminate, processes)
     elif fast:  # a local controller holds nothing worth a slow exit
         await asyncio.to_thread(fast_stop.end, _controller_tree(engines))
-    dog, engines.watchdog = engines.watchdog, None
+    dog = engines.take_watchdog()
     if dog is not None:  # told now (it only exits), so its last poll overlaps what follows
         dog.terminate()
-    ipp_cluster, engines.ipp = engines.ipp, None
+    ipp_cluster = engines.take_ipp()
     if ipp_cluster is not None:
         await _stop_ipyparallel(ipp_cluster, quiet=quiet)
-    ssh_dir, engines.ssh_dir = engines.ssh_dir, None
+    ssh_dir = engines.take_ssh_dir()
     if ssh_dir is not None:
         await launchers.close_ssh(engines.config.hosts, engines.launcher_options, ssh_dir)
         shutil.rmtree(ssh_dir, ignore_errors=True)
@@ -78,10 +77,10 @@ async def shutdown(engines: EngineSet, ranks: Sequence[RankAssignment], *, quiet
     await asyncio.to_thread(reap, processes)
     if ipp_cluster is not None and engines.owns:  # its controller is gone: nothing rewrites it
         _remove_engine_state(ipp_cluster)
-    engines.known = {}
+    engines.forget_processes()
     if dog is not None:
         watchdog.stop(dog)
-    run_dir, engines.run_dir = engines.run_dir, None
+    run_dir = engines.take_run_dir()
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)
     if kept is not None:  # a kept cluster stopped in the kernel that started it

@@ -35,7 +35,6 @@ from typing import Any
 import psutil
 
 from workbench.cluster import warm_start
-from workbench.cluster.launch.warm import adopt
 from workbench.engine import zygote
 from workbench.engine.spare import FIFO, PID, SPARE_FLAG
 from workbench.engine.warm_request import request_line
@@ -129,7 +128,7 @@ def take(launcher: Any, args: list[str], env: Mapping[str, str]) -> bool:
     finally:
         os.close(fd)
     spare.env = dict(env)  # its own spare will be forked with it
-    adopt(launcher, pid)
+    launcher.adopt(pid)
     return True
 
 

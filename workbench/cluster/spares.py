@@ -18,7 +18,7 @@ after any recovery.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -35,7 +35,7 @@ __all__ = ["move_to_spares", "start_args"]
 
 
 def move_to_spares(
-    engines: EngineSet, ranks: list[RankAssignment], dead: list[int]
+    engines: EngineSet, ranks: Sequence[RankAssignment], dead: list[int]
 ) -> dict[str, str]:
     """For each lost host among ``dead``'s, point its ranks' launch host at a free spare
     that answers; returns lost host -> spare. Raises ``HostLost`` (saying no spare is left
@@ -58,13 +58,11 @@ def move_to_spares(
                     ) from None
                 raise
             for rank in lost.ranks:
-                eid = ranks[rank].engine_id
-                engines.lost_hosts.add(engines.launch_hosts.get(eid) or lost.host)
-                engines.launch_hosts[eid] = spare
+                engines.host_lost(ranks[rank].engine_id, lost.host, spare)
             moved[lost.host] = spare
 
 
-def _free_spare(engines: EngineSet, ranks: list[RankAssignment], taken: set[str]) -> str | None:
+def _free_spare(engines: EngineSet, ranks: Sequence[RankAssignment], taken: set[str]) -> str | None:
     """The first spare that runs no rank, is not taken already and answers a probe (under
     Slurm: is also in service); ``ANY_SPARE`` while Slurm has a node free for it."""
     busy = {r.host for r in ranks} | set(engines.launch_hosts.values()) | taken

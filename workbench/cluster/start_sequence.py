@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -21,7 +20,6 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench.cluster import doctor_env, fencing, rendezvous, spare_forker, warm_start
-from workbench.cluster.engine_watch import EngineWatch
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.launch import launchers
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
@@ -142,10 +140,7 @@ async def start(
     (the world of ranks assigned goes to ``commit``, made from ``world``). Returns where
     the time went (``Cluster.timings``); on failure the caller stops what started."""
     t0 = time.perf_counter()
-    # status_dir: a directory every node shares, so hang reports include remote ranks
-    engines.run_dir = tempfile.mkdtemp(
-        prefix="wb-run-", dir=engines.launcher_options.status_dir or None
-    )
+    engines.open_run_dir()
     # The watchdog runs before the first process starts, and learns every process as
     # it appears: a kernel killed at any moment of the start leaves nothing behind.
     engines.start_watchdog()
@@ -179,17 +174,18 @@ async def start_engines(
     c = engines.config
     if engines.owns:
         if c.launcher == "ssh":
-            engines.ssh_dir = tempfile.mkdtemp(prefix="wb-ssh-")
+            engines.open_ssh_dir()
         if c.launcher in MULTI_NODE:
-            engines.controller_address = launchers.controller_address(
-                c.launcher, c.hosts, engines.launcher_options
+            engines.controller_at(
+                launchers.controller_address(c.launcher, c.hosts, engines.launcher_options)
             )
             await launchers.preflight(
                 c.launcher, c.n, c.hosts, engines.launcher_options, engines.ssh_dir
             )
             startup.mark("launcher checked")
-        engines.spare = spare_forker.prepare(c.launcher, engines.owns, engines.run_dir)
-        ipp_cluster = engines.ipp = make_ipp_cluster(engines)
+        engines.spare_ready(spare_forker.prepare(c.launcher, engines.owns, engines.run_dir))
+        ipp_cluster = make_ipp_cluster(engines)
+        engines.launched(ipp_cluster)
         # Locally this only spawns the controller: the engines wait for its connection
         # file themselves (local_settings), so their process is launched right after it.
         await ipp_cluster.start_controller()
@@ -206,12 +202,11 @@ async def start_engines(
         startup.mark("engines launched")
         startup.remarks.extend(warm_start.pop_outcomes())
         engines.write_pidfile(())
-        engines.client = await ipp_cluster.connect_client()
+        # a local cluster's engines have no nanny (see local_settings): the kernel watches
+        engines.connected(await ipp_cluster.connect_client(), watch=c.launcher == "local")
         startup.mark("client connected")
-        if c.launcher == "local":  # its engines have no nanny: see local_settings
-            engines.watch = EngineWatch.for_client(engines.client)
     else:
-        engines.client = ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "")
+        engines.connected(ipp.Client(profile=c.profile, cluster_id=c.cluster_id or ""))
     await wait_for_engines(engines, startup, report, on_register)
 
 
@@ -226,7 +221,8 @@ def check_environments(
     labelled = [
         (e.host, e.engine_id, i.get("environment", {})) for e, i in zip(found, infos, strict=True)
     ]
-    report = engines.environment = doctor_env.environment_report(labelled, engines.check_packages)
+    report = doctor_env.environment_report(labelled, engines.check_packages)
+    engines.compared(report)
     doctor_env.refuse_mismatch(report)
     for text in report.warnings:
         warnings.warn(f"workbench: {text}", UserWarning, stacklevel=2)

@@ -22,14 +22,14 @@ from ipyparallel.cluster.launcher import LocalEngineLauncher
 from traitlets import Unicode, default
 
 from workbench.cluster import spare_forker
-from workbench.cluster.launch.warm import start_warm
+from workbench.cluster.launch.warm import Adopting, start_warm
 from workbench.cluster.processes import running
 from workbench.engine import zygote
 
 __all__ = ["ForkEngineSetLauncher"]
 
 
-class ForkEngineSetLauncher(LocalEngineLauncher):
+class ForkEngineSetLauncher(Adopting, LocalEngineLauncher):
     """``n`` local engines forked from one process after it imported torch."""
 
     spare_dir = Unicode(
