@@ -65,12 +65,12 @@ def no_spare() -> None:
     """Start no spare forker (the code before it): recovery starts its own forker. Both
     forms: a spare started after the start (``keep_ready``, before issue 31's profile) and
     one forked by the engines' forker (``prepare``)."""
-    from workbench.cluster import spare_forker
+    from workbench.cluster import standby
 
-    if hasattr(spare_forker, "keep_ready"):
-        spare_forker.keep_ready = lambda engines: None
-    if hasattr(spare_forker, "prepare"):
-        spare_forker.prepare = lambda *args: None
+    if hasattr(standby, "keep_ready"):
+        standby.keep_ready = lambda engines: None
+    if hasattr(standby, "prepare"):
+        standby.prepare = lambda *args: None
 
 
 def _spare_ready(pid: int) -> None:
@@ -102,9 +102,9 @@ def _spare_waits(directory: str) -> None:
 def watch_spare() -> None:
     """Mark a spare forker's start and the end of its imports (a spare started ahead), or
     when the spare forked by the engines' forker waits."""
-    from workbench.cluster import spare_forker, warm_start
+    from workbench.cluster import standby, warm_start
 
-    prepare = getattr(spare_forker, "prepare", None)
+    prepare = getattr(standby, "prepare", None)
     if prepare is not None:
 
         def prepared(*args: Any) -> Any:
@@ -114,7 +114,7 @@ def watch_spare() -> None:
                 threading.Thread(target=_spare_waits, args=(spare.directory,), daemon=True).start()
             return spare
 
-        spare_forker.prepare = prepared
+        standby.prepare = prepared
 
     original = warm_start.spawn
 

@@ -45,7 +45,7 @@ from workbench.engine.hosts import local_pid_space
 from workbench.errors import ClusterError
 
 if TYPE_CHECKING:
-    from workbench.cluster.spare_forker import Spare
+    from workbench.cluster.standby import Standby
 
 __all__ = ["EngineSet", "local_ranks"]
 
@@ -98,7 +98,7 @@ class EngineSet:
         self._environment: EnvironmentReport | None = None  # the hosts compared at start
         self._watch: EngineWatch | None = None  # reports local engines' deaths
         self._watchdog: subprocess.Popen[bytes] | None = None  # ends a killed kernel's orphans
-        self._spare: Spare | None = None  # where a forker's spare waits for a replacement
+        self._standby: Standby | None = None  # where a warm replacement engine waits
         # Every process this cluster started, remembered from the moment it is seen.
         self._known: dict[int, psutil.Process] = {}
         # keep=True: the processes outlive the kernel (keep.py); ``kept`` is its connection
@@ -162,8 +162,8 @@ class EngineSet:
         return self._watchdog
 
     @property
-    def spare(self) -> Spare | None:
-        return self._spare
+    def standby(self) -> Standby | None:
+        return self._standby
 
     @property
     def known(self) -> Mapping[int, psutil.Process]:
@@ -187,9 +187,9 @@ class EngineSet:
         """The address the controller listens on (found from the hosts, multi-node)."""
         self._controller_address = address
 
-    def spare_ready(self, spare: Spare | None) -> None:
-        """Where the forker's spare will wait for a replacement (spare_forker.py)."""
-        self._spare = spare
+    def standby_ready(self, standby: Standby | None) -> None:
+        """Where the forker's standby will wait to become a replacement (standby.py)."""
+        self._standby = standby
 
     def launched(self, ipp_cluster: ipp.Cluster) -> None:
         """The ipyparallel cluster that starts the controller and the engines."""
@@ -223,7 +223,7 @@ class EngineSet:
 
     def host_lost(self, engine_id: int, lost: str, spare_host: str) -> None:
         """``engine_id``'s launch host ``lost`` is lost: it is started again on
-        ``spare_host`` (spares.py), and no spare host goes to ``lost`` any more."""
+        ``spare_host`` (spare_hosts.py), and no spare host goes to ``lost`` any more."""
         self._lost_hosts.add(self._launch_hosts.get(engine_id) or lost)
         self._launch_hosts[engine_id] = spare_host
 
@@ -233,9 +233,9 @@ class EngineSet:
 
     # ----------------------------------------------------------------- the stop
     # Each hands over what the stop ends, and holds it no more.
-    def take_spare(self) -> Spare | None:
-        spare, self._spare = self._spare, None
-        return spare
+    def take_standby(self) -> Standby | None:
+        standby, self._standby = self._standby, None
+        return standby
 
     def take_watch(self) -> EngineWatch | None:
         watch, self._watch = self._watch, None
@@ -450,7 +450,7 @@ class EngineSet:
         # dropped, not stopped (its shutdown_atexit is off): the processes run on
         self._ipp = self._watchdog = self.adopted = self.kept = None
         self._run_dir = self._ssh_dir = None
-        self._spare = None
+        self._standby = None
         self._known = {}
 
     async def track_start(self, ranks: Sequence[RankAssignment]) -> None:

@@ -1,5 +1,5 @@
 """Engines started on named hosts after the start: ``grow(n, hosts=[...])`` (a host back,
-or a new one) and a lost host's ranks on a spare (``spares.py``).
+or a new one) and a lost host's ranks on a spare (``spare_hosts.py``).
 
 Only the launchers that place engines per host can do it: ``ssh`` (one ssh per host) and
 ``slurm`` (a job on that node). A named host that does not answer is refused at once

@@ -39,7 +39,7 @@ from workbench.cluster.ranks import RankAssignment, relocalize
 from workbench.cluster.registration import gather, new_engines
 from workbench.cluster.rendezvous import check_reachable
 from workbench.cluster.signals import signal_rank
-from workbench.cluster.spares import move_to_spares, start_args
+from workbench.cluster.spare_hosts import move_to_spares, start_args
 from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.cluster.state import LIVE, StateLink
 from workbench.cluster.world import Commit, World
@@ -314,7 +314,7 @@ async def recover(
         )
         world = await _replace(engines, world, killed, report, commit)  # stayed stuck (rare)
     report.killed = killed
-    await regroup(engines, world, commit)  # (a taken spare forked the next one: spare_forker.py)
+    await regroup(engines, world, commit)  # (a taken standby forked the next: standby.py)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from workbench.cluster import fast_stop, spare_forker, watchdog
+from workbench.cluster import fast_stop, standby, watchdog
 from workbench.cluster.engines import EngineSet, local_ranks
 from workbench.cluster.launch import launchers
 from workbench.cluster.processes import reap, started_for, terminate
@@ -40,7 +40,7 @@ async def shutdown(engines: EngineSet, ranks: Sequence[RankAssignment], *, quiet
         engines.release()
         await asyncio.to_thread(kept.end)
         return
-    spare_forker.end(engines.take_spare())  # not yet taken: nothing else would end it
+    standby.end(engines.take_standby())  # not yet taken: nothing else would end it
     # Snapshot every process first: once engines exit, their nannies are orphans.
     processes = engines.process_tree(ranks)
     watch = engines.take_watch()

@@ -1,6 +1,6 @@
 """What Slurm says about a node, as one more signal for a lost host (``launcher="slurm"``).
 
-``host_loss.host_lost`` and ``spares.move_to_spares`` tell a lost host from a dead process
+``host_loss.host_lost`` and ``spare_hosts.move_to_spares`` tell a lost host from a dead process
 by probing its sshd (``elastic.probe_host``). Under Slurm the controller knows too: a node
 ``DOWN``, ``DRAIN``-ed / draining, ``FAIL``-ing, powered down or not responding takes no new
 job, so a replacement job pinned there would wait forever. The rule (``host_answers``):

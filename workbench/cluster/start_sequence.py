@@ -19,7 +19,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import doctor_env, fencing, rendezvous, spare_forker, warm_start
+from workbench.cluster import doctor_env, fencing, rendezvous, standby, warm_start
 from workbench.cluster.engines import EngineSet
 from workbench.cluster.launch import launchers
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
@@ -67,7 +67,7 @@ def controller_args(launcher: str) -> list[str]:
     return list(LOCAL_HEARTBEAT if launcher == "local" else REMOTE_HEARTBEAT)
 
 
-def local_settings(start_timeout: float, spare_dir: str = "") -> dict[str, Any]:
+def local_settings(start_timeout: float, standby_dir: str = "") -> dict[str, Any]:
     """``ipyparallel.Cluster`` settings for a local cluster: one process imports torch and
     forks every engine, beside the controller's start.
 
@@ -76,8 +76,8 @@ def local_settings(start_timeout: float, spare_dir: str = "") -> dict[str, Any]:
     each engine imports torch itself. Here the engines' process starts at once, imports
     torch (and ipyparallel's engine) once while the controller starts, forks the n engines
     (``workbench.engine.zygote``), and each waits for the connection file itself
-    (``wait_for_url_file``, on the same disk). With ``spare_dir``, the forker also forks a
-    spare there for replacement engines (spare_forker.py).
+    (``wait_for_url_file``, on the same disk). With ``standby_dir``, the forker also forks
+    a standby there for replacement engines (standby.py).
     """
     from traitlets.config import Config
 
@@ -88,7 +88,7 @@ def local_settings(start_timeout: float, spare_dir: str = "") -> dict[str, Any]:
         # kernel watches and signals its local engines itself (engine_watch.py).
         "--IPEngine.enable_nanny=False",
     ]
-    cfg.ForkEngineSetLauncher.spare_dir = spare_dir
+    cfg.ForkEngineSetLauncher.standby_dir = standby_dir
     return {
         "config": cfg,
         "send_engines_connection_env": False,
@@ -121,8 +121,8 @@ def make_ipp_cluster(engines: EngineSet) -> ipp.Cluster:
         )
     )
     if c.launcher == "local":
-        spare_dir = engines.spare.directory if engines.spare is not None else ""
-        local = local_settings(c.start_timeout, spare_dir)
+        ahead = engines.standby.directory if engines.standby is not None else ""
+        local = local_settings(c.start_timeout, ahead)
         local["config"].merge(kwargs["config"])  # launchers' settings win where both set
         kwargs.update(local)
     return ipp.Cluster(**kwargs)
@@ -183,7 +183,7 @@ async def start_engines(
                 c.launcher, c.n, c.hosts, engines.launcher_options, engines.ssh_dir
             )
             startup.mark("launcher checked")
-        engines.spare_ready(spare_forker.prepare(c.launcher, engines.owns, engines.run_dir))
+        engines.standby_ready(standby.prepare(c.launcher, engines.owns, engines.run_dir))
         ipp_cluster = make_ipp_cluster(engines)
         engines.launched(ipp_cluster)
         # Locally this only spawns the controller: the engines wait for its connection

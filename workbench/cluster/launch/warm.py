@@ -43,7 +43,7 @@ def start_warm(launcher: Any, role: str, args: list[str]) -> bool:
 
 class Adopting:
     """Mixed into an ipyparallel ``LocalProcessLauncher``: it can take a process started
-    ahead (warm_start.py, spare_forker.py) as its own, the launcher changing itself."""
+    ahead (warm_start.py, standby.py) as its own, the launcher changing itself."""
 
     def adopt(self, pid: int, popen: Any = None) -> None:
         """Make process ``pid`` (``popen``, where it is this kernel's child) this launcher's

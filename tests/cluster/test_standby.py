@@ -1,6 +1,6 @@
-"""A local cluster's replacement engine is forked from a spare that the engines' forker
-forked after its engines (cluster/spare_forker.py, engine/spare.py): no second torch import,
-a new spare waits after each recovery, and the cluster's stop leaves none of them running."""
+"""A local cluster's replacement engine is forked from a standby that the engines' forker
+forked after its engines (cluster/standby.py and its engine side): no second torch import,
+a new standby waits after each recovery, and the cluster's stop leaves none of them running."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.processes import BOUND_S, alive
-from workbench.cluster import Cluster, spare_forker
+from workbench.cluster import Cluster, standby
 from workbench.engine.spare import SPARE_FLAG
 from workbench.errors import EngineDied
 
@@ -39,17 +39,17 @@ def _wait_gone(pids: list[int]) -> list[int]:
     return alive(pids)
 
 
-def _spare(cluster: Cluster, not_pid: int | None = None) -> int:
-    """The pid of the spare waiting for ``cluster`` (another than ``not_pid``)."""
-    spare = cluster.engines.spare
-    assert spare is not None
+def _standby(cluster: Cluster, not_pid: int | None = None) -> int:
+    """The pid of the standby waiting for ``cluster`` (another than ``not_pid``)."""
+    ahead = cluster.engines.standby
+    assert ahead is not None
     deadline = time.monotonic() + BOUND_S
     while time.monotonic() < deadline:
-        pid = spare_forker.waiting_pid(spare.directory)
+        pid = standby.waiting_pid(ahead.directory)
         if pid is not None and pid != not_pid:
             return pid
         time.sleep(0.02)
-    raise AssertionError("no spare forker waits")
+    raise AssertionError("no standby waits")
 
 
 def _replace_rank_1(cluster: Cluster) -> None:
@@ -60,16 +60,18 @@ def _replace_rank_1(cluster: Cluster) -> None:
     assert [_text(r) for r in cluster.execute(TOGETHER, timeout=60)] == ["2.0", "2.0"]
 
 
-def test_a_replacement_is_forked_from_a_fork_of_the_forker_and_the_stop_ends_every_spare() -> None:
+def test_a_replacement_is_forked_from_the_forkers_fork_and_the_stop_ends_every_standby() -> (
+    None
+):
     cluster = Cluster(n=2, backend="gloo")
     cluster.start_sync()
-    spares: list[int] = []
-    directory = cluster.engines.spare.directory if cluster.engines.spare else ""
+    standbys: list[int] = []
+    directory = cluster.engines.standby.directory if cluster.engines.standby else ""
     # inside the run directory, which the watchdog removes if the kernel dies unstopped
     assert os.path.dirname(directory) == cluster.engines.run_dir
     try:
-        first = _spare(cluster)
-        spares.append(first)
+        first = _standby(cluster)
+        standbys.append(first)
         forker = psutil.Process(psutil.Process(cluster.ranks[0].pid).ppid())
         proc = psutil.Process(first)
         # a fork of the engines' forker (its command line), not a process of its own that
@@ -78,40 +80,40 @@ def test_a_replacement_is_forked_from_a_fork_of_the_forker_and_the_stop_ends_eve
         times = proc.cpu_times()
         assert times.user + times.system < FORKED_CPU_S
         _replace_rank_1(cluster)
-        assert psutil.Process(cluster.ranks[1].pid).ppid() == first  # the spare forked it
-        spares.append(_spare(cluster, not_pid=first))  # and the next one waits
+        assert psutil.Process(cluster.ranks[1].pid).ppid() == first  # the standby forked it
+        standbys.append(_standby(cluster, not_pid=first))  # and the next one waits
     finally:
         pids = cluster.pids()
         cluster.stop_sync()
-    assert _wait_gone([*pids, *spares]) == []
+    assert _wait_gone([*pids, *standbys]) == []
     assert not os.path.exists(directory)
 
 
-def test_without_a_waiting_spare_a_fresh_forker_starts_and_forks_the_next_spare() -> None:
+def test_without_a_waiting_standby_a_fresh_forker_starts_and_forks_the_next_standby() -> None:
     cluster = Cluster(n=2, backend="gloo")
     cluster.start_sync()
-    spares: list[int] = []
+    standbys: list[int] = []
     try:
-        first = _spare(cluster)
+        first = _standby(cluster)
         os.kill(first, signal.SIGKILL)
         assert _wait_gone([first]) == []
         _replace_rank_1(cluster)  # the launcher starts a forker of its own
         assert psutil.Process(cluster.ranks[1].pid).ppid() != first
-        spares.append(_spare(cluster, not_pid=first))
+        standbys.append(_standby(cluster, not_pid=first))
     finally:
         pids = cluster.pids()
         cluster.stop_sync()
-    assert _wait_gone([*pids, *spares]) == []
+    assert _wait_gone([*pids, *standbys]) == []
 
 
-def test_a_spare_forked_before_the_environment_changed_is_not_taken(
+def test_a_standby_forked_before_the_environment_changed_is_not_taken(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Its imports may have read what changed (a thread count): a fresh forker instead."""
     cluster = Cluster(n=2, backend="gloo")
     cluster.start_sync()
     try:
-        first = _spare(cluster)
+        first = _standby(cluster)
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
         _replace_rank_1(cluster)
         assert psutil.Process(cluster.ranks[1].pid).ppid() != first
@@ -122,7 +124,7 @@ def test_a_spare_forked_before_the_environment_changed_is_not_taken(
     assert _wait_gone(pids) == []
 
 
-def test_no_spare_directory_is_only_a_missed_speed_up(
+def test_no_standby_directory_is_only_a_missed_speed_up(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     def refuse(path: str, mode: int = 0o666) -> None:
@@ -130,7 +132,7 @@ def test_no_spare_directory_is_only_a_missed_speed_up(
 
     monkeypatch.setattr(os, "mkfifo", refuse)
     with caplog.at_level("WARNING", logger="workbench.cluster"):
-        assert spare_forker.prepare("local", True, str(tmp_path)) is None
-    assert "no spare forker" in caplog.text
+        assert standby.prepare("local", True, str(tmp_path)) is None
+    assert "no standby forked" in caplog.text
     assert list(tmp_path.iterdir()) == []  # nothing left of it
-    assert spare_forker.prepare("ssh", True) is None  # replacements start on their host
+    assert standby.prepare("ssh", True) is None  # replacements start on their host

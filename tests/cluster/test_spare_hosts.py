@@ -1,5 +1,5 @@
 """Spare hosts (``Cluster(..., spare_hosts=[...])``): checked before anything starts, and a
-lost host's ranks pointed at a free spare that answers (``cluster/spares.py``), with no
+lost host's ranks pointed at a free spare that answers (``cluster/spare_hosts.py``), with no
 engines: a stand-in cluster and a stand-in probe."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from tests.cluster.rank_tables import ranks_on
-from workbench.cluster import Cluster, spares
+from workbench.cluster import Cluster, spare_hosts
 from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.spares import move_to_spares
+from workbench.cluster.spare_hosts import move_to_spares
 from workbench.errors import ConfigError, HostLost
 
 
@@ -52,7 +52,7 @@ def test_spare_hosts_are_checked_before_anything_starts() -> None:
 def test_a_lost_hosts_ranks_go_to_the_first_free_spare_that_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(spares, "probe_host", lambda host: host not in ("a", "c"))
+    monkeypatch.setattr(spare_hosts, "probe_host", lambda host: host not in ("a", "c"))
     cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c", "d"))
     assert move_to_spares(cluster, cluster.ranks, [0, 1]) == {"a": "d"}  # c does not answer
     assert cluster.launch_hosts == {0: "d", 1: "d", 2: "b", 3: "b"}
@@ -61,14 +61,14 @@ def test_a_lost_hosts_ranks_go_to_the_first_free_spare_that_answers(
 def test_a_dead_process_on_a_host_that_answers_stays_on_its_host(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(spares, "probe_host", lambda host: True)
+    monkeypatch.setattr(spare_hosts, "probe_host", lambda host: True)
     cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c",))
     assert move_to_spares(cluster, cluster.ranks, [0, 1]) == {}
     assert cluster.launch_hosts == {0: "a", 1: "a", 2: "b", 3: "b"}
 
 
 def test_no_spare_left_is_host_lost_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spares, "probe_host", lambda host: host == "b")
+    monkeypatch.setattr(spare_hosts, "probe_host", lambda host: host == "b")
     cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c",))
     with pytest.raises(HostLost, match=r"no spare host is left.*\['c'\]") as info:
         move_to_spares(cluster, cluster.ranks, [0, 1])
