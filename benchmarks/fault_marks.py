@@ -65,7 +65,7 @@ def no_spare() -> None:
     """Start no spare forker (the code before it): recovery starts its own forker. Both
     forms: a spare started after the start (``keep_ready``, before issue 31's profile) and
     one forked by the engines' forker (``prepare``)."""
-    from workbench.cluster import standby
+    from workbench.cluster.launch import standby
 
     if hasattr(standby, "keep_ready"):
         standby.keep_ready = lambda engines: None
@@ -102,7 +102,7 @@ def _spare_waits(directory: str) -> None:
 def watch_spare() -> None:
     """Mark a spare forker's start and the end of its imports (a spare started ahead), or
     when the spare forked by the engines' forker waits."""
-    from workbench.cluster import standby, warm_start
+    from workbench.cluster.launch import standby, warm_start
 
     prepare = getattr(standby, "prepare", None)
     if prepare is not None:
@@ -168,7 +168,10 @@ def _cell_events() -> None:
 
 def install() -> None:
     """Clear the marks and wrap the dead cell's and the recovery's steps."""
-    from workbench.cluster import Cluster, dispatch, engine_watch, fail_wait, recovery
+    from workbench.cluster import Cluster
+    from workbench.cluster.dispatch import fail_wait
+    from workbench.cluster.dispatch import rank_dispatch as dispatch
+    from workbench.cluster.lifecycle import engine_watch, recovery
 
     for undo in _UNDO:
         undo()
@@ -210,7 +213,8 @@ def install() -> None:
 
 def dump(label: str) -> None:
     """Print the marks (and rank 0's status file) as one JSON line after ``label``."""
-    from workbench.cluster import Cluster, hang
+    from workbench.cluster import Cluster
+    from workbench.cluster.dispatch import hang
 
     cluster = Cluster.latest()
     status = hang.read_status(cluster.engines.run_dir, 0) if cluster is not None else None

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from workbench.cli import main
-from workbench.cluster.hang import hang_report, lost_engines_error
-from workbench.cluster.health import status_rows
+from workbench.cluster.dispatch.hang import hang_report, lost_engines_error
+from workbench.cluster.dispatch.health import status_rows
+from workbench.cluster.hosts.rendezvous import check_reachable
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.rendezvous import check_reachable
 from workbench.errors import ClusterError, RankError
 from workbench.magics.tables import start_banner, status_table
 from workbench.nbval import SANITIZER, host_rule, merged_rules, read_rules, sanitize
@@ -203,7 +203,7 @@ def test_progress_bars() -> None:
 
 
 def test_timings_of_the_start_up_profile() -> None:
-    from workbench.cluster.startup import StartupProfile
+    from workbench.cluster.lifecycle.startup import StartupProfile
 
     def table(scale: float) -> str:
         profile = StartupProfile()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from workbench.cluster.doctor_env import (
+from workbench.cluster.doctor.doctor_env import (
     check_package_names,
     environment_report,
     refuse_mismatch,
@@ -116,8 +116,8 @@ def test_the_start_refuses_before_any_store_or_group_exists(
     import asyncio
     from types import SimpleNamespace
 
-    from workbench.cluster import start_sequence
-    from workbench.cluster.startup import StartupProfile
+    from workbench.cluster.lifecycle import start_sequence
+    from workbench.cluster.lifecycle.startup import StartupProfile
 
     infos = [
         {"host": host, "pid": 10 + i, "address": "127.0.0.1", "cuda_devices": 0, "cpus": 1,

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from workbench.cluster import Cluster, RankAssignment, fast_stop, shutdown
+from workbench.cluster import Cluster, RankAssignment
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
-from workbench.cluster.start_sequence import controller_args, make_ipp_cluster
+from workbench.cluster.lifecycle import fast_stop, shutdown
+from workbench.cluster.lifecycle.start_sequence import controller_args, make_ipp_cluster
 from workbench.cluster.world import World
 from workbench.engine import boot, process_group, zygote
 

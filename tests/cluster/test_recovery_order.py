@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from workbench.cluster import recovery
+from workbench.cluster.lifecycle import recovery
 from workbench.cluster.state import ClusterState, StateLink
 from workbench.cluster.world import World
 

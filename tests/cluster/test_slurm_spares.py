@@ -13,16 +13,17 @@ import pytest
 
 from tests.cluster.rank_tables import ranks_on
 from tests.cluster.test_spare_hosts import _Cluster
-from workbench.cluster import Cluster, slurm_nodes, spare_hosts
-from workbench.cluster.host_loss import host_lost
-from workbench.cluster.launch.launchers import LauncherOptions
-from workbench.cluster.slurm_nodes import (
+from workbench.cluster import Cluster
+from workbench.cluster.hosts import slurm_nodes, spare_hosts
+from workbench.cluster.hosts.host_loss import host_lost
+from workbench.cluster.hosts.slurm_nodes import (
     host_answers,
     parse_node_state,
     takes_no_jobs,
     usable_nodes,
 )
-from workbench.cluster.spare_hosts import move_to_spares, start_args
+from workbench.cluster.hosts.spare_hosts import move_to_spares, start_args
+from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.config import ANY_SPARE
 from workbench.errors import ConfigError, HostLost
 

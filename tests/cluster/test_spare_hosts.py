@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from tests.cluster.rank_tables import ranks_on
-from workbench.cluster import Cluster, spare_hosts
+from workbench.cluster import Cluster
+from workbench.cluster.hosts import spare_hosts
+from workbench.cluster.hosts.spare_hosts import move_to_spares
 from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.spare_hosts import move_to_spares
 from workbench.errors import ConfigError, HostLost
 
 

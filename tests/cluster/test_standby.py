@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from tests.processes import BOUND_S, alive
-from workbench.cluster import Cluster, standby
+from workbench.cluster import Cluster
+from workbench.cluster.launch import standby
 from workbench.engine.spare import SPARE_FLAG
 from workbench.errors import EngineDied
 
@@ -60,9 +61,7 @@ def _replace_rank_1(cluster: Cluster) -> None:
     assert [_text(r) for r in cluster.execute(TOGETHER, timeout=60)] == ["2.0", "2.0"]
 
 
-def test_a_replacement_is_forked_from_the_forkers_fork_and_the_stop_ends_every_standby() -> (
-    None
-):
+def test_a_replacement_is_forked_from_the_forkers_fork_and_the_stop_ends_every_standby() -> None:
     cluster = Cluster(n=2, backend="gloo")
     cluster.start_sync()
     standbys: list[int] = []

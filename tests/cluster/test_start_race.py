@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from workbench.cluster import Cluster
-from workbench.cluster.registration import engine_infos, wait_for_engines
+from workbench.cluster.lifecycle.registration import engine_infos, wait_for_engines
 
 
 class _Engine:

@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from tests.processes import BOUND_S, alive
-from workbench.cluster import Cluster, standby, warm_start
+from workbench.cluster import Cluster
+from workbench.cluster.launch import standby, warm_start
 from workbench.engine import zygote
 from workbench.engine.warm_request import request_line
 

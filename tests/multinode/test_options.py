@@ -12,8 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.cluster import Cluster, rendezvous, signals
+from workbench.cluster import Cluster
+from workbench.cluster.hosts import rendezvous
 from workbench.cluster.launch import launchers
+from workbench.cluster.lifecycle import signals
 from workbench.cluster.loop import run_anywhere
 from workbench.cluster.ranks import EngineInfo, assign_ranks, relocalize
 from workbench.cluster.world import World

@@ -15,12 +15,12 @@ from workbench.lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from workbench.cluster.cluster import Cluster, ProgressCallback
+    from workbench.cluster.dispatch.results import CellResult
     from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
-    from workbench.cluster.results import CellResult
 
 # name -> module that defines it; resolved on first attribute access.
 _LAZY: dict[str, str] = {
-    "CellResult": "workbench.cluster.results",
+    "CellResult": "workbench.cluster.dispatch.results",
     "Cluster": "workbench.cluster.cluster",
     "EngineInfo": "workbench.cluster.ranks",
     "ProgressCallback": "workbench.cluster.cluster",

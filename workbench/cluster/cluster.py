@@ -19,14 +19,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import ipyparallel as ipp
 
-from workbench.cluster import gpus, start_sequence
-from workbench.cluster.connection import find_connection_file
-from workbench.cluster.dispatch import RankDispatch
-from workbench.cluster.doctor import ClusterDoctor
-from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
-from workbench.cluster.doctor_net import NetworkReport
-from workbench.cluster.engines import EngineSet
-from workbench.cluster.grow import grow as grow_engines
+from workbench.cluster.dispatch.rank_dispatch import RankDispatch
+from workbench.cluster.dispatch.scripts import ScriptRuns
+from workbench.cluster.doctor.cluster_doctor import ClusterDoctor
+from workbench.cluster.doctor.doctor_env import EnvironmentReport, check_package_names
+from workbench.cluster.doctor.doctor_net import NetworkReport
+from workbench.cluster.hosts import gpus
 from workbench.cluster.keep import (
     DEFAULT_LEASE_S,
     KeptCluster,
@@ -35,13 +33,16 @@ from workbench.cluster.keep import (
     keep_settings,
 )
 from workbench.cluster.launch import launchers
+from workbench.cluster.lifecycle import start_sequence
+from workbench.cluster.lifecycle.connection import find_connection_file
+from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.grow import grow as grow_engines
+from workbench.cluster.lifecycle.recovery import RecoveryReport, lost_ranks
+from workbench.cluster.lifecycle.recovery import recover as recover_engines
+from workbench.cluster.lifecycle.shutdown import shutdown
+from workbench.cluster.lifecycle.startup import StartupProfile
 from workbench.cluster.loop import OneAtATime, async_first, run_sync, sync_twin
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.recovery import RecoveryReport, lost_ranks
-from workbench.cluster.recovery import recover as recover_engines
-from workbench.cluster.scripts import ScriptRuns
-from workbench.cluster.shutdown import shutdown
-from workbench.cluster.startup import StartupProfile
 from workbench.cluster.state import CURRENT, LIVE, ClusterState, StateLink, checked_move
 from workbench.cluster.world import World
 from workbench.config import ClusterConfig
@@ -400,7 +401,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     async def recover(self, *, shrink: bool = False, drop: tuple[int, ...] = ()) -> RecoveryReport:
         """Replace dead engines, free or replace stuck ones, keep the rest and their rank
         numbers, and re-create the process group on a fresh port. Returns a
-        ``RecoveryReport``. See ``workbench.cluster.recovery``. ``shrink=True`` drops the
+        ``RecoveryReport``. See ``workbench.cluster.lifecycle.recovery``. ``shrink=True`` drops the
         dead ranks instead (and the survivors in ``drop``) and renumbers the rest."""
         async with self._lifecycle.hold("cluster.recover()"):
             self.engines.refuse_if_adopted("recover (replace engines)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from workbench.cluster.elastic import grown_ranks, shrunk_ranks
+from workbench.cluster.lifecycle.elastic import grown_ranks, shrunk_ranks
 from workbench.cluster.ranks import RankAssignment
 
 __all__ = ["Commit", "World"]

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
-from workbench.cluster.connection import find_connection_file
 from workbench.cluster.keep import DEFAULT_LEASE_S, foreign_setting, keep_settings
+from workbench.cluster.lifecycle.connection import find_connection_file
 from workbench.cluster.loop import submit, wait
 from workbench.cluster.state import LIVE, ClusterState
 from workbench.config import (
@@ -231,7 +231,7 @@ def _grow_args(p: MagicParser) -> None:
 def grow(magics: WorkbenchMagics, args: Any) -> None:
     cluster = magics.require_cluster()
     if args.hosts is not None:  # a bad --hosts is a usage error, said before anything starts
-        from workbench.cluster.host_placement import check_hosts
+        from workbench.cluster.hosts.host_placement import check_hosts
 
         try:
             check_hosts("--hosts", args.hosts, cluster.config.launcher)

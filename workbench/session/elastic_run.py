@@ -158,7 +158,7 @@ def grow_and_roll_back(session: TrainingSession, n: int, hosts: object = None) -
     """At a step boundary: checkpoint, add ``n`` ranks, rebuild the run at the bigger
     world size and load that checkpoint into it (the inverse of a shrink)."""
     from workbench import validate
-    from workbench.cluster.host_placement import check_hosts
+    from workbench.cluster.hosts.host_placement import check_hosts
 
     validate.integer("n", n, minimum=1, maximum=MAX_ENGINES, what="a number of ranks to add")
     if hosts is not None:  # before the checkpoint below: a bad value changes nothing

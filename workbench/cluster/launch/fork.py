@@ -21,7 +21,7 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher
 from traitlets import Unicode, default
 
-from workbench.cluster import standby
+from workbench.cluster.launch import standby
 from workbench.cluster.launch.warm import Adopting, start_warm
 from workbench.cluster.processes import running
 from workbench.engine import zygote

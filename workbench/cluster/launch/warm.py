@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 from ipyparallel.cluster.launcher import LocalControllerLauncher, ipcontroller_cmd_argv
 
-from workbench.cluster import warm_start
+from workbench.cluster.launch import warm_start
 from workbench.engine.warm_request import request_line
 
 __all__ = ["Adopting", "WarmControllerLauncher", "start_warm"]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.cluster.hang import describe_rank, read_status
+from workbench.cluster.dispatch.hang import describe_rank, read_status
 from workbench.cluster.ranks import RankAssignment
 from workbench.errors import ClusterError
 

@@ -18,25 +18,25 @@ from typing import Any
 import ipyparallel as ipp
 
 from workbench import validate
-from workbench.cluster import autopsy, fail_wait, hang
-from workbench.cluster.cell_routes import CellRoutes, DebugAddresses, live_watch, send_cell
-from workbench.cluster.debug_inbox import DebugInbox, Prompter, choose_failed_rank
-from workbench.cluster.engines import EngineSet
-from workbench.cluster.health import status_rows
-from workbench.cluster.live_output import LiveWatch, OnOutput
-from workbench.cluster.loop import run_anywhere
-from workbench.cluster.processes import FROZEN, local_state
-from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.results import (
+from workbench.cluster.dispatch import autopsy, fail_wait, hang
+from workbench.cluster.dispatch.cell_routes import CellRoutes, DebugAddresses, live_watch, send_cell
+from workbench.cluster.dispatch.debug_inbox import DebugInbox, Prompter, choose_failed_rank
+from workbench.cluster.dispatch.health import status_rows
+from workbench.cluster.dispatch.live_output import LiveWatch, OnOutput
+from workbench.cluster.dispatch.results import (
     ABORTED,
     CellResult,
     failure_of,
     format_remote,
     reply_metadata,
 )
-from workbench.cluster.signals import signal_rank
+from workbench.cluster.dispatch.stuck import INTERRUPT_GRACE_S, POLL_S, StuckRanks
+from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.signals import signal_rank
+from workbench.cluster.loop import run_anywhere
+from workbench.cluster.processes import FROZEN, local_state
+from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.state import LIVE, ClusterState, StateLink
-from workbench.cluster.stuck import INTERRUPT_GRACE_S, POLL_S, StuckRanks
 from workbench.cluster.world import World
 from workbench.errors import ClusterError, CollectiveTimeout, EngineDied, RankError
 

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from workbench.cluster import slurm_nodes
-from workbench.cluster.elastic import decide_loss, probe_host
-from workbench.cluster.engines import EngineSet
+from workbench.cluster.hosts import slurm_nodes
 from workbench.cluster.launch.launchers import sbatch_args
 from workbench.cluster.launch.sbatch_exclude import split_exclude
+from workbench.cluster.lifecycle.elastic import decide_loss, probe_host
+from workbench.cluster.lifecycle.engines import EngineSet
 from workbench.cluster.ranks import RankAssignment
 from workbench.config import ANY_SPARE
 from workbench.errors import HostLost

@@ -9,10 +9,10 @@ import time
 from dataclasses import replace
 
 from workbench import validate
-from workbench.cluster.engines import EngineSet
-from workbench.cluster.host_placement import check_hosts, placed, start_on
-from workbench.cluster.recovery import RecoveryReport, regroup
-from workbench.cluster.registration import new_engines
+from workbench.cluster.hosts.host_placement import check_hosts, placed, start_on
+from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.recovery import RecoveryReport, regroup
+from workbench.cluster.lifecycle.registration import new_engines
 from workbench.cluster.state import ClusterState, StateLink
 from workbench.cluster.world import Commit, World
 from workbench.config import MAX_ENGINES

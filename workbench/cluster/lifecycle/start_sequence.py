@@ -19,20 +19,21 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import doctor_env, fencing, rendezvous, standby, warm_start
-from workbench.cluster.engines import EngineSet
-from workbench.cluster.launch import launchers
+from workbench.cluster.doctor import doctor_env
+from workbench.cluster.hosts import fencing, rendezvous
+from workbench.cluster.launch import launchers, standby, warm_start
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
 from workbench.cluster.launch.warm import WarmControllerLauncher
-from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
-from workbench.cluster.registration import (
+from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.registration import (
     OnRegister,
     Report,
     engine_info,
     engine_infos,
     wait_for_engines,
 )
-from workbench.cluster.startup import StartupProfile
+from workbench.cluster.lifecycle.startup import StartupProfile
+from workbench.cluster.ranks import EngineInfo, RankAssignment, assign_ranks
 from workbench.cluster.world import Commit, World
 from workbench.engine import process_group
 from workbench.errors import ClusterError

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.cluster.direct_channel import DirectCells
-from workbench.cluster.engines import EngineSet
-from workbench.cluster.live_output import LiveWatch, OnOutput
+from workbench.cluster.dispatch.direct_channel import DirectCells
+from workbench.cluster.dispatch.live_output import LiveWatch, OnOutput
+from workbench.cluster.lifecycle.engines import EngineSet
 from workbench.cluster.ranks import RankAssignment
 from workbench.cluster.world import World
 from workbench.engine.rank_debug import debug_label

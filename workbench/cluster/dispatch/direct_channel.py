@@ -18,7 +18,7 @@ import ipyparallel as ipp
 import zmq
 from jupyter_client.session import Session
 
-from workbench.cluster.live_inbox import LiveInbox, capped, signed_messages
+from workbench.cluster.dispatch.live_inbox import LiveInbox, capped, signed_messages
 from workbench.engine.direct_cells import (
     MAX_CELL_CHARS,
     REPLY_TYPE,

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench import validate
-from workbench.cluster.elastic import probe_host
 from workbench.cluster.launch.launchers import engines_per_host
+from workbench.cluster.lifecycle.elastic import probe_host
 from workbench.config import parse_hosts
 from workbench.errors import ClusterError
 

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 from workbench import validate
 
 if TYPE_CHECKING:
-    from workbench.cluster.debug_inbox import Prompter
-    from workbench.cluster.live_output import OnOutput
-    from workbench.cluster.results import CellResult
+    from workbench.cluster.dispatch.debug_inbox import Prompter
+    from workbench.cluster.dispatch.live_output import OnOutput
+    from workbench.cluster.dispatch.results import CellResult
 
 __all__ = ["ScriptRuns", "script_args", "script_path"]
 

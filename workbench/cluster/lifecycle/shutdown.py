@@ -19,9 +19,10 @@ from typing import Any
 
 import psutil
 
-from workbench.cluster import fast_stop, standby, watchdog
-from workbench.cluster.engines import EngineSet, local_ranks
-from workbench.cluster.launch import launchers
+from workbench.cluster import watchdog
+from workbench.cluster.launch import launchers, standby
+from workbench.cluster.lifecycle import fast_stop
+from workbench.cluster.lifecycle.engines import EngineSet, local_ranks
 from workbench.cluster.processes import reap, started_for, terminate
 from workbench.cluster.ranks import RankAssignment
 from workbench.engine import boot, process_group

@@ -23,7 +23,7 @@ import re
 import subprocess
 from collections.abc import Callable, Collection, Sequence
 
-from workbench.cluster.elastic import probe_host
+from workbench.cluster.lifecycle.elastic import probe_host
 
 __all__ = [
     "NO_NEW_JOBS",

@@ -14,14 +14,14 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from workbench.cluster import fencing
-from workbench.cluster.doctor_env import compare_new_engines
-from workbench.cluster.engines import EngineSet
+from workbench.cluster.doctor.doctor_env import compare_new_engines
+from workbench.cluster.hosts import fencing
 from workbench.cluster.launch import launchers
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
 from workbench.cluster.launch.ssh import attach_nannies
+from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.startup import StartupProfile
 from workbench.cluster.ranks import EngineInfo, RankAssignment
-from workbench.cluster.startup import StartupProfile
 from workbench.engine import boot
 from workbench.engine.hosts import local_pid_space
 from workbench.errors import ClusterError

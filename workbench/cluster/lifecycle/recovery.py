@@ -32,15 +32,15 @@ from typing import Any
 import psutil
 
 from workbench import validate
-from workbench.cluster.engines import EngineSet
-from workbench.cluster.host_loss import mpi_job_ended, sever_stuck
+from workbench.cluster.hosts.host_loss import mpi_job_ended, sever_stuck
+from workbench.cluster.hosts.rendezvous import check_reachable
+from workbench.cluster.hosts.spare_hosts import move_to_spares, start_args
+from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.registration import gather, new_engines
+from workbench.cluster.lifecycle.signals import signal_rank
+from workbench.cluster.lifecycle.start_sequence import open_store, setup_requests, wait_joined
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment, relocalize
-from workbench.cluster.registration import gather, new_engines
-from workbench.cluster.rendezvous import check_reachable
-from workbench.cluster.signals import signal_rank
-from workbench.cluster.spare_hosts import move_to_spares, start_args
-from workbench.cluster.start_sequence import open_store, setup_requests, wait_joined
 from workbench.cluster.state import LIVE, StateLink
 from workbench.cluster.world import Commit, World
 from workbench.engine import process_group

@@ -32,20 +32,20 @@ import ipyparallel as ipp
 import psutil
 
 from workbench.cluster import watchdog
-from workbench.cluster.doctor_env import EnvironmentReport
-from workbench.cluster.engine_watch import EngineWatch
+from workbench.cluster.doctor.doctor_env import EnvironmentReport
 from workbench.cluster.keep import KeepSettings, KeptCluster, KeptClusters, process_info
 from workbench.cluster.launch.launchers import LauncherOptions
+from workbench.cluster.lifecycle.engine_watch import EngineWatch
+from workbench.cluster.lifecycle.remote_ends import remote_ends
 from workbench.cluster.processes import is_local, running
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.remote_ends import remote_ends
 from workbench.config import ClusterConfig
 from workbench.engine import rendezvous_probe
 from workbench.engine.hosts import local_pid_space
 from workbench.errors import ClusterError
 
 if TYPE_CHECKING:
-    from workbench.cluster.standby import Standby
+    from workbench.cluster.launch.standby import Standby
 
 __all__ = ["EngineSet", "local_ranks"]
 

@@ -13,10 +13,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from workbench.cluster.host_loss import host_lost, mpi_job_ended
+from workbench.cluster.hosts.host_loss import host_lost, mpi_job_ended
+from workbench.cluster.hosts.slurm_nodes import host_answers
 from workbench.cluster.processes import FROZEN, GONE, local_state
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.slurm_nodes import host_answers
 from workbench.engine.flight import status_path
 from workbench.errors import ClusterError, EngineDied, EngineUnresponsive
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import zmq
 
-from workbench.cluster.live_inbox import signed_messages
+from workbench.cluster.dispatch.live_inbox import signed_messages
 from workbench.engine.direct_cells import json_session
 from workbench.engine.rank_debug import ANSWER_TYPE, RANK_FIELD, REQUEST_TYPE
 from workbench.errors import ClusterError

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from workbench.cluster.elastic import probe_host
+from workbench.cluster.lifecycle.elastic import probe_host
 from workbench.cluster.processes import is_local
 from workbench.cluster.ranks import RankAssignment
 from workbench.engine import control_sever

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.cluster.dispatch.results import format_remote
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.results import format_remote
 from workbench.errors import RankError
 
 __all__ = [

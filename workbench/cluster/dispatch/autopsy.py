@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.cluster import hang
+from workbench.cluster.dispatch import hang
 from workbench.cluster.ranks import RankAssignment
 from workbench.engine import flight
 from workbench.engine.autopsy import REQUEST

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from workbench.cluster.dispatch.results import reply_metadata
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.results import reply_metadata
 
 __all__ = ["LiveWatch", "OnOutput"]
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from workbench.cluster import warm_start
+from workbench.cluster.launch import warm_start
 from workbench.engine import zygote
 from workbench.engine.spare import FIFO, PID, SPARE_FLAG
 from workbench.engine.warm_request import request_line

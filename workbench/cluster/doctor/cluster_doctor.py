@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench import validate
-from workbench.cluster.doctor_env import (
+from workbench.cluster.doctor.doctor_env import (
     EnvironmentReport,
     check_package_names,
     environment_report,
 )
-from workbench.cluster.doctor_net import NetOptions, NetworkReport, measure_network
+from workbench.cluster.doctor.doctor_net import NetOptions, NetworkReport, measure_network
 from workbench.engine.doctor_env import environment_facts
 
 if TYPE_CHECKING:
