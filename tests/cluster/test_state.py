@@ -28,6 +28,7 @@ def test_every_state_can_reach_stopped_and_the_values_are_the_old_strings() -> N
     for state, targets in ALLOWED.items():
         assert ClusterState.STOPPED in targets or ClusterState.STOPPING in targets, state
     assert ClusterState.RUNNING == "running" and f"{ClusterState.DEGRADED}" == "degraded"
+    assert repr(ClusterState.BROKEN) == "'broken'" and str(ClusterState.BROKEN) == "broken"
 
 
 def test_the_cluster_refuses_a_move_and_keeps_its_state() -> None:

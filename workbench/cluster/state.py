@@ -33,6 +33,10 @@ class ClusterState(StrEnum):
     BROKEN = "broken"
     STOPPING = "stopping"
 
+    def __repr__(self) -> str:
+        # what a notebook shows for `cluster.state` stays what it showed: 'running'
+        return repr(self.value)
+
 
 S = ClusterState
 # Work can be sent to its engines (a degraded cluster answers with what was lost).
