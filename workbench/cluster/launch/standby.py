@@ -1,27 +1,26 @@
-"""A local cluster's standby: a replacement engine forked warm ahead of need (issue 31 item 4).
+"""A local cluster's standby: a replacement engine forked warm (issue 31 item 4).
 
-"Standby" is the pre-forked warm process here; a spare *host* (``spare_hosts=``) is another
-thing, in spare_hosts.py.
+(The pre-forked warm process is the standby; a spare *host*, ``spare_hosts=``, is another
+thing: hosts/spare_hosts.py.)
 
 After a dead rank, most of a recovery was the replacement engine's start: a new forking
 process (``workbench.engine.zygote``) imported torch again (~1.8 s on a 2-core machine)
-before it forked the one engine. A standby started ahead in the warm-start way did that
-import right after the cluster's start, on the cores the first cells use (a cold start 1.4x
+before it forked the one engine. A standby started ahead in the warm-start way did that import
+right after the cluster's start, on the cores the first cells use (a cold start 1.4x
 slower), and a fault soon after the start still waited for it.
 
-Now the engines' forker itself forks the standby after its engines (the engine side's
-standby module): no import, milliseconds. The kernel gives each local cluster it owns a
-private directory with a FIFO (``prepare``, before the engines launch; the launcher passes
-the directory to the forker: ``standby_args``); the replacement's launcher (launch/fork.py)
-takes the standby that waits there (``take``): it writes the warm-start request
-(engine/warm_request.py) to the FIFO and treats the standby as the process it would have
-started. The standby then forks the engine, and the next standby.
+Now the engines' forker itself forks the standby after its engines (the engine side): no
+import, milliseconds. The kernel gives each local cluster it owns a private directory with
+a FIFO (``prepare``, before the engines launch; the launcher passes it: ``standby_args``); the
+replacement's launcher (launch/fork.py) takes the standby that waits there (``take``): it
+writes the warm-start request (engine/warm_request.py) to the FIFO and treats the standby as
+the process it would have started. The standby then forks the engine, and the next standby.
 
 A standby is taken only where it is what the launcher would have started: the environment
 the launcher gives it differs from the one its forker got only in what ``warm_start``
 allows (``warm_start.compatible``); else the launcher starts a fresh forker. The cluster's
-stop ends a standby still waiting and removes the directory (``end``); a standby whose
-kernel exited ends by itself.
+stop ends a standby still waiting and removes the directory (``end``); a standby whose kernel
+exited ends by itself.
 """
 
 from __future__ import annotations
