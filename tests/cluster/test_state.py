@@ -41,3 +41,15 @@ def test_the_cluster_refuses_a_move_and_keeps_its_state() -> None:
         cluster._set_state(ClusterState.DEGRADED)
     assert cluster.state == ClusterState.STARTING
     cluster._set_state(ClusterState.STOPPED)
+
+
+def test_a_death_reported_while_the_cluster_stops_changes_nothing() -> None:
+    cluster = Cluster(n=1)
+    for state in (ClusterState.STARTING, ClusterState.RUNNING):
+        cluster._set_state(state)
+    cluster._degrade()  # the dispatch saw an engine die
+    assert cluster.state == "degraded"
+    cluster._set_state(ClusterState.STOPPING)
+    cluster._degrade()  # ... and another while the stop runs (another thread): moot
+    assert cluster.state == ClusterState.STOPPING
+    cluster._set_state(ClusterState.STOPPED)

@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import functools
 import logging
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,7 @@ R = TypeVar("R")
 
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_STATE_MOVE = threading.Lock()  # state moves are rare and instant: one lock for all clusters
 # Clusters in the order they started. The last one not stopped is "the current cluster"
 # that %wb, the stepper and the dashboard all use; stopping it makes the one before current.
 _current: list[weakref.ref[Cluster]] = []
@@ -268,19 +270,23 @@ class Cluster(ScriptRuns, ClusterDoctor):
         ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``
         (``ClusterState``, equal to those strings)."""
         if self._state in LIVE and self.engines.controller_lost():
-            self._set_state(ClusterState.BROKEN)
+            self._set_state(ClusterState.BROKEN, if_in=LIVE)
         return self._state
 
-    def _set_state(self, new: ClusterState) -> None:
+    def _set_state(
+        self, new: ClusterState, *, if_in: frozenset[ClusterState] | None = None
+    ) -> None:
         """The one writer of the state: a move the lifecycle does not allow raises
-        (state.py)."""
-        self._state = checked_move(self._state, new)
+        (state.py). ``if_in``: only from these states (a report from another thread)."""
+        with _STATE_MOVE:  # a dispatch thread's report and a stop, at once: one after the other
+            if if_in is not None and self._state not in if_in:
+                return  # it moved meanwhile (stopping, broken): the report is moot
+            self._state = checked_move(self._state, new)
 
     def _degrade(self) -> None:
         """The dispatch saw an engine die or a rank stay stuck: a live cluster is degraded
         (a stopping or broken one stays what it is)."""
-        if self._state in LIVE:
-            self._set_state(ClusterState.DEGRADED)
+        self._set_state(ClusterState.DEGRADED, if_in=LIVE)
 
     @property
     def world(self) -> World:
@@ -434,7 +440,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
 
     def _regrouped(self) -> None:
         """A fresh process group on every rank: none is blocked, none has it closed."""
-        self._set_state(ClusterState.RUNNING)
+        self._set_state(ClusterState.RUNNING, if_in=LIVE)  # (a controller that died: broken)
         self.dispatch.stuck.forget()
         self.group_closed = False
 
