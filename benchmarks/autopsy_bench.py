@@ -87,7 +87,7 @@ def _stacks_seconds(cluster: Any) -> float:
 
 def _timeout_seconds(cluster: Any, autopsy: bool) -> tuple[float, float]:
     """(timeout -> CollectiveTimeout, the autopsy's own seconds); recovers after."""
-    from workbench.cluster import autopsy as module
+    from workbench.cluster.dispatch import autopsy as module
     from workbench.errors import CollectiveTimeout
 
     real = module.take

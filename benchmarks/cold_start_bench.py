@@ -19,7 +19,7 @@ import time
 
 from benchmarks import engine_side
 from benchmarks.common import BenchResult, Row, Target, free_port, interleaved, median, run_main
-from workbench.cluster.start_sequence import LOCAL_HEARTBEAT
+from workbench.cluster.lifecycle.start_sequence import LOCAL_HEARTBEAT
 
 __all__ = ["NAME", "TITLE", "raw_start", "run", "workbench_start"]
 

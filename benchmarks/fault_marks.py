@@ -65,12 +65,12 @@ def no_spare() -> None:
     """Start no spare forker (the code before it): recovery starts its own forker. Both
     forms: a spare started after the start (``keep_ready``, before issue 31's profile) and
     one forked by the engines' forker (``prepare``)."""
-    from workbench.cluster import spare_forker
+    from workbench.cluster.launch import standby
 
-    if hasattr(spare_forker, "keep_ready"):
-        spare_forker.keep_ready = lambda engines: None
-    if hasattr(spare_forker, "prepare"):
-        spare_forker.prepare = lambda *args: None
+    if hasattr(standby, "keep_ready"):
+        standby.keep_ready = lambda engines: None
+    if hasattr(standby, "prepare"):
+        standby.prepare = lambda *args: None
 
 
 def _spare_ready(pid: int) -> None:
@@ -102,9 +102,9 @@ def _spare_waits(directory: str) -> None:
 def watch_spare() -> None:
     """Mark a spare forker's start and the end of its imports (a spare started ahead), or
     when the spare forked by the engines' forker waits."""
-    from workbench.cluster import spare_forker, warm_start
+    from workbench.cluster.launch import standby, warm_start
 
-    prepare = getattr(spare_forker, "prepare", None)
+    prepare = getattr(standby, "prepare", None)
     if prepare is not None:
 
         def prepared(*args: Any) -> Any:
@@ -114,7 +114,7 @@ def watch_spare() -> None:
                 threading.Thread(target=_spare_waits, args=(spare.directory,), daemon=True).start()
             return spare
 
-        spare_forker.prepare = prepared
+        standby.prepare = prepared
 
     original = warm_start.spawn
 
@@ -168,7 +168,10 @@ def _cell_events() -> None:
 
 def install() -> None:
     """Clear the marks and wrap the dead cell's and the recovery's steps."""
-    from workbench.cluster import Cluster, dispatch, engine_watch, fail_wait, recovery
+    from workbench.cluster import Cluster
+    from workbench.cluster.dispatch import fail_wait
+    from workbench.cluster.dispatch import rank_dispatch as dispatch
+    from workbench.cluster.lifecycle import engine_watch, recovery
 
     for undo in _UNDO:
         undo()
@@ -187,12 +190,11 @@ def install() -> None:
     fail_wait.Seen.look = seen_look  # type: ignore[method-assign]
     _UNDO.append(lambda: setattr(fail_wait.Seen, "look", look))
     from workbench.cluster import cluster as cluster_module
-    from workbench.cluster.engines import EngineSet
     from workbench.magics import cluster_cmds
 
     _wrap(Cluster, "recover_sync", "recover_sync: called", "recover_sync: returned")
     _wrap(cluster_cmds, "_session_on", "magic: session looked up", "magic: session found")
-    _wrap(EngineSet, "check_controller", "check_controller: start", "check_controller: end")
+    _wrap(Cluster, "check_controller", "check_controller: start", "check_controller: end")
     _wrap(shell_of(), "showtraceback", "ipython: traceback start", "ipython: traceback shown")
     _wrap_async(cluster_module, "recover_engines", "recover")
     for name, label in {
@@ -211,7 +213,8 @@ def install() -> None:
 
 def dump(label: str) -> None:
     """Print the marks (and rank 0's status file) as one JSON line after ``label``."""
-    from workbench.cluster import Cluster, hang
+    from workbench.cluster import Cluster
+    from workbench.cluster.dispatch import hang
 
     cluster = Cluster.latest()
     status = hang.read_status(cluster.engines.run_dir, 0) if cluster is not None else None

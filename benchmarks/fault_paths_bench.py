@@ -78,7 +78,9 @@ def _wrap(owner: Any, name: str, marks: Marks, before: str, after: str) -> Calla
 
 
 def _instrument(marks: Marks) -> list[Callable[[], None]]:
-    from workbench.cluster import dispatch, engine_watch, hang
+    from workbench.cluster.dispatch import hang
+    from workbench.cluster.dispatch import rank_dispatch as dispatch
+    from workbench.cluster.lifecycle import engine_watch
 
     return [
         _wrap(hang, "hang_report", marks, "hang report: reading status", "hang report: built"),

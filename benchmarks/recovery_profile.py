@@ -52,7 +52,7 @@ def _async_wrap(owner: Any, name: str, marks: Marks, label: str) -> Any:
 
 
 def _instrument_async(marks: Marks) -> list[Any]:
-    from workbench.cluster import recovery
+    from workbench.cluster.lifecycle import recovery
 
     names = {
         "_kill_local": "kill unresponsive",

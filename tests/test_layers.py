@@ -239,7 +239,11 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 SUBPACKAGES = {
     "workbench.parallel.checkpoint": "parallel",
     "workbench.parallel.planning": "parallel",
+    "workbench.cluster.dispatch": "cluster",
+    "workbench.cluster.doctor": "cluster",
+    "workbench.cluster.hosts": "cluster",
     "workbench.cluster.launch": "cluster",
+    "workbench.cluster.lifecycle": "cluster",
 }
 
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from workbench.cli import main
-from workbench.cluster.hang import hang_report, lost_engines_error
-from workbench.cluster.health import status_rows
+from workbench.cluster.dispatch.hang import hang_report, lost_engines_error
+from workbench.cluster.dispatch.health import status_rows
+from workbench.cluster.hosts.rendezvous import check_reachable
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.rendezvous import check_reachable
 from workbench.errors import ClusterError, RankError
 from workbench.magics.tables import start_banner, status_table
 from workbench.nbval import SANITIZER, host_rule, merged_rules, read_rules, sanitize
@@ -203,7 +203,7 @@ def test_progress_bars() -> None:
 
 
 def test_timings_of_the_start_up_profile() -> None:
-    from workbench.cluster.startup import StartupProfile
+    from workbench.cluster.lifecycle.startup import StartupProfile
 
     def table(scale: float) -> str:
         profile = StartupProfile()
@@ -225,10 +225,11 @@ def test_rates_of_calibrate() -> None:
 
 def test_addresses_and_ports_of_a_cluster() -> None:
     from workbench.cluster import Cluster
+    from workbench.cluster.world import World
 
     def shown(port: int) -> str:
         cluster = Cluster(n=2)
-        cluster.ranks = _ranks(HERE, [1, 2], port=port, addr="127.0.0.1")
+        cluster._set_world(World(tuple(_ranks(HERE, [1, 2], port=port, addr="127.0.0.1"))))
         env = "\n".join(f"{k}={v}" for k, v in cluster.ranks[1].env().items())
         return f"{cluster!r}\n{env}"
 

@@ -38,43 +38,6 @@ WRITES_ALLOWED: dict[str, str] = {
     ),
 }
 MAX_WRITES_ALLOWED = 10
-# Issue 41 in progress: the writes and circles found on main before the redesign. Each fix
-# takes its line out (the test fails while a listed one no longer exists); both end empty.
-WRITES_TO_REMOVE: set[str] = {
-    "cluster/launch/warm.py::adopt::launcher._popen_process",
-    "cluster/launch/warm.py::adopt::launcher.pid",
-    "cluster/launch/warm.py::adopt::launcher.process",
-    "cluster/recovery.py::_drop::report.dropped",
-    "cluster/recovery.py::_drop::report.renumbered",
-    "cluster/recovery.py::_free_stuck::report.freed",
-    "cluster/recovery.py::regroup::engines.state",
-    "cluster/registration.py::engine_infos::engines.launch_hosts",
-    "cluster/registration.py::new_engines::engines.environment",
-    "cluster/registration.py::wait_for_engines::engines.address_futures",
-    "cluster/registration.py::wait_for_engines::engines.engine_ids",
-    "cluster/registration.py::wait_for_engines::engines.info_futures",
-    "cluster/results.py::fill_failure::result.ename",
-    "cluster/results.py::fill_failure::result.evalue",
-    "cluster/results.py::fill_failure::result.traceback",
-    "cluster/shutdown.py::shutdown::engines.client",
-    "cluster/shutdown.py::shutdown::engines.ipp",
-    "cluster/shutdown.py::shutdown::engines.known",
-    "cluster/shutdown.py::shutdown::engines.run_dir",
-    "cluster/shutdown.py::shutdown::engines.spare",
-    "cluster/shutdown.py::shutdown::engines.ssh_dir",
-    "cluster/shutdown.py::shutdown::engines.watch",
-    "cluster/shutdown.py::shutdown::engines.watchdog",
-    "cluster/start_sequence.py::check_environments::engines.environment",
-    "cluster/start_sequence.py::start::engines.run_dir",
-    "cluster/start_sequence.py::start_engines::engines.client",
-    "cluster/start_sequence.py::start_engines::engines.controller_address",
-    "cluster/start_sequence.py::start_engines::engines.ipp",
-    "cluster/start_sequence.py::start_engines::engines.spare",
-    "cluster/start_sequence.py::start_engines::engines.ssh_dir",
-    "cluster/start_sequence.py::start_engines::engines.watch",
-}
-ROOT_IMPORTS_TO_REMOVE: list[str] = []
-CIRCLES_TO_BREAK: list[list[str]] = []
 
 
 def _graph() -> dict[str, set[str]]:
@@ -89,7 +52,7 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_no_import_circle_in_the_package_type_only_imports_included() -> None:
-    assert sorted(_cycles(_graph())) == sorted(CIRCLES_TO_BREAK)
+    assert _cycles(_graph()) == []
 
 
 def test_no_module_imports_the_package_root() -> None:
@@ -101,7 +64,7 @@ def test_no_module_imports_the_package_root() -> None:
         for imp in _imports(p)
         if imp.target == "workbench" and not _names_only_submodules(p, imp.line)
     ]
-    assert sorted(root) == ROOT_IMPORTS_TO_REMOVE
+    assert root == []
 
 
 def _names_only_submodules(path: Path, line: int) -> bool:
@@ -190,10 +153,9 @@ def _all_writes() -> list[str]:
 
 def test_no_function_writes_an_object_it_was_handed_unless_listed_with_a_reason() -> None:
     writes = _all_writes()
-    known = set(WRITES_ALLOWED) | WRITES_TO_REMOVE
-    assert sorted(set(writes) - known) == []
-    # the lists name only writes that still exist, and the allowed one stays short
-    assert sorted(known - set(writes)) == []
+    assert sorted(set(writes) - set(WRITES_ALLOWED)) == []
+    # the list names only writes that still exist, and stays short
+    assert sorted(set(WRITES_ALLOWED) - set(writes)) == []
     assert len(WRITES_ALLOWED) <= MAX_WRITES_ALLOWED
 
 

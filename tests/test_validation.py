@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from workbench import validate
 from workbench.cluster import Cluster
-from workbench.cluster.hang import hang_report, read_status
+from workbench.cluster.dispatch.hang import hang_report, read_status
 from workbench.config import ClusterConfig
 from workbench.errors import ConfigError
 from workbench.parallel.run_spec import MAX_BATCH_SIZE, MAX_SEED, RunSpec

@@ -77,7 +77,7 @@ def test_the_reader_sees_a_kernel_function_shipped() -> None:
     """The rule would be toothless if the reader missed the shapes the start sequence uses."""
     source = (
         "from workbench.engine import boot\n"
-        "from workbench.cluster.rendezvous import open_probe\n"
+        "from workbench.cluster.hosts.rendezvous import open_probe\n"
         "def here(): ...\n"
         "def go(client):\n"
         "    client[0].apply_async(open_probe, 'a')\n"
@@ -86,7 +86,7 @@ def test_the_reader_sees_a_kernel_function_shipped() -> None:
     )
     origins = [origin for _, origin in _shipped(source, "workbench.cluster.start")]
     assert origins == [
-        "workbench.cluster.rendezvous.open_probe",
+        "workbench.cluster.hosts.rendezvous.open_probe",
         "workbench.engine.boot.exit_now",
         "workbench.cluster.start.here",
     ]

@@ -28,7 +28,7 @@ LAUNCHERS = ("local", "mpi", "ssh", "slurm")
 # and one controller serves them all.
 MAX_ENGINES = 1024
 # spare_hosts="any" (Slurm): a lost host's ranks go to a new job wherever the partition
-# has room, on a node the cluster does not run on (cluster/spares.py)
+# has room, on a node the cluster does not run on (cluster/hosts/spare_hosts.py)
 ANY_SPARE = "any"
 SPARE_LAUNCHERS = ("ssh", "slurm")
 
@@ -52,7 +52,8 @@ class ClusterConfig:
     init_timeout: float = 60.0
     start_timeout: float = 60.0
     threads_per_engine: int | None = None
-    spare_hosts: Sequence[str] = ()  # ssh/slurm: where a lost host's ranks go (cluster/spares.py)
+    # ssh/slurm: where a lost host's ranks go (cluster/hosts/spare_hosts.py)
+    spare_hosts: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         validate.integer("n", self.n, minimum=1, maximum=MAX_ENGINES, what="a number of engines")

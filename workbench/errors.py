@@ -142,7 +142,7 @@ class RankError(ClusterError):
 class CollectiveTimeout(ClusterError):
     """A cell or step did not finish in time; ``report`` says who waited where.
 
-    ``autopsy`` (``workbench.cluster.autopsy.Autopsy``, None where none was taken) holds
+    ``autopsy`` (``workbench.cluster.dispatch.autopsy.Autopsy``, None where none was taken) holds
     the ``verdict``, the ``culprits`` and each rank's location, stack and collective."""
 
     def __init__(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import validate
-from workbench.cluster.scripts import script_args, script_path
+from workbench.cluster.dispatch.scripts import script_args, script_path
 from workbench.compare import StrategyComparison
 from workbench.errors import ConfigError
 from workbench.session.job_files import DEFAULT_PORT, Export, JobShape, job_for_run, write_export

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from workbench.cluster import Cluster
-from workbench.cluster.autopsy import Autopsy, RankState
+from workbench.cluster.dispatch.autopsy import Autopsy, RankState
 from workbench.errors import CollectiveTimeout, EngineDied
 
 pytestmark = pytest.mark.engines

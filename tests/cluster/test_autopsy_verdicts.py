@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench.cluster import Cluster
-from workbench.cluster.autopsy import (
+from workbench.cluster.dispatch.autopsy import (
     Autopsy,
     RankAutopsy,
     RankState,
@@ -139,7 +139,7 @@ def test_a_session_keeps_the_autopsy_when_it_adds_where_the_run_was() -> None:
 
 
 def test_a_rank_that_does_not_answer_is_read_from_its_files() -> None:
-    from workbench.cluster.autopsy import _collective
+    from workbench.cluster.dispatch.autopsy import _collective
 
     began = {"state": "untracked", "last": {"op": "all_reduce", "nth": 3, "in_cell": 5}}
     status = {"in_flight": [{"op": "all_reduce", "bytes": 16, "step": 0, "phase": ""}]}

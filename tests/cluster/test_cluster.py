@@ -158,7 +158,7 @@ def test_a_quick_cell_reads_each_engines_process_state_once(
 ) -> None:
     """A stopped (frozen) engine is found from its process state; that psutil read is off
     the path of a cell that gets its replies: once per rank before sending, not per poll."""
-    from workbench.cluster import dispatch
+    from workbench.cluster.dispatch import rank_dispatch as dispatch
 
     reads: list[int] = []
 

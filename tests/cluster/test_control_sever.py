@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from workbench.cluster import Cluster
-from workbench.cluster.host_loss import sever_stuck
+from workbench.cluster.hosts.host_loss import sever_stuck
 
 pytestmark = pytest.mark.engines
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.cluster.debug_inbox import _split_prompt, choose_failed_rank
+from workbench.cluster.dispatch.debug_inbox import _split_prompt, choose_failed_rank
 from workbench.errors import ClusterError
 
 FAILED = {0: ("RuntimeError: peer closed", 20.5), 1: None, 2: ("ValueError: bad batch", 20.1)}
@@ -77,7 +77,7 @@ def test_the_rank_holding_the_prompt_keeps_it_until_it_runs_on() -> None:
     import zmq
     from jupyter_client.session import Session
 
-    from workbench.cluster.debug_inbox import DebugInbox
+    from workbench.cluster.dispatch.debug_inbox import DebugInbox
     from workbench.engine.rank_debug import RANK_FIELD, REQUEST_TYPE
 
     key = b"cluster-key"

@@ -15,7 +15,7 @@ import zmq
 from jupyter_client.session import Session
 
 from workbench.cluster import Cluster
-from workbench.cluster.results import CellResult
+from workbench.cluster.dispatch.results import CellResult
 from workbench.engine.direct_cells import REPLY_TYPE, REQUEST_TYPE, TARGET, open_if_same_network
 from workbench.engine.hosts import net_space
 
@@ -229,7 +229,7 @@ def test_a_top_level_await_cell_is_refused_before_the_controller_path(cluster: C
     ],
 )
 def test_top_level_await_is_told_from_the_source(code: str, awaits: bool) -> None:
-    from workbench.cluster.cell_routes import top_level_await
+    from workbench.cluster.dispatch.cell_routes import top_level_await
 
     assert top_level_await(code) is awaits
 

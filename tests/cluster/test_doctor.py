@@ -11,9 +11,9 @@ from IPython.core.error import UsageError
 
 import workbench as wb
 from workbench.cluster import Cluster
-from workbench.cluster.doctor import DoctorReport
-from workbench.cluster.doctor_env import EnvironmentReport
-from workbench.cluster.doctor_net import NetworkReport
+from workbench.cluster.doctor.cluster_doctor import DoctorReport
+from workbench.cluster.doctor.doctor_env import EnvironmentReport
+from workbench.cluster.doctor.doctor_net import NetworkReport
 from workbench.errors import ConfigError
 from workbench.planner import hardware_preset
 from workbench.plots.network import network_figure

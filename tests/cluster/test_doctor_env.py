@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from workbench.cluster.doctor_env import (
+from workbench.cluster.doctor.doctor_env import (
     check_package_names,
     environment_report,
     refuse_mismatch,
 )
+from workbench.cluster.world import World
 from workbench.engine.doctor_env import environment_facts
 from workbench.errors import ClusterError, ConfigError
 
@@ -115,8 +116,8 @@ def test_the_start_refuses_before_any_store_or_group_exists(
     import asyncio
     from types import SimpleNamespace
 
-    from workbench.cluster import start_sequence
-    from workbench.cluster.startup import StartupProfile
+    from workbench.cluster.lifecycle import start_sequence
+    from workbench.cluster.lifecycle.startup import StartupProfile
 
     infos = [
         {"host": host, "pid": 10 + i, "address": "127.0.0.1", "cuda_devices": 0, "cpus": 1,
@@ -141,11 +142,13 @@ def test_the_start_refuses_before_any_store_or_group_exists(
         check_packages=(),
         environment=None,
     )
+    engines.compared = lambda report: setattr(engines, "environment", report)
     here = str(infos[0]["environment"]["nccl"])  # None on a CPU build of torch
     with pytest.raises(ClusterError, match=rf"nccl differs: node-a has {here}, node-b has 2\.1"):
         start = start_sequence.init_process_group(
             engines,  # type: ignore[arg-type]
-            [],
+            World(),
+            lambda world: None,
             StartupProfile(),
             lambda *_: None,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.cluster.rank_tables import ranks_on
-from workbench.cluster.elastic import decide_loss, grown_ranks, probe_host, shrunk_ranks
+from workbench.cluster.lifecycle.elastic import decide_loss, grown_ranks, probe_host, shrunk_ranks
 from workbench.errors import HostLost
 
 

@@ -14,12 +14,13 @@ import zmq
 from jupyter_client.session import Session
 
 from tests.processes import BOUND_S
-from workbench.cluster import Cluster, signals
-from workbench.cluster.engine_watch import EngineWatch
+from workbench.cluster import Cluster
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
+from workbench.cluster.lifecycle import signals
+from workbench.cluster.lifecycle.engine_watch import EngineWatch
+from workbench.cluster.lifecycle.start_sequence import make_ipp_cluster
 from workbench.cluster.loop import run_anywhere
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.start_sequence import make_ipp_cluster
 from workbench.engine.hosts import local_pid_space
 
 pytestmark = pytest.mark.engines

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.cluster.fail_wait import Seen
+from workbench.cluster.dispatch.fail_wait import Seen
 
 BARRIER = {"op": "barrier", "bytes": 0, "group_size": 2, "source": "user"}
 

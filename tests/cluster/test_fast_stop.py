@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from workbench.cluster.fast_stop import end
+from workbench.cluster.lifecycle.fast_stop import end
 
 pytestmark = pytest.mark.engines
 

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from workbench.cluster import Cluster, dispatch, hang
+from workbench.cluster import Cluster
+from workbench.cluster.dispatch import hang
+from workbench.cluster.dispatch import rank_dispatch as dispatch
 from workbench.errors import EngineDied
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from workbench.cluster import Cluster, dispatch
+from workbench.cluster import Cluster
+from workbench.cluster.dispatch import rank_dispatch as dispatch
 from workbench.errors import CollectiveTimeout, EngineDied
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]

@@ -9,8 +9,8 @@ import time
 import pytest
 import zmq
 
-from workbench.cluster.fencing import FENCE_AFTER_S, REMOTE_PERIOD_MS, fence_after_s
-from workbench.cluster.start_sequence import REMOTE_HEARTBEAT
+from workbench.cluster.hosts.fencing import FENCE_AFTER_S, REMOTE_PERIOD_MS, fence_after_s
+from workbench.cluster.lifecycle.start_sequence import REMOTE_HEARTBEAT
 from workbench.engine.fencing import Silence, watch
 
 BOUND_S = 30.0  # generous: a loaded machine

@@ -7,8 +7,9 @@ import warnings
 
 import pytest
 
-from workbench.cluster import Cluster, gpus
-from workbench.cluster.gpus import gpu_choice, visible_gpu_count
+from workbench.cluster import Cluster
+from workbench.cluster.hosts import gpus
+from workbench.cluster.hosts.gpus import gpu_choice, visible_gpu_count
 from workbench.errors import ConfigError
 
 

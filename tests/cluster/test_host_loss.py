@@ -1,4 +1,4 @@
-"""A lost host told from a dead process while a call waits (``cluster/host_loss.py``), with
+"""A lost host told from a dead process while a call waits (``cluster/hosts/host_loss.py``), with
 no engines: a stand-in controller's engine ids and a stand-in probe of the host."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from tests.cluster.rank_tables import ranks_on
-from workbench.cluster.hang import lost_engines_error
-from workbench.cluster.host_loss import host_lost
-from workbench.cluster.stuck import StuckRanks
+from workbench.cluster.dispatch.hang import lost_engines_error
+from workbench.cluster.dispatch.stuck import StuckRanks
+from workbench.cluster.hosts.host_loss import host_lost
 from workbench.errors import EngineDied, HostLost
 from workbench.session.rank_failures import error_fields
 
@@ -74,7 +74,7 @@ def test_a_call_that_finds_a_remote_engine_dead_probes_its_host(
 ) -> None:
     """The dispatch's error for dead ranks: ``HostLost`` when the host is silent,
     ``EngineDied`` when it answers or without a client to ask."""
-    from workbench.cluster import host_loss
+    from workbench.cluster.hosts import host_loss
 
     ranks = ranks_on([("node-b", 1)])
     silent: set[str] = set()
@@ -131,7 +131,7 @@ def test_under_mpi_one_ranks_death_is_the_end_of_the_job_not_lost_hosts(
     # mpiexec ends every rank when one dies: every engine leaves the controller, and a
     # probe may find the hosts as silent as a lost one. Neither a shrink nor a spare can
     # join a job that ended: the way on is a full restart.
-    import workbench.cluster.host_loss as host_loss
+    import workbench.cluster.hosts.host_loss as host_loss
 
     monkeypatch.setattr(host_loss, "probe_host", lambda host, port=22: False)
     ranks = ranks_on([("wbn1", 2), ("wbn2", 2)])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.cluster import Cluster, host_placement
-from workbench.cluster.host_placement import check_hosts, placed
+from workbench.cluster import Cluster
+from workbench.cluster.hosts import host_placement
+from workbench.cluster.hosts.host_placement import check_hosts, placed
 from workbench.errors import ClusterError, ConfigError
 
 

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from workbench.cluster import Cluster
+from workbench.cluster.lifecycle.recovery import RecoveryReport
 from workbench.cluster.loop import OneAtATime
-from workbench.cluster.recovery import RecoveryReport
 
 pytestmark = pytest.mark.engines
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from workbench.cluster import Cluster
-from workbench.cluster.results import CellResult
+from workbench.cluster.dispatch.results import CellResult
 from workbench.errors import CollectiveTimeout
 
 pytestmark = pytest.mark.engines
@@ -160,7 +160,7 @@ def test_the_inbox_takes_only_signed_output_of_a_pending_request_from_its_engine
     import zmq
     from jupyter_client.session import Session
 
-    from workbench.cluster.live_inbox import LiveInbox
+    from workbench.cluster.dispatch.live_inbox import LiveInbox
     from workbench.engine.live_output import OUTPUT_TYPE
     from workbench.engine.wire import json_session
 

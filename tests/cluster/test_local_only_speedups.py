@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from workbench.cluster import Cluster, RankAssignment, fast_stop, shutdown
+from workbench.cluster import Cluster, RankAssignment
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
-from workbench.cluster.start_sequence import controller_args, make_ipp_cluster
+from workbench.cluster.lifecycle import fast_stop, shutdown
+from workbench.cluster.lifecycle.start_sequence import controller_args, make_ipp_cluster
+from workbench.cluster.world import World
 from workbench.engine import boot, process_group, zygote
 
 
@@ -44,7 +46,7 @@ def test_multi_node_launchers_keep_ipyparallels_start_and_a_500ms_heartbeat(
     launcher: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster = Cluster(n=2, launcher=launcher, hosts=["node-a", "node-b"])
-    cluster.engines.controller_address = "10.0.0.1"  # what start() would find from the hosts
+    cluster.engines._controller_address = "10.0.0.1"  # what start() would find from the hosts
     ipp_cluster, cmd = _engine_cmd(cluster)
     assert cmd is None
     assert ipp_cluster.send_engines_connection_env is True
@@ -102,8 +104,8 @@ def _stop(launcher: str, monkeypatch: pytest.MonkeyPatch) -> tuple[_Client, list
     hosts = [] if launcher == "local" else ["node-a", "node-b"]
     cluster = Cluster(n=2, launcher=launcher, hosts=hosts)
     client = _Client()
-    cluster.engines.client = client  # type: ignore[assignment]
-    cluster.ranks = [_rank(0), _rank(1)]
+    cluster.engines._client = client  # type: ignore[assignment]
+    cluster._set_world(World(tuple([_rank(0), _rank(1)])))
     ended: list[Any] = []
     monkeypatch.setattr(fast_stop, "end", lambda procs, grace=0.5: ended.append(procs) or [])
     monkeypatch.setattr(cluster.engines, "process_tree", lambda ranks: [])

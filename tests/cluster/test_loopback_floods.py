@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from workbench.cluster import Cluster
-from workbench.cluster.live_inbox import BATCH, signed_messages
+from workbench.cluster.dispatch.live_inbox import BATCH, signed_messages
 from workbench.engine.wire import json_session
 
 pytestmark = pytest.mark.engines

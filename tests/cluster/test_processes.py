@@ -16,6 +16,7 @@ import pytest
 from workbench.cluster import Cluster
 from workbench.cluster.processes import FROZEN, GONE, local_state, signal_local
 from workbench.cluster.ranks import EngineInfo, assign_ranks
+from workbench.cluster.world import World
 
 HERE = socket.gethostname()
 
@@ -46,11 +47,19 @@ def test_local_states_running_stopped_gone() -> None:
 
 def test_cluster_pids_leave_out_engines_on_other_hosts() -> None:
     cluster = Cluster(n=2, launcher="ssh", hosts=["node-a", "node-b"])
-    cluster.engines.ipp = object()  # type: ignore[assignment]  # no launchers to list
-    cluster.ranks = assign_ranks(
-        [
-            EngineInfo(engine_id=0, host=HERE, pid=os.getpid()),
-            EngineInfo(engine_id=1, host="node-b", pid=1),  # pid 1 there is not init here
-        ]
+    cluster.engines._ipp = object()  # type: ignore[assignment]  # no launchers to list
+    cluster._set_world(
+        World(
+            tuple(
+                assign_ranks(
+                    [
+                        EngineInfo(engine_id=0, host=HERE, pid=os.getpid()),
+                        EngineInfo(
+                            engine_id=1, host="node-b", pid=1
+                        ),  # pid 1 there is not init here
+                    ]
+                )
+            )
+        )
     )
     assert cluster.pids() == [os.getpid()]

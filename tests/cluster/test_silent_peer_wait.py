@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from workbench.cluster.fail_wait import wait_for_a_failure
+from workbench.cluster.dispatch.fail_wait import wait_for_a_failure
 
 
 class _Pending:

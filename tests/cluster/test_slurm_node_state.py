@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.test_slurm_spares import _captured
-from workbench.cluster import slurm_nodes
+from workbench.cluster.hosts import slurm_nodes
 
 pytestmark = pytest.mark.engines  # it starts the stand-in scripts
 

@@ -1,6 +1,6 @@
 """Spare hosts under Slurm and Slurm's node state as a lost-host signal
-(``cluster/slurm_nodes.py``, ``cluster/spares.py``), with no engines and no Slurm: what
-``scontrol`` / ``sinfo`` printed on the multi-node bed (``slurm_bed_capture.txt``), a
+(``cluster/hosts/slurm_nodes.py``, ``cluster/hosts/spare_hosts.py``), with no engines and no
+Slurm: what ``scontrol`` / ``sinfo`` printed on the multi-node bed (``slurm_bed_capture.txt``), a
 stand-in cluster and stand-in probes."""
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ from typing import Any
 import pytest
 
 from tests.cluster.rank_tables import ranks_on
-from tests.cluster.test_spares import _Cluster
-from workbench.cluster import Cluster, slurm_nodes, spares
-from workbench.cluster.host_loss import host_lost
-from workbench.cluster.launch.launchers import LauncherOptions
-from workbench.cluster.slurm_nodes import (
+from tests.cluster.test_spare_hosts import _Cluster
+from workbench.cluster import Cluster
+from workbench.cluster.hosts import slurm_nodes, spare_hosts
+from workbench.cluster.hosts.host_loss import host_lost
+from workbench.cluster.hosts.slurm_nodes import (
     host_answers,
     parse_node_state,
     takes_no_jobs,
     usable_nodes,
 )
-from workbench.cluster.spares import move_to_spares, start_args
+from workbench.cluster.hosts.spare_hosts import move_to_spares, start_args
+from workbench.cluster.launch.launchers import LauncherOptions
 from workbench.config import ANY_SPARE
 from workbench.errors import ConfigError, HostLost
 
@@ -134,7 +135,7 @@ def test_slurm_down_with_sshd_up_makes_host_lost_name_the_host() -> None:
 
 # ----------------------------------------------------------------- spares
 def test_a_slurm_spare_must_answer_and_be_in_service(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(spares, "probe_host", lambda host: host != "a")
+    monkeypatch.setattr(spare_hosts, "probe_host", lambda host: host != "a")
     states = {"c": {"IDLE", "DRAIN"}, "d": {"IDLE"}, "b": {"MIXED"}}
     monkeypatch.setattr(slurm_nodes, "node_state", lambda host: frozenset(states[host]))
     cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), ("c", "d"), launcher="slurm")
@@ -146,7 +147,7 @@ def test_a_slurm_spare_must_answer_and_be_in_service(monkeypatch: pytest.MonkeyP
 def test_any_lets_slurm_pick_a_node_the_cluster_does_not_run_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(spares, "probe_host", lambda host: host != "b")
+    monkeypatch.setattr(spare_hosts, "probe_host", lambda host: host != "b")
     monkeypatch.setattr(slurm_nodes, "node_state", lambda host: frozenset({"MIXED"}))
     asked: list[tuple[str, set[str]]] = []
 
@@ -174,7 +175,7 @@ def test_any_merges_the_users_own_exclude_into_its_one(
 ) -> None:
     """sbatch keeps only the last ``--exclude``: the user's nodes must stay excluded beside
     the cluster's own, in every spelling sbatch takes, and Slurm is not asked for them."""
-    monkeypatch.setattr(spares, "probe_host", lambda host: host != "b")
+    monkeypatch.setattr(spare_hosts, "probe_host", lambda host: host != "b")
     monkeypatch.setattr(slurm_nodes, "node_state", lambda host: frozenset({"MIXED"}))
     asked: list[set[str]] = []
     monkeypatch.setattr(
@@ -197,7 +198,7 @@ def test_any_merges_the_users_own_exclude_into_its_one(
 def test_any_with_no_free_node_is_host_lost_saying_no_spare_is_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(spares, "probe_host", lambda host: host != "b")
+    monkeypatch.setattr(spare_hosts, "probe_host", lambda host: host != "b")
     monkeypatch.setattr(slurm_nodes, "node_state", lambda host: None)
     monkeypatch.setattr(slurm_nodes, "free_nodes", lambda partition, exclude: [])
     cluster = _Cluster(ranks_on([("a", 2), ("b", 2)]), (ANY_SPARE,), launcher="slurm")
@@ -210,7 +211,7 @@ def test_an_answering_host_slurm_has_down_goes_to_the_spare(
 ) -> None:
     """Every host's sshd answers; Slurm has ``a`` DOWN: its ranks go to the spare (under
     ssh the same ranks would stay to be replaced on ``a``)."""
-    monkeypatch.setattr(spares, "probe_host", lambda host: True)
+    monkeypatch.setattr(spare_hosts, "probe_host", lambda host: True)
     down = parse_node_state(_captured()["down_not_responding"][1])
     monkeypatch.setattr(
         slurm_nodes, "node_state", lambda host: down if host == "a" else frozenset({"IDLE"})

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from workbench.cluster import Cluster
-from workbench.cluster.registration import engine_infos, wait_for_engines
+from workbench.cluster.lifecycle.registration import engine_infos, wait_for_engines
 
 
 class _Engine:
@@ -46,7 +46,7 @@ def test_engine_registering_between_reads_is_counted_with_its_facts(
     monkeypatch.setattr("workbench.cluster.cluster.find_connection_file", lambda *a: None)
     cluster = Cluster(n=2, cluster_id="fake")
     client = _GrowingClient(limit=3)
-    cluster.engines.client = client  # type: ignore[assignment]
+    cluster.engines._client = client  # type: ignore[assignment]
 
     async def start() -> tuple[list[int], list[dict[str, Any]]]:
         await wait_for_engines(cluster.engines, cluster.startup, lambda *_: None)

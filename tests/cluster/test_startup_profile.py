@@ -7,7 +7,7 @@ import pickle
 import pickletools
 import time
 
-from workbench.cluster.startup import StartupProfile
+from workbench.cluster.lifecycle.startup import StartupProfile
 from workbench.engine.boot import timed_engine_info
 
 

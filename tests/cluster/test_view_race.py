@@ -10,6 +10,8 @@ import pytest
 
 from workbench.cluster import Cluster
 from workbench.cluster.ranks import RankAssignment
+from workbench.cluster.state import ClusterState
+from workbench.cluster.world import World
 from workbench.errors import EngineDied
 
 
@@ -34,9 +36,9 @@ def _rank(rank: int) -> RankAssignment:
 
 def test_engine_gone_between_check_and_request_is_engine_died() -> None:
     cluster = Cluster(n=2)
-    cluster.engines.client = _Client()
-    cluster.ranks = [_rank(0), _rank(1)]
-    cluster.state = "running"
+    cluster.engines._client = _Client()
+    cluster._set_world(World(tuple([_rank(0), _rank(1)])))
+    cluster._set_state(ClusterState.RUNNING)
     try:
         cluster.view(0)  # a live engine: its view
         with pytest.raises(EngineDied) as info:
@@ -45,6 +47,6 @@ def test_engine_gone_between_check_and_request_is_engine_died() -> None:
         assert "rank 1" in str(info.value) and "No such engine" not in str(info.value)
         assert cluster.state == "degraded"
     finally:
-        cluster.engines.client = None
-        cluster.ranks = []
-        cluster.state = "stopped"
+        cluster.engines._client = None
+        cluster._set_world(World())
+        cluster._set_state(ClusterState.STOPPED)

@@ -1,4 +1,4 @@
-"""The processes the workbench kernel starts ahead (cluster/warm_start.py,
+"""The processes the workbench kernel starts ahead (cluster/launch/warm_start.py,
 launch/warm.py, kernel_launcher.py), the engines' forker and the controller: taken by the
 first local cluster when its environment matches, given up (and stopped) when it does not,
 and never left running — not when the kernel exits, not when it is killed."""
@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from tests.processes import BOUND_S, alive
-from workbench.cluster import Cluster, spare_forker, warm_start
+from workbench.cluster import Cluster
+from workbench.cluster.launch import standby, warm_start
 from workbench.engine import zygote
 from workbench.engine.warm_request import request_line
 
@@ -65,11 +66,11 @@ def _wait_gone(pids: list[int]) -> list[int]:
     return alive(pids)
 
 
-def _spare_pid(directory: str) -> int:
+def _standby_pid(directory: str) -> int:
     deadline = time.monotonic() + BOUND_S
-    while (pid := spare_forker.waiting_pid(directory)) is None and time.monotonic() < deadline:
+    while (pid := standby.waiting_pid(directory)) is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert pid is not None, "no spare waits"
+    assert pid is not None, "no standby waits"
     return pid
 
 
@@ -82,11 +83,11 @@ def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None
     cluster.start_sync()
     try:
         assert warm_start.warm("controller") is None  # taken
-        # the forker too, which forked a spare for a replacement engine (spare_forker.py)
+        # the forker too, which forked a standby for a replacement engine (standby.py)
         assert warm_start.warm("engines") is None
-        assert cluster.engines.spare is not None
-        spare = _spare_pid(cluster.engines.spare.directory)
-        assert psutil.Process(spare).ppid() == forker.pid
+        assert cluster.engines.standby is not None
+        ahead = _standby_pid(cluster.engines.standby.directory)
+        assert psutil.Process(ahead).ppid() == forker.pid
         parents = {psutil.Process(r.pid).ppid() for r in cluster.ranks}
         assert parents == {forker.pid}
         ipp = cluster.engines.ipp
@@ -107,7 +108,7 @@ def test_a_local_cluster_takes_the_warm_forker_and_controller(nothing_warm: None
     finally:
         pids = cluster.pids()
         cluster.stop_sync()
-    assert _wait_gone([*pids, forker.pid, controller.pid, spare]) == []  # the spare too
+    assert _wait_gone([*pids, forker.pid, controller.pid, ahead]) == []  # the standby too
     assert warm_start.warm("engines") is None
 
 

@@ -12,10 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.cluster import Cluster, rendezvous, signals
+from workbench.cluster import Cluster
+from workbench.cluster.hosts import rendezvous
 from workbench.cluster.launch import launchers
+from workbench.cluster.lifecycle import signals
 from workbench.cluster.loop import run_anywhere
 from workbench.cluster.ranks import EngineInfo, assign_ranks, relocalize
+from workbench.cluster.world import World
 from workbench.engine import hosts
 from workbench.errors import ClusterError, ConfigError
 
@@ -113,8 +116,12 @@ def test_relocalize_recomputes_local_ranks_after_a_move() -> None:
 def test_a_remote_pid_is_never_used_locally(monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = Cluster(n=2, launcher="ssh", hosts=["n1"])
     me = os.getpid()
-    cluster.ranks = [replace(r, pid=me, pid_space=REMOTE) for r in _ranks({"n1": 2})]
-    cluster.engines.ipp = SimpleNamespace(controller=None, engines={})  # started, as far as pids go
+    cluster._set_world(
+        World(tuple([replace(r, pid=me, pid_space=REMOTE) for r in _ranks({"n1": 2})]))
+    )
+    cluster.engines._ipp = SimpleNamespace(
+        controller=None, engines={}
+    )  # started, as far as pids go
     assert me not in cluster.pids()
     assert me not in [p.pid for p in cluster.engines.process_tree(cluster.ranks)]
     assert cluster.status_dir_of(cluster.ranks[0]) is None  # its /tmp is not ours
@@ -137,7 +144,7 @@ def test_a_shared_status_dir_reaches_remote_ranks(tmp_path: Path) -> None:
     cluster = Cluster(
         n=2, launcher="ssh", hosts=["n1"], launcher_options={"status_dir": str(tmp_path)}
     )
-    cluster.run_dir = str(tmp_path / "wb-run-x")
+    cluster.engines._run_dir = str(tmp_path / "wb-run-x")
     remote = replace(_ranks({"n1": 2})[0], pid_space=REMOTE)
     assert cluster.status_dir_of(remote) == cluster.run_dir  # hang reports see it
 

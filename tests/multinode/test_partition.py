@@ -33,7 +33,7 @@ from tests.multinode.test_host_loss import (
     _report,
     _wait_for,
 )
-from workbench.cluster.fencing import FENCE_AFTER_S
+from workbench.cluster.hosts.fencing import FENCE_AFTER_S
 
 pytestmark = [pytest.mark.engines, pytest.mark.slow]
 

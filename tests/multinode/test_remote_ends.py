@@ -18,7 +18,7 @@ from workbench.cluster import watchdog
 from workbench.cluster.launch import launchers
 from workbench.cluster.launch.slurm import SlurmJobsEngineSetLauncher, job_ids
 from workbench.cluster.launch.ssh import FastSSHEngineLauncher
-from workbench.cluster.remote_ends import end_cluster_line, remote_ends
+from workbench.cluster.lifecycle.remote_ends import end_cluster_line, remote_ends
 
 pytestmark = pytest.mark.engines
 
@@ -177,10 +177,10 @@ def test_a_spare_any_job_goes_where_slurm_has_room_and_is_never_requeued(
     tmp_path: Path, fake_slurm: Path
 ) -> None:
     """``spare_hosts="any"``: the lost ranks' jobs name no node but exclude every node the
-    cluster ran on or lost (``spares.start_args``); no engine job is ever requeued (Slurm
+    cluster ran on or lost (``spare_hosts.start_args``); no engine job is ever requeued (Slurm
     requeues a node-failed batch job by default: an engine nobody asked for, seen on the
     bed)."""
-    from workbench.cluster.spares import start_args
+    from workbench.cluster.hosts.spare_hosts import start_args
     from workbench.config import ANY_SPARE
 
     cluster = SimpleNamespace(

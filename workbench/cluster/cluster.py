@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import functools
 import logging
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -19,14 +20,12 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import ipyparallel as ipp
 
-from workbench.cluster import gpus, start_sequence
-from workbench.cluster.connection import find_connection_file
-from workbench.cluster.dispatch import RankDispatch
-from workbench.cluster.doctor import ClusterDoctor
-from workbench.cluster.doctor_env import EnvironmentReport, check_package_names
-from workbench.cluster.doctor_net import NetworkReport
-from workbench.cluster.engines import EngineSet
-from workbench.cluster.grow import grow as grow_engines
+from workbench.cluster.dispatch.rank_dispatch import RankDispatch
+from workbench.cluster.dispatch.scripts import ScriptRuns
+from workbench.cluster.doctor.cluster_doctor import ClusterDoctor
+from workbench.cluster.doctor.doctor_env import EnvironmentReport, check_package_names
+from workbench.cluster.doctor.doctor_net import NetworkReport
+from workbench.cluster.hosts import gpus
 from workbench.cluster.keep import (
     DEFAULT_LEASE_S,
     KeptCluster,
@@ -35,13 +34,18 @@ from workbench.cluster.keep import (
     keep_settings,
 )
 from workbench.cluster.launch import launchers
+from workbench.cluster.lifecycle import start_sequence
+from workbench.cluster.lifecycle.connection import find_connection_file
+from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.grow import grow as grow_engines
+from workbench.cluster.lifecycle.recovery import RecoveryReport, lost_ranks
+from workbench.cluster.lifecycle.recovery import recover as recover_engines
+from workbench.cluster.lifecycle.shutdown import shutdown
+from workbench.cluster.lifecycle.startup import StartupProfile
 from workbench.cluster.loop import OneAtATime, async_first, run_sync, sync_twin
 from workbench.cluster.ranks import RankAssignment
-from workbench.cluster.recovery import RecoveryReport, lost_ranks
-from workbench.cluster.recovery import recover as recover_engines
-from workbench.cluster.scripts import ScriptRuns
-from workbench.cluster.shutdown import shutdown
-from workbench.cluster.startup import StartupProfile
+from workbench.cluster.state import CURRENT, LIVE, ClusterState, StateLink, checked_move
+from workbench.cluster.world import World
 from workbench.config import ClusterConfig
 from workbench.errors import ClusterError
 
@@ -56,6 +60,7 @@ R = TypeVar("R")
 
 
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_STATE_MOVE = threading.Lock()  # state moves are rare and instant: one lock for all clusters
 # Clusters in the order they started. The last one not stopped is "the current cluster"
 # that %wb, the stepper and the dashboard all use; stopping it makes the one before current.
 _current: list[weakref.ref[Cluster]] = []
@@ -150,12 +155,14 @@ class Cluster(ScriptRuns, ClusterDoctor):
         self.progress = progress
         self.timings: dict[str, float] = {}
         self.startup = StartupProfile()  # where the last start's time went (startup.py)
-        # One owner each: the engines, their processes and the state (EngineSet); the
-        # ranks (this list, shared with the dispatcher; a recovery renumbers it in place);
-        # running code on them, their views, cell sockets and blocked ranks (RankDispatch).
+        # One owner each: the engines and their processes (EngineSet); the state and the
+        # World, this cluster's (written only here; the dispatch reads them through what it is
+        # handed); running code on the ranks, views, cell sockets, blocked ranks (RankDispatch).
         self.engines = EngineSet(self.config, self.launcher_options, self.check_packages, keep_as)
-        self._ranks: list[RankAssignment] = []
-        self.dispatch = RankDispatch(self.engines, self._ranks)
+        self._world = World()
+        self._state = ClusterState.STOPPED  # _set_state checks each move (state.py)
+        self._link = StateLink(lambda: self._state, self.check_controller, self._degrade)
+        self.dispatch = RankDispatch(self.engines, lambda: self._world, self._link)
         # Set when a failing rank closed the process group on every rank (a session's
         # fail-together operation); the next session build re-creates it (recover()).
         self.group_closed = False
@@ -170,7 +177,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
         current: ``Cluster.current()``, ``%wb`` and ``%%wb`` all read it."""
         for ref in reversed(_current):
             cluster = ref()
-            if cluster is not None and cluster.state in ("running", "degraded", "broken"):
+            if cluster is not None and cluster.state in CURRENT:
                 return cluster
         return None
 
@@ -178,7 +185,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     def current(cls) -> Cluster:
         """The most recently started cluster that is still running (e.g. by ``%wb start``)."""
         cluster = cls.latest()
-        if cluster is not None and cluster.state == "broken":
+        if cluster is not None and cluster.state == ClusterState.BROKEN:
             raise cluster.controller_died()
         if cluster is None:
             raise ClusterError(
@@ -197,7 +204,11 @@ class Cluster(ScriptRuns, ClusterDoctor):
         kept = KeptClusters().take(name)
         for ref in _current:  # already attached (or started) in this kernel
             cluster = ref()
-            if cluster is not None and cluster.kept == kept.name and cluster.state != "stopped":
+            if (
+                cluster is not None
+                and cluster.kept == kept.name
+                and cluster.state != ClusterState.STOPPED
+            ):
                 return cluster
         config = dict(kept.data["config"])
         options = config.pop("launcher_options")
@@ -221,11 +232,11 @@ class Cluster(ScriptRuns, ClusterDoctor):
                     f"kept cluster {kept.name!r}: its controller does not answer ({exc}); "
                     "`%wb list` shows whether it still runs"
                 ) from exc
-            self.ranks = [RankAssignment(**r) for r in kept.data["ranks"]]
-            self.engines.adopt(kept, client, self._ranks)
+            self._set_world(self._world.replaced([RankAssignment(**r) for r in kept.data["ranks"]]))
+            self.engines.adopt(kept, client, self._world.ranks)
             # an engine that died while no kernel held the cluster: `%wb restart`
             lost = [r.rank for r in self.ranks if r.engine_id not in client.ids]
-            self.state = "degraded" if lost else "running"
+            self._set_state(ClusterState.DEGRADED if lost else ClusterState.RUNNING)
             _live.add(self)
             _current[:] = [r for r in _current if r() not in (None, self)] + [weakref.ref(self)]
             return self
@@ -248,36 +259,53 @@ class Cluster(ScriptRuns, ClusterDoctor):
                 )
             self.dispatch.forget()
             self.engines.release()
-            self._ranks.clear()
+            self._set_world(self._world.replaced(()))
+            self._set_state(ClusterState.STOPPED)
             _live.discard(self)
 
     # ----------------------------------------------------------------- state
     @property
-    def state(self) -> str:
+    def state(self) -> ClusterState:
         """``stopped``, ``starting``, ``running``, ``degraded`` (a dead or stuck engine:
-        ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``."""
-        return self.engines.state
+        ``recover``), ``broken`` (the controller died: ``restart``), ``stopping``
+        (``ClusterState``, equal to those strings)."""
+        if self._state in LIVE and self.engines.controller_lost():
+            self._set_state(ClusterState.BROKEN, if_in=LIVE)
+        return self._state
 
-    @state.setter
-    def state(self, value: str) -> None:
-        self.engines.state = value
+    def _set_state(
+        self, new: ClusterState, *, if_in: frozenset[ClusterState] | None = None
+    ) -> None:
+        """The one writer of the state: a move the lifecycle does not allow raises
+        (state.py). ``if_in``: only from these states (a report from another thread)."""
+        with _STATE_MOVE:  # a dispatch thread's report and a stop, at once: one after the other
+            if if_in is not None and self._state not in if_in:
+                return  # it moved meanwhile (stopping, broken): the report is moot
+            self._state = checked_move(self._state, new)
+
+    def _degrade(self) -> None:
+        """The dispatch saw an engine die or a rank stay stuck: a live cluster is degraded
+        (a stopping or broken one stays what it is)."""
+        self._set_state(ClusterState.DEGRADED, if_in=LIVE)
+
+    @property
+    def world(self) -> World:
+        """The ranks now (frozen: a recovery, shrink or grow makes a new one)."""
+        return self._world
 
     @property
     def ranks(self) -> list[RankAssignment]:
-        return self._ranks
+        return list(self._world.ranks)
 
-    @ranks.setter
-    def ranks(self, value: list[RankAssignment]) -> None:
-        self._ranks[:] = value  # in place: the dispatcher holds this list
+    def _set_world(self, world: World) -> None:
+        """The one writer of the world: the start, a recovery or a grow hands each new one
+        here as it makes it (world.py)."""
+        self._world = world
 
     @property
     def run_dir(self) -> str | None:
         """Out-of-band status files of the engines (see engine/hang.py) and the watchdog's."""
         return self.engines.run_dir
-
-    @run_dir.setter
-    def run_dir(self, value: str | None) -> None:
-        self.engines.run_dir = value
 
     @property
     def environment(self) -> EnvironmentReport | None:
@@ -290,7 +318,8 @@ class Cluster(ScriptRuns, ClusterDoctor):
 
     def check_controller(self) -> None:
         """Raise ``controller_died()`` when the controller is gone (fast, no round trip)."""
-        self.engines.check_controller()
+        if self.state == ClusterState.BROKEN:
+            raise self.engines.controller_died()
 
     def controller_lost(self) -> bool:
         """True when the controller this cluster started has exited."""
@@ -299,12 +328,12 @@ class Cluster(ScriptRuns, ClusterDoctor):
     def pids(self) -> list[int]:
         """Process ids (on this host) of the controller, engines and their nannies started
         by this cluster."""
-        return self.engines.pids(self._ranks)
+        return self.engines.pids(self._world.ranks)
 
     # ----------------------------------------------------------------- introspection
     def __repr__(self) -> str:
         c = self.config
-        parts = [f"n={c.n}", f"launcher={c.launcher!r}", f"state={self.state!r}"]
+        parts = [f"n={c.n}", f"launcher={c.launcher!r}", f"state={self.state.value!r}"]
         if self.ranks:
             r0 = self.ranks[0]
             hosts = len({r.host for r in self.ranks})
@@ -328,7 +357,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
     def client(self) -> ipp.Client:
         self.check_controller()
         client = self.engines.client
-        if client is None or self.state not in ("running", "degraded"):
+        if client is None or self.state not in LIVE:
             raise ClusterError("the cluster is not running; start it with start_sync()")
         return client
 
@@ -378,13 +407,19 @@ class Cluster(ScriptRuns, ClusterDoctor):
     async def recover(self, *, shrink: bool = False, drop: tuple[int, ...] = ()) -> RecoveryReport:
         """Replace dead engines, free or replace stuck ones, keep the rest and their rank
         numbers, and re-create the process group on a fresh port. Returns a
-        ``RecoveryReport``. See ``workbench.cluster.recovery``. ``shrink=True`` drops the
+        ``RecoveryReport``. See ``workbench.cluster.lifecycle.recovery``. ``shrink=True`` drops the
         dead ranks instead (and the survivors in ``drop``) and renumbers the rest."""
         async with self._lifecycle.hold("cluster.recover()"):
             self.engines.refuse_if_adopted("recover (replace engines)")
             stuck = self.dispatch.stuck
             report = await recover_engines(
-                self.engines, self._ranks, (stuck.held, stuck.given_up), shrink=shrink, drop=drop
+                self.engines,
+                self._world,
+                (stuck.held, stuck.given_up),
+                self._link,
+                self._set_world,
+                shrink=shrink,
+                drop=drop,
             )
             self._regrouped()
             self.timings["recover_s"] = report.seconds
@@ -397,19 +432,22 @@ class Cluster(ScriptRuns, ClusterDoctor):
         back to the size it had). Returns a ``RecoveryReport``."""
         async with self._lifecycle.hold("cluster.grow()"):
             self.engines.refuse_if_adopted("grow")
-            report = await grow_engines(self.engines, self._ranks, n, hosts)
+            report = await grow_engines(
+                self.engines, self._world, self._link, self._set_world, n, hosts
+            )
             self._regrouped()
             return report
 
     def _regrouped(self) -> None:
         """A fresh process group on every rank: none is blocked, none has it closed."""
+        self._set_state(ClusterState.RUNNING, if_in=LIVE)  # (a controller that died: broken)
         self.dispatch.stuck.forget()
         self.group_closed = False
 
     def lost_ranks(self) -> list[int]:
         """Ranks whose engine is gone or does not respond (what a recovery replaces or
         drops)."""
-        return lost_ranks(self.engines, self._ranks)
+        return lost_ranks(self.engines, self._world.ranks)
 
     # the blocking twins, for scripts (workbench.cluster.loop: one rule for every pair)
     start_sync = sync_twin(start)
@@ -420,33 +458,42 @@ class Cluster(ScriptRuns, ClusterDoctor):
     detach_sync = sync_twin(detach)
 
     async def _start(self) -> Cluster:
-        if self.state in ("running", "degraded"):
+        if self.state in LIVE:
             return self
-        if self.state == "broken":  # reap what outlived the controller before starting anew
+        if self.state == ClusterState.BROKEN:  # reap what outlived the controller first
             await self._stop()
-        self.state = "starting"
+        self._set_state(ClusterState.STARTING)
         self.network = None  # measured on the engines that are about to be replaced
         notes, self.startup = self.startup.notes, StartupProfile()
         self.startup.notes.update(notes)  # e.g. the kernel's import of the magics
         try:
             self.timings = await start_sequence.start(
-                self.engines, self._ranks, self.startup, self._report, self.dispatch.cells.ask_port
+                self.engines,
+                self._world,
+                self._set_world,
+                self.startup,
+                self._report,
+                self.dispatch.cells.ask_port,
             )
         except BaseException:
             await self._shutdown(quiet=True)
-            self.state = "stopped"
+            self._set_state(ClusterState.STOPPED)
             raise
-        self.state = "running"
+        self._set_state(ClusterState.RUNNING)
         _live.add(self)
         _current[:] = [r for r in _current if r() not in (None, self)] + [weakref.ref(self)]
         return self
 
     async def _stop(self) -> None:
-        if self.state == "stopped" and self.engines.ipp is None and self.engines.client is None:
+        if (
+            self.state == ClusterState.STOPPED
+            and self.engines.ipp is None
+            and self.engines.client is None
+        ):
             return
-        self.state = "stopping"
+        self._set_state(ClusterState.STOPPING)
         await self._shutdown(quiet=False)
-        self.state = "stopped"
+        self._set_state(ClusterState.STOPPED)
         _live.discard(self)
 
     @property
@@ -482,6 +529,7 @@ class Cluster(ScriptRuns, ClusterDoctor):
 
     async def _shutdown(self, *, quiet: bool) -> None:
         try:
-            await shutdown(self.engines, self._ranks, quiet=quiet)
+            await shutdown(self.engines, self._world.ranks, quiet=quiet)
+            self._set_world(self._world.replaced(()))  # every rank's engine is gone
         finally:  # what the dispatcher holds per engine (views, cell sockets, stuck ranks)
             self.dispatch.forget()

@@ -18,7 +18,7 @@ SIGKILLs the engine's children (ipyparallel's nanny, in a session of its own) an
 engine's process group (the engine leads it: the ssh launcher starts it under ``setsid``),
 or only the engine where it leads none.
 
-Started by the kernel for engines on other hosts only (``cluster/fencing.py``); local
+Started by the kernel for engines on other hosts only (``cluster/hosts/fencing.py``); local
 engines never run it.
 """
 

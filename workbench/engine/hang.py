@@ -18,7 +18,7 @@ The cell recorder also keeps this rank's ``Ledger`` of collectives issued (per c
 many of each op; the last one's op, bytes and state), written with one ``pwrite`` before
 each collective reaches the backend (µs: ``benchmarks/autopsy_bench.py``). It outlives
 an engine that gloo aborts (a collective whose sizes differ kills the rank that reads too
-much), so the kernel can say why it died (``cluster/autopsy.py``).
+much), so the kernel can say why it died (``cluster/dispatch/autopsy.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The final reply still carries the cell's whole stdout/stderr (``direct_cells``); these
 progress messages only let the notebook show each rank's output as it is printed. They
 are sent by one thread per engine on a PUSH socket of its own, connected to the kernel's
-loopback PULL socket (``cluster/live_inbox.py``): the cell socket belongs to the kernel's
+loopback PULL socket (``cluster/dispatch/live_inbox.py``): the cell socket belongs to the kernel's
 event loop, which a running cell blocks, and a zmq socket is never shared across threads.
 
 Each message is signed with the cluster's key and carries JSON only (``OUTPUT_TYPE``,

@@ -3,7 +3,7 @@
 A rank's main thread is the engine kernel's: while a cell runs, nothing else on the
 engine reads a socket, so pdb cannot be driven through the engine's own channels. Instead
 ``RankPdb`` (a ``pdb.Pdb``) reads and writes ``KernelLine``, a DEALER socket this thread
-connects to the kernel's debug socket (``cluster/debug_inbox.py``; 127.0.0.1, or the
+connects to the kernel's debug socket (``cluster/dispatch/debug_inbox.py``; 127.0.0.1, or the
 controller's address for engines on other hosts). Every message is signed with the
 cluster's key and carries JSON only, as the direct cell path's do:
 

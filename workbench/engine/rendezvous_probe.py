@@ -1,4 +1,4 @@
-"""The engine's end of the rendezvous check (``workbench.cluster.rendezvous``): the address
+"""The engine's end of the rendezvous check (``workbench.cluster.hosts.rendezvous``): the address
 other hosts reach this engine at, rank 0's listening probe, and every rank's connect to it.
 
 These run on engines (shipped by module and function name); the kernel's side, which

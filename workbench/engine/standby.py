@@ -8,7 +8,7 @@ the forker (engine/zygote.py, run with ``--standby DIR``) forks the standby righ
 engines: a copy of a process that has imported everything, made in milliseconds, sharing
 its memory until written.
 
-``DIR`` is a private directory the kernel made (cluster/spare_forker.py) holding a FIFO
+``DIR`` is a private directory the kernel made (cluster/launch/standby.py) holding a FIFO
 (``FIFO``). The standby is the forker's child but not one of its engines (the forker passes
 signals to its engines only, and exits once they have); it starts a session of its own,
 opens the FIFO, writes its pid (``PID``) and waits for one request line

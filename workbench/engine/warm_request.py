@@ -1,10 +1,10 @@
 """The one request a process started ahead reads before it becomes what was asked for.
 
 The workbench kernel starts a local cluster's processes before ``%wb start`` (the engines'
-forker, engine/zygote.py, and the controller, cluster/warm_controller.py) so their imports
+forker, engine/zygote.py, and the controller, cluster/launch/warm_controller.py) so their imports
 run early; each then waits here for its command line, environment, working directory and
 output file, one JSON line on stdin written by the launcher that takes it over
-(``workbench.cluster.warm_start``). Standard library only: it runs before, and next to,
+(``workbench.cluster.launch.warm_start``). Standard library only: it runs before, and next to,
 the heavy imports.
 """
 

@@ -13,7 +13,7 @@ pool an import starts (numpy's OpenBLAS, unless OMP_NUM_THREADS=1) shuts itself 
 around a fork (pthread_atfork) and starts again in each engine when used. Each engine
 reseeds Python's (and numpy's) global random state, so ranks do not share one stream.
 
-Started ahead (``zygote.py --warm``, by the workbench kernel: cluster/warm_start.py), it
+Started ahead (``zygote.py --warm``, by the workbench kernel: cluster/launch/warm_start.py), it
 imports torch and then waits on its stdin for its command line (``N <ipengine args>``),
 environment, working directory and output file (engine/warm_request.py), which the kernel
 writes when ``%wb start`` launches the engines. End of input before a request (the kernel

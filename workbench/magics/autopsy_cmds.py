@@ -1,4 +1,4 @@
-"""``%wb stacks [--ranks R]``: every rank's Python stack now (workbench/cluster/autopsy.py)."""
+"""``%wb stacks [--ranks R]``: every rank's Python stack now (cluster/dispatch/autopsy.py)."""
 
 from __future__ import annotations
 

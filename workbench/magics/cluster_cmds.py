@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
-from workbench.cluster.connection import find_connection_file
 from workbench.cluster.keep import DEFAULT_LEASE_S, foreign_setting, keep_settings
+from workbench.cluster.lifecycle.connection import find_connection_file
 from workbench.cluster.loop import submit, wait
+from workbench.cluster.state import LIVE, ClusterState
 from workbench.config import (
     BACKENDS,
     LAUNCHERS,
@@ -89,11 +90,11 @@ def _start_args(p: MagicParser) -> None:
 @command("start", "start engines and join them into a process group", _start_args)
 def start(magics: MagicsState, args: Any) -> None:
     mine = magics.running_started_here()
-    if mine is not None and mine.state in ("running", "degraded"):
+    if mine is not None and mine.state in LIVE:
         raise UsageError(
             f"a cluster is already running ({mine!r}); `%wb stop` or `%wb restart` first"
         )
-    if mine is not None and mine.state == "broken":
+    if mine is not None and mine.state == ClusterState.BROKEN:
         mine.stop_sync()  # its engines and schedulers outlived the controller
     cluster = make_cluster(args)
     if magics.load_import_s is not None:
@@ -203,8 +204,8 @@ def restart(magics: MagicsState, args: Any) -> None:
     # A dead controller (state "broken") leaves nothing to recover: rebuild everything.
     if (
         args.full
-        or cluster.state == "broken"
-        or (cluster.state != "degraded" and not cluster.stuck_ranks)
+        or cluster.state == ClusterState.BROKEN
+        or (cluster.state != ClusterState.DEGRADED and not cluster.stuck_ranks)
     ):
         cluster.restart_sync()
         print(f"workbench: restarted, {cluster.world_size} ranks ready")
@@ -230,7 +231,7 @@ def _grow_args(p: MagicParser) -> None:
 def grow(magics: MagicsState, args: Any) -> None:
     cluster = magics.require_cluster()
     if args.hosts is not None:  # a bad --hosts is a usage error, said before anything starts
-        from workbench.cluster.host_placement import check_hosts
+        from workbench.cluster.hosts.host_placement import check_hosts
 
         try:
             check_hosts("--hosts", args.hosts, cluster.config.launcher)

@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from workbench.cluster import Cluster
+from workbench.cluster.state import CURRENT, ClusterState
 from workbench.magics.args import (
     HelpShown,
     MagicParser,
@@ -77,13 +78,13 @@ class WorkbenchMagics(Magics):
     def stop_started(self) -> None:
         """Stop what `%wb start` started here (the extension is unloaded)."""
         for cluster in self.started:
-            if cluster.state != "stopped":
+            if cluster.state != ClusterState.STOPPED:
                 cluster.stop_sync()
         self.started = []
 
     def running_started_here(self) -> Cluster | None:
         """A cluster `%wb start` started that still runs (or whose controller died)."""
-        self.started = [c for c in self.started if c.state != "stopped"]
+        self.started = [c for c in self.started if c.state != ClusterState.STOPPED]
         return self.started[-1] if self.started else None
 
     def current_trace_log(self) -> TraceLog:
@@ -98,7 +99,7 @@ class WorkbenchMagics(Magics):
 
     def require_cluster(self) -> Cluster:
         # A "broken" cluster (dead controller) is returned: its calls say what happened.
-        if self.cluster is None or self.cluster.state not in ("running", "degraded", "broken"):
+        if self.cluster is None or self.cluster.state not in CURRENT:
             raise UsageError("no cluster is running; start one first with `%wb start -n 2`")
         return self.cluster
 

@@ -1,4 +1,4 @@
-"""``%wb doctor [env|net|all]``: the cluster doctor (workbench/cluster/doctor.py)."""
+"""``%wb doctor [env|net|all]``: the cluster doctor (workbench/cluster/doctor/cluster_doctor.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from workbench.cluster.doctor import CHECKS
+from workbench.cluster.doctor.cluster_doctor import CHECKS
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, whole_number
 from workbench.magics.registry import command

@@ -9,6 +9,7 @@ from IPython.core.error import UsageError
 
 from workbench.cluster import Cluster
 from workbench.cluster.keep import KeptClusters
+from workbench.cluster.state import LIVE, ClusterState
 from workbench.errors import ConfigError
 from workbench.magics.registry import command
 from workbench.magics.tables import start_banner
@@ -30,7 +31,7 @@ def _attach_args(p: Any) -> None:
 )
 def attach(magics: MagicsState, args: Any) -> None:
     mine = magics.running_started_here()
-    if mine is not None and mine.state in ("running", "degraded") and mine.kept != args.name:
+    if mine is not None and mine.state in LIVE and mine.kept != args.name:
         raise UsageError(
             f"a cluster is already running here ({mine!r}); `%wb stop` it first "
             "(a kept one: `wb.Cluster.current().detach_sync()` keeps it)"
@@ -43,7 +44,7 @@ def attach(magics: MagicsState, args: Any) -> None:
     seconds = time.perf_counter() - started
     magics.remember(cluster)  # now the current cluster, as after `%wb start`
     print(start_banner(cluster.ranks))
-    lost = cluster.lost_ranks() if cluster.state == "degraded" else []
+    lost = cluster.lost_ranks() if cluster.state == ClusterState.DEGRADED else []
     print(
         f"workbench: attached to kept cluster {cluster.kept!r} in {seconds:.2f} s"
         + (f"; ranks {lost} were lost meanwhile: `%wb restart`" if lost else "")

@@ -8,7 +8,7 @@ import sys
 from IPython import get_ipython
 from IPython.display import publish_display_data
 
-from workbench.cluster.results import CellResult
+from workbench.cluster.dispatch.results import CellResult
 from workbench.errors import RankError
 
 __all__ = ["as_this_cell", "show_results"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
-from workbench.cluster.scripts import script_path
+from workbench.cluster.dispatch.scripts import script_path
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, add_cell_options, parse_ranks
 from workbench.magics.debug_cmds import NotebookPrompter

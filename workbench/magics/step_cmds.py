@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from workbench.cluster.state import LIVE
 from workbench.errors import ConfigError
 from workbench.magics.args import MagicParser, whole_number
 from workbench.magics.registry import command
@@ -26,7 +27,7 @@ def current_stepper(*, running: bool = False) -> Any:
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     state = stepper.cluster.state
-    if running and state not in ("running", "degraded"):
+    if running and state not in LIVE:
         raise UsageError(
             f"the current stepper's cluster is {state}; start a cluster with `%wb start -n 2`, "
             "then create a new stepper (`stepper = workbench.Stepper(...)`)"

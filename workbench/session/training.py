@@ -13,6 +13,7 @@ from typing import Any
 
 from workbench import validate
 from workbench.cluster.cluster import Cluster
+from workbench.cluster.state import ClusterState
 from workbench.config import MAX_ENGINES
 from workbench.engine import train_run
 from workbench.errors import (
@@ -331,11 +332,15 @@ class TrainingSession:
         cluster = self.cluster
         shrink = self.elastic if shrink is None else validate.boolean("shrink", shrink)
         started = time.perf_counter()
-        if shrink and cluster.state == "degraded":  # go on with the ranks left
+        if shrink and cluster.state == ClusterState.DEGRADED:  # go on with the ranks left
             message = self._shrink_and_roll_back()
         else:
             cluster_report = ""
-            if cluster.state == "degraded" or cluster.stuck_ranks or cluster.group_closed:
+            if (
+                cluster.state == ClusterState.DEGRADED
+                or cluster.stuck_ranks
+                or cluster.group_closed
+            ):
                 cluster_report = str(cluster.recover_sync())  # also re-opens the process group
             message = self._roll_back() + (f"; {cluster_report}" if cluster_report else "")
         # the whole way back to training, checkpoint loaded: what a fault's cost counts
@@ -348,7 +353,7 @@ class TrainingSession:
         the last one is at this step) and continue at the bigger world size with the same
         global batch: the inverse of a shrink (``elastic_run.py`` says how the layout
         changes). Returns (and keeps in ``last_recovery``) what was done."""
-        from workbench.cluster.host_placement import check_hosts
+        from workbench.cluster.hosts.host_placement import check_hosts
 
         validate.integer("n", n, minimum=1, maximum=MAX_ENGINES, what="a number of ranks to add")
         if hosts is not None:  # before the checkpoint below: a bad value changes nothing
@@ -385,7 +390,11 @@ class TrainingSession:
         self.build()
 
     def close(self) -> None:
-        if self.built and self.cluster.state == "running" and not self.cluster.stuck_ranks:
+        if (
+            self.built
+            and self.cluster.state == ClusterState.RUNNING
+            and not self.cluster.stuck_ranks
+        ):
             self.cluster.run(train_run.close_run, ranks=self.run_ranks, timeout=60)
         self.built = False
 

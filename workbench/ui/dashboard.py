@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from workbench import validate
 from workbench.cluster import Cluster
+from workbench.cluster.state import LIVE
 from workbench.engine.probe import engine_memory
 from workbench.errors import WorkbenchError
 from workbench.plots.engines import engine_memory_figure
@@ -91,7 +92,7 @@ class Dashboard:
         async def tick() -> None:
             while True:
                 await asyncio.sleep(interval)
-                if self.cluster.state not in ("running", "degraded"):
+                if self.cluster.state not in LIVE:
                     return
                 self.refresh()
 

@@ -4,6 +4,7 @@
 and the checks that make a launcher's failure one sentence), one module per way to start
 engines (``fork``: a local cluster forked from one process; ``ssh``; ``slurm``: one job per
 engine; ``mpi``: what is checked before mpiexec runs) and ``warm`` (taking over the
-processes the workbench kernel started ahead). What a started cluster does with its engines
-lives beside this package, in ``workbench.cluster``.
+processes the workbench kernel started ahead: ``warm_start``, ``warm_controller``), and the
+``standby``, a warm replacement engine forked ahead. What a started cluster does with its
+engines lives beside this package, in ``workbench.cluster``.
 """

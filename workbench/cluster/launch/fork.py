@@ -21,19 +21,19 @@ import psutil
 from ipyparallel.cluster.launcher import LocalEngineLauncher
 from traitlets import Unicode, default
 
-from workbench.cluster import spare_forker
-from workbench.cluster.launch.warm import start_warm
+from workbench.cluster.launch import standby
+from workbench.cluster.launch.warm import Adopting, start_warm
 from workbench.cluster.processes import running
 from workbench.engine import zygote
 
 __all__ = ["ForkEngineSetLauncher"]
 
 
-class ForkEngineSetLauncher(LocalEngineLauncher):
+class ForkEngineSetLauncher(Adopting, LocalEngineLauncher):
     """``n`` local engines forked from one process after it imported torch."""
 
-    spare_dir = Unicode(
-        "", config=True, help="where the forker forks a spare for replacements (spare_forker)"
+    standby_dir = Unicode(
+        "", config=True, help="where the forker forks a standby for replacements (standby.py)"
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -47,8 +47,8 @@ class ForkEngineSetLauncher(LocalEngineLauncher):
         return [sys.executable, "-P", zygote.__file__]
 
     def _forker_args(self) -> list[str]:
-        spare = spare_forker.spare_args(self.spare_dir) if self._default_cmd() else []
-        return [*spare, str(self.n), *self.cluster_args, *self.engine_args]
+        ahead = standby.standby_args(self.standby_dir) if self._default_cmd() else []
+        return [*ahead, str(self.n), *self.cluster_args, *self.engine_args]
 
     def _default_cmd(self) -> bool:
         return bool(self.engine_cmd == self._zygote_cmd())
@@ -57,14 +57,14 @@ class ForkEngineSetLauncher(LocalEngineLauncher):
         return [*self.engine_cmd, *self._forker_args()]
 
     def start(self, n: int) -> Any:  # type: ignore[override]
-        """The spare a forker of this cluster forked (a replacement), else the forker the
+        """The standby a forker of this cluster forked (a replacement), else the forker the
         workbench kernel started ahead, else a new one."""
         self.n = n
         args = self._forker_args()
         env = {**os.environ, **self.get_env()}  # what LocalProcessLauncher.start gives
-        if self._default_cmd() and spare_forker.take(self, args, env):
+        if self._default_cmd() and standby.take(self, args, env):
             return None
-        spare_forker.launched(self.spare_dir, env)  # its spares get this environment
+        standby.launched(self.standby_dir, env)  # its standbys get this environment
         if self._default_cmd() and start_warm(self, "engines", args):
             return None
         return super().start()

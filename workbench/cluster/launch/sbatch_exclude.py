@@ -1,7 +1,7 @@
 """A user's own ``--exclude`` among sbatch options, for a job that adds one of its own.
 
 sbatch keeps only the last ``--exclude``; a spare job under ``spare_hosts="any"`` excludes
-the cluster's own and lost nodes, so it must carry the user's too (``spares.start_args``).
+the cluster's own and lost nodes, so it must carry the user's too (``spare_hosts.start_args``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ CPUs until it ends, so when one engine dies nothing can replace it (the new job 
 for CPUs the old one holds). Here each engine is its own 1-task job, pinned to its node
 (``--nodelist=HOST --nodes=1 --ntasks=1``) when ``hosts=[...]`` names the nodes: one
 engine's death ends its job and frees its CPU, and a replacement is a new 1-engine job on
-the dead rank's node (a lost node's ranks: on a spare, ``cluster/spares.py``). Every
+the dead rank's node (a lost node's ranks: on a spare, ``cluster/hosts/spare_hosts.py``). Every
 engine reports the node Slurm ran it on (``WB_LAUNCH_HOST`` from ``$SLURMD_NODENAME``),
 which is where its replacement goes.
 
@@ -39,7 +39,7 @@ _SCANCEL_S = 30.0
 # ``exec``: the engine *is* the job's batch step, so its death ends the job at once.
 # ``--no-requeue``: a job whose node failed is requeued by default (JobRequeue=1), which
 # would start an engine nobody asked for once slurmctld declares the node DOWN; recovery
-# starts the lost ranks' engines itself (on a spare: cluster/spares.py).
+# starts the lost ranks' engines itself (on a spare: cluster/hosts/spare_hosts.py).
 _TEMPLATE = """#!/bin/sh
 #SBATCH --export=ALL
 #SBATCH --no-requeue

@@ -18,7 +18,7 @@ from typing import Any
 
 from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
 
-from workbench.cluster.elastic import probe_host
+from workbench.cluster.lifecycle.elastic import probe_host
 from workbench.errors import ClusterError
 
 __all__ = ["FastSSHEngineLauncher", "SSHParallelEngineSetLauncher", "attach_nannies"]

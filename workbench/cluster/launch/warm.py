@@ -13,10 +13,10 @@ from typing import Any
 import psutil
 from ipyparallel.cluster.launcher import LocalControllerLauncher, ipcontroller_cmd_argv
 
-from workbench.cluster import warm_start
+from workbench.cluster.launch import warm_start
 from workbench.engine.warm_request import request_line
 
-__all__ = ["WarmControllerLauncher", "adopt", "start_warm"]
+__all__ = ["Adopting", "WarmControllerLauncher", "start_warm"]
 
 
 def start_warm(launcher: Any, role: str, args: list[str]) -> bool:
@@ -37,22 +37,27 @@ def start_warm(launcher: Any, role: str, args: list[str]) -> bool:
         process.kill()
         process.wait()
         return False
-    adopt(launcher, process.pid, process)
+    launcher.adopt(process.pid, process)
     return True
 
 
-def adopt(launcher: Any, pid: int, popen: Any = None) -> None:
-    """Make process ``pid`` (``popen``, where it is this kernel's child) ``launcher``'s own:
-    what LocalProcessLauncher.start does once its own Popen has returned (its wait thread
-    uses psutil, which also waits for a process that is no child of this one)."""
-    launcher._popen_process = popen
-    launcher.pid = pid
-    launcher.process = psutil.Process(pid)
-    launcher.notify_start(pid)
-    launcher._start_waiting()
+class Adopting:
+    """Mixed into an ipyparallel ``LocalProcessLauncher``: it can take a process started
+    ahead (warm_start.py, standby.py) as its own, the launcher changing itself."""
+
+    def adopt(self, pid: int, popen: Any = None) -> None:
+        """Make process ``pid`` (``popen``, where it is this kernel's child) this launcher's
+        own: what LocalProcessLauncher.start does once its own Popen has returned (its wait
+        thread uses psutil, which also waits for a process that is no child of this one)."""
+        launcher: Any = self  # (the attributes below are LocalProcessLauncher's)
+        launcher._popen_process = popen
+        launcher.pid = pid
+        launcher.process = psutil.Process(pid)
+        launcher.notify_start(pid)
+        launcher._start_waiting()
 
 
-class WarmControllerLauncher(LocalControllerLauncher):
+class WarmControllerLauncher(Adopting, LocalControllerLauncher):
     """ipyparallel's local controller, or the one the workbench kernel started ahead."""
 
     def start(self) -> Any:
