@@ -21,6 +21,11 @@ if "IPYTHONDIR" not in os.environ:
     os.environ["JUPYTER_CONFIG_DIR"] = str(_state / "jupyter" / "config")
     os.environ["JUPYTER_DATA_DIR"] = str(_state / "jupyter" / "data")
     os.environ["JUPYTER_RUNTIME_DIR"] = str(_state / "jupyter" / "runtime")
+if _worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each xdist worker (make test-venv runs two) has an IPython directory of its own:
+    # ipyparallel keeps every cluster's connection files and logs in the profile, and a test
+    # that checks its cluster left none behind must not see the other worker's clusters.
+    os.environ["IPYTHONDIR"] = f"{os.environ['IPYTHONDIR'].rstrip('/')}-{_worker}"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The checkpoint key (checkpoint.trust) of the test run, not the user's own.
 os.environ.setdefault("WORKBENCH_STATE_DIR", tempfile.mkdtemp(prefix="wb-test-key-"))

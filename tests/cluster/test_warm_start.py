@@ -225,7 +225,7 @@ def _run(client: object, code: str) -> str:
 
 def _warm_pids(client: object) -> dict[str, int]:
     code = (
-        "from workbench.cluster import warm_start\n"
+        "from workbench.cluster.launch import warm_start\n"
         "print({r: warm_start.warm(r).process.pid for r in warm_start.ROLES})"
     )
     return ast.literal_eval(_run(client, code).strip())
@@ -285,7 +285,7 @@ def test_the_workbench_kernel_can_be_told_to_start_nothing_ahead(workbench_kerne
     km, kc = start_new_kernel(kernel_name=workbench_kernel, startup_timeout=KERNEL_BOUND_S, env=env)
     try:
         code = (
-            "from workbench.cluster import warm_start\n"
+            "from workbench.cluster.launch import warm_start\n"
             "print([warm_start.warm(r) for r in warm_start.ROLES])"
         )
         assert _run(kc, code).strip() == "[None, None]"

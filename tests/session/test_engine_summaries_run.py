@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from workbench.cluster import Cluster, dispatch
+from workbench.cluster import Cluster
+from workbench.cluster.dispatch import rank_dispatch
 from workbench.parallel import RunSpec
 from workbench.session.traced_log import TraceLog
 from workbench.session.training import TrainingSession
@@ -54,7 +55,7 @@ def test_a_run_sends_rows_for_dropped_steps_and_detail_for_kept_ones(cluster: Cl
 def test_the_clients_request_history_stays_bounded(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dispatch, "CLIENT_HISTORY", 10)
+    monkeypatch.setattr(rank_dispatch, "CLIENT_HISTORY", 10)
     client = cluster.client
     for _ in range(30):  # 60 requests
         cluster.run(_nothing)
@@ -77,7 +78,7 @@ def _long_traced_loop(steps: int) -> dict[str, Any]:
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 8)
-    most = 0
+    most, first_step = 0, trace_recorder().step  # earlier tests' loops on this cluster count
     policy = schedule(first=2, recent=3, wait=99, active=1)
     with traced(model, opt, record=policy) as t:
         for _ in range(steps):
@@ -90,22 +91,48 @@ def _long_traced_loop(steps: int) -> dict[str, Any]:
                 opt.zero_grad()
             t.step(loss=loss)
             most = max(most, len({e.step for e in trace_recorder().events}))
-    return {"most_steps_held": most, "overflow": trace_recorder().overflow}
+    return {"most_steps_held": most, "overflow": trace_recorder().overflow, "first": first_step}
+
+
+def _default_policy() -> None:
+    from dataclasses import asdict
+
+    from workbench.engine.state import engine_state
+    from workbench.engine.traced import trace_recorder
+    from workbench.trace.policy import DEFAULT_POLICY
+
+    trace_recorder().set_policy(DEFAULT_POLICY)
+    engine_state().keep_trace_policy(asdict(DEFAULT_POLICY))
 
 
 def test_a_long_traced_loop_in_one_cell_stays_bounded(cluster: Cluster) -> None:
     log = TraceLog(cluster)
     log.pull()  # what earlier tests left on the engines
+    try:
+        _bounded_loop_and_its_summaries(cluster, log)
+    finally:  # record= stays in force on a rank: the shared cluster's next test gets the default
+        cluster.run(_default_policy)
+        log.pull()
+
+
+def _bounded_loop_and_its_summaries(cluster: Cluster, log: TraceLog) -> None:
     held = cluster.run(_long_traced_loop, 300)
     # first 2, steps 99 and 199 (every 100th), the window of 3 and the step in progress
     assert all(h["most_steps_held"] <= 2 + 2 + 3 + 1 for h in held)
     assert all(h["overflow"] == 0 for h in held)
     log.pull()
+    # The recorder counts steps over its life: a loop an earlier test traced on this shared
+    # cluster moves this one's first step (0 when it runs first).
+    s0 = held[0]["first"]
+    assert all(h["first"] == s0 for h in held)
     summaries = log.store.summaries
     for rank in (0, 1):
         steps, losses = summaries.column(rank, "metric:loss")
-        assert list(steps[~_nan(losses)]) == list(range(300))  # every step's loss
-    assert {0, 1, 99, 199, 298, 299} <= set(log.store.recorded_steps())
+        assert list(steps[~_nan(losses)])[-300:] == list(range(s0, s0 + 300))  # every step's
+    policy = schedule(first=2, recent=3, wait=99, active=1)
+    selected = {s for s in range(s0, s0 + 300) if policy.selected(s)}
+    assert s0 > 0 or selected == {0, 1, 99, 199, 299}
+    assert selected | {s0 + 298, s0 + 299} <= set(log.store.recorded_steps())
 
 
 def _nan(values: Any) -> Any:

@@ -75,9 +75,11 @@ def traced(
     as a stepper run is seeded), so the loop's dropout masks and draws are the same on
     every run of the notebook; ``None`` leaves the generators as the loop finds them.
 
-    ``record=`` (``None``: the default policy, ``"all"``, or ``wb.trace.schedule(...)``)
-    chooses the steps whose full detail the kernel keeps when it pulls the events;
-    summaries of every step are kept whatever it says.
+    ``record=`` (``"default"``, ``"all"``, or ``wb.trace.schedule(...)``) chooses the steps
+    whose full detail the kernel keeps when it pulls the events; summaries of every step are
+    kept whatever it says. It stays in force on this rank, as ``%wb run --trace --record``
+    does, until another is given: ``None`` keeps the one in force (the default until one is
+    set), so a script's own ``wb.traced()`` follows the ``--record`` it was run with.
     """
     if record is not None:
         from dataclasses import asdict

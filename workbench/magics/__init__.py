@@ -15,6 +15,8 @@ def load_ipython_extension(ipython: Any, import_s: float | None = None) -> None:
     magics = WorkbenchMagics(ipython)
     magics.load_import_s = import_s  # for `%wb start --profile-startup`
     ipython.register_magics(magics)
+    # The one write to the shell IPython hands us (tests/test_ownership.py lists it): the
+    # magics object lives on its shell, so unload and tests find the one this shell loaded.
     setattr(ipython, _KEY, magics)
 
 

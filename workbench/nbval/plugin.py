@@ -47,5 +47,6 @@ def pytest_configure(config: pytest.Config) -> None:
     fd, path = tempfile.mkstemp(prefix="workbench-nbval-", suffix=".cfg")
     with os.fdopen(fd, "w") as out:
         out.write(text)
+    # pytest's own way to hand a plugin an option (tests/test_ownership.py lists this write)
     config.option.nbval_sanitize_with = path
     config.add_cleanup(lambda: Path(path).unlink(missing_ok=True))

@@ -67,11 +67,12 @@ KERNEL_SET = frozenset(
     }
 )
 STOP_WAIT_S = 10.0
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.abspath(__file__))  # workbench/cluster/launch
+_PACKAGE = os.path.dirname(os.path.dirname(_HERE))  # workbench
 # role -> the file run (with -P, as the launchers run it) and its arguments until the request.
 ROLES: dict[str, list[str]] = {
     "engines": [os.path.join(_PACKAGE, "engine", "zygote.py"), WARM_FLAG],
-    "controller": [os.path.join(_PACKAGE, "cluster", "warm_controller.py")],
+    "controller": [os.path.join(_HERE, "warm_controller.py")],
 }
 
 
