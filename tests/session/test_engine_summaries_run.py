@@ -18,6 +18,7 @@ from workbench.session.traced_log import TraceLog
 from workbench.session.training import TrainingSession
 from workbench.trace import schedule
 from workbench.trace.events import Event
+from workbench.trace.policy import DEFAULT_POLICY
 
 
 def test_a_run_sends_rows_for_dropped_steps_and_detail_for_kept_ones(cluster: Cluster) -> None:
@@ -94,25 +95,13 @@ def _long_traced_loop(steps: int) -> dict[str, Any]:
     return {"most_steps_held": most, "overflow": trace_recorder().overflow, "first": first_step}
 
 
-def _default_policy() -> None:
-    from dataclasses import asdict
-
-    from workbench.engine.state import engine_state
-    from workbench.engine.traced import trace_recorder
-    from workbench.trace.policy import DEFAULT_POLICY
-
-    trace_recorder().set_policy(DEFAULT_POLICY)
-    engine_state().keep_trace_policy(asdict(DEFAULT_POLICY))
-
-
 def test_a_long_traced_loop_in_one_cell_stays_bounded(cluster: Cluster) -> None:
     log = TraceLog(cluster)
     log.pull()  # what earlier tests left on the engines
     try:
         _bounded_loop_and_its_summaries(cluster, log)
     finally:  # record= stays in force on a rank: the shared cluster's next test gets the default
-        cluster.run(_default_policy)
-        log.pull()
+        log.set_policy(DEFAULT_POLICY)
 
 
 def _bounded_loop_and_its_summaries(cluster: Cluster, log: TraceLog) -> None:

@@ -552,12 +552,10 @@ class TrainingSession:
     def _resize_and_roll_back(self, spec: RunSpec, why: str) -> str:
         """Rebuild the run on the cluster's current ranks under ``spec`` and load the last
         checkpoint into it (DCP reshards it to the new layout); says what was done."""
-        world = self.cluster.world_size
-        state = self._state
+        world, old = self.cluster.world_size, self._state
         # the old ranks' statuses and cursors go with the old world; _roll_back reads the
         # step reached from the survivors' before it rebuilds
-        state.status = {r: s for r, s in state.status.items() if r < world}
-        state.cursors = {}
-        state.spec = spec
+        survivors = {r: s for r, s in old.status.items() if r < world}
+        self._state = RunState(spec=spec, phases=old.phases, status=survivors)
         self._reference = []
         return f"{why}; {self._roll_back()}"
