@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -81,7 +82,11 @@ def _where_memory_goes(cluster: Any, stepper: Any) -> dict[str, Any]:
     }
 
 
-def measure(steps: int, chunk: int, overhead: int, label: str) -> dict[str, Any]:
+def measure(
+    steps: int, chunk: int, overhead: int, label: str, out: Path | None = None
+) -> dict[str, Any]:
+    """The rows, one per ``chunk`` steps; written to ``out`` after each chunk too (a run
+    of hours that is stopped keeps what it measured)."""
     from benchmarks.common import prepare_environment
 
     prepare_environment()
@@ -117,6 +122,8 @@ def measure(steps: int, chunk: int, overhead: int, label: str) -> dict[str, Any]
                 {
                     "steps": done,
                     "step_s": per_step,
+                    # the machine's load: a shared machine's wall times are read with it
+                    "load_1min": os.getloadavg()[0],
                     "kernel_cpu_s": kernel_cpu,
                     "figures_s": figures_s,
                     "kernel_rss_mib": kernel,
@@ -136,6 +143,7 @@ def measure(steps: int, chunk: int, overhead: int, label: str) -> dict[str, Any]
                 + " MiB",
                 flush=True,
             )
+            write_json(out, {"label": label, "chunk": chunk, "where": where, "rows": rows})
         result: dict[str, Any] = {"label": label, "chunk": chunk, "where": where, "rows": rows}
         if overhead:
             result["overhead"] = _overhead(stepper, overhead)
@@ -228,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot is not None:
         print(plot(args.plot, args.files))
         return 0
-    result = measure(args.steps, args.chunk, args.overhead, args.label)
+    result = measure(args.steps, args.chunk, args.overhead, args.label, args.out)
     result["summary"] = summary(result)
     result["targets"] = TARGETS
     print(json.dumps(result["summary"], indent=1))
@@ -239,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
 def write_json(out: Path | None, result: dict[str, Any]) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        partial = out.with_name(out.name + ".part")
+        partial.write_text(json.dumps(result, indent=1) + "\n")
+        partial.replace(out)  # whole or not at all, also when stopped mid-write
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 
 from workbench.cluster import Cluster
 from workbench.cluster.dispatch import rank_dispatch
+from workbench.cluster.lifecycle.engines import CLIENT_DIGESTS
 from workbench.parallel import RunSpec
 from workbench.session.traced_log import TraceLog
 from workbench.session.training import TrainingSession
@@ -70,6 +71,9 @@ def test_the_clients_request_history_stays_bounded(
         time.sleep(0.05)
     assert len(client.results) <= 2 and len(client.metadata) <= 3
     assert len(client._futures) <= 2 and not client.outstanding
+    # the replay check's memory of signatures: capped well below jupyter_client's 65,536
+    assert client.session.digest_history_size == CLIENT_DIGESTS
+    assert len(client.session.digest_history) <= CLIENT_DIGESTS
 
 
 def _client_drained(client: Any) -> bool:

@@ -22,6 +22,7 @@ from workbench.trace.memory_snapshot import snapshot_from_samples, tag_snapshot,
 from workbench.trace.policy import RecordPolicy, parse_record, record_policy, schedule
 from workbench.trace.store import EventStore, check_run_dir
 from workbench.trace.summary import StepSummaries, envelope
+from workbench.trace.summary_columns import CHUNK, Column
 
 
 def _steps(first: int, last: int, world: int = 2) -> list:
@@ -142,6 +143,59 @@ def test_event_file_round_trips_every_kind_in_order(tmp_path: Path) -> None:
     assert f.read() == events
     assert f.read(1, 1, ranks=[1]) == [e for e in events if e.step == 1 and e.rank == 1]
     assert f.steps() == [0, 1, 2]
+
+
+def test_a_summary_column_reads_and_writes_as_a_plain_list() -> None:
+    """Sealed chunks, uniform or not, behave as the list they stand for: reads, writes into
+    a uniform chunk (it becomes an array), late inserts and roll-backs."""
+    rng = np.random.default_rng(0)
+    for typecode in ("d", "q"):
+        column, model = Column(typecode), []
+        for i in range(5 * CHUNK + 17):  # runs of one value, then a noisy stretch
+            value = i if typecode == "q" else (float(i // 3000) if i < 4000 else rng.random())
+            column.append(value)
+            model.append(value)
+        steps = [0, CHUNK - 1, CHUNK + 5, 2 * CHUNK + 9, len(model) - 1]
+        for i in steps:
+            new = model[i] + 7 if typecode == "q" else math.nan
+            column[i] = new
+            model[i] = new
+        column.insert(CHUNK + 3, model[CHUNK + 3])
+        model.insert(CHUNK + 3, model[CHUNK + 3])
+        for n in (len(model) - 3, 3 * CHUNK + 1, 2 * CHUNK, CHUNK - 1):
+            column.truncate(n)
+            del model[n:]
+            assert len(column) == len(model)
+            got = column.to_array().tobytes()
+            assert got == Column(typecode, model).to_array().tobytes()
+            assert all(column[i] == model[i] or math.isnan(model[i]) for i in range(0, n, 97))
+        column.append(model[-1] + 1)
+        assert column[-1] == model[-1] + 1
+
+
+def test_summaries_of_a_long_run_keep_a_repeated_value_once() -> None:
+    """Peaks and a collective's bytes repeat step after step: a sealed chunk of them is one
+    number, so a step adds about its two times a rank (its start and end move), not a
+    value of every column; and every column reads back exactly."""
+    summaries = StepSummaries()
+    base = _steps(0, 0)
+    for step in range(4 * CHUNK):
+        summaries.add(at_step(base, step))
+    before = summaries.nbytes()
+    runs = 12 * CHUNK
+    for step in range(4 * CHUNK, runs):
+        summaries.add(at_step(base, step))
+    per_step = (summaries.nbytes() - before) / (8 * CHUNK)
+    columns = len(summaries.columns(0)) + 1  # and the step
+    assert columns >= 12 and per_step <= 2 * 8 * 2.1  # 2 ranks, 2 times (dense: columns)
+    one = StepSummaries()
+    one.add(base)
+    for name in ("peak:total", "metric:loss", "step_s", *summaries.columns(0)):
+        steps, values = summaries.column(0, name)
+        assert list(steps) == list(range(runs))
+        assert np.array_equal(values, np.full(runs, one.column(0, name)[1][0]), equal_nan=True) or (
+            name.endswith("_ns")
+        )
 
 
 def test_summary_figures_have_a_bounded_size_at_any_length() -> None:

@@ -1,10 +1,12 @@
 """Per-step summaries of every rank, kept for every step of a run at a few bytes each.
 
-One row per (rank, step), columns of 8-byte floats (``array('d')``, NaN where a step has
-no value): the loss and any other metric, the step's start and duration, the peak bytes of
-each memory category and the bytes and seconds of each collective op. 100k steps of two
-ranks with one op are about 25 MB, against ~100 KB per step for the events themselves, and
-a figure reads a column as a numpy array (``column``), bucketed to min/max
+One row per (rank, step), columns of 8-byte floats (NaN where a step has no value): the
+loss and any other metric, the step's start and duration, the peak bytes of each memory
+category and the bytes and seconds of each collective op. Older rows are sealed in chunks
+and a chunk of one repeated value keeps that value once (``summary_columns.Column``): the
+peaks and a collective's bytes repeat step after step, so 100k steps of two ranks with one
+op take about 6 MB (25 MB as plain arrays), against ~100 KB per step for the events
+themselves. A figure reads a column as a numpy array (``column``), bucketed to min/max
 envelopes (``envelope``) so its size does not grow with the run.
 """
 
@@ -12,11 +14,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from array import array
 from collections.abc import Iterable
 from typing import Any
 
 from workbench.trace.events import CommEvent, Event, MemorySample, Metric, PhaseSpan
+from workbench.trace.summary_columns import Column
 
 __all__ = ["MEMORY_COLUMNS", "StepSummaries", "envelope"]
 
@@ -45,8 +47,8 @@ class _RankTable:
         # Times are kept as ns after the rank's first span: an epoch's ns (1.7e18) would
         # lose its last digits in a float, small offsets keep them.
         self.origin: int | None = None
-        self.steps: array[int] = array("q")
-        self.columns: dict[str, array[float]] = {name: array("d") for name in _FIXED}
+        self.steps = Column("q")
+        self.columns: dict[str, Column] = {name: Column("d") for name in _FIXED}
 
     def row(self, step: int) -> int:
         """The row of ``step``, made (NaN everywhere) when it is new."""
@@ -66,10 +68,10 @@ class _RankTable:
             column.insert(i, NAN)
         return i
 
-    def column(self, name: str) -> array[float]:
+    def column(self, name: str) -> Column:
         found = self.columns.get(name)
         if found is None:
-            found = self.columns[name] = array("d", [NAN]) * len(self.steps)
+            found = self.columns[name] = Column("d", [NAN] * len(self.steps))
         return found
 
     def add_span(self, i: int, span: PhaseSpan) -> None:
@@ -90,9 +92,9 @@ class _RankTable:
 
     def drop_from(self, step: int) -> None:
         i = bisect.bisect_left(self.steps, step)
-        del self.steps[i:]
+        self.steps.truncate(i)
         for column in self.columns.values():
-            del column[i:]
+            column.truncate(i)
 
 
 class StepSummaries:
@@ -119,7 +121,7 @@ class StepSummaries:
 
     def nbytes(self) -> int:
         return sum(
-            t.steps.itemsize * len(t.steps) + sum(c.itemsize * len(c) for c in t.columns.values())
+            t.steps.nbytes() + sum(c.nbytes() for c in t.columns.values())
             for t in self._ranks.values()
         )
 
@@ -151,22 +153,23 @@ class StepSummaries:
         return [] if table is None else sorted(table.columns)
 
     def column(self, rank: int, name: str) -> Any:
-        """``(steps, values)`` of one rank as numpy arrays (copies: a view would pin the
-        table's buffers, which then could not grow). ``step_s`` is end minus start, in s."""
+        """``(steps, values)`` of one rank as numpy arrays (over copies of the columns: a
+        view would pin the table's buffers, which then could not grow). ``step_s`` is end
+        minus start, in s."""
         import numpy as np
 
         table = self._ranks.get(rank)
         if table is None or not table.steps:
             return np.empty(0, dtype=np.int64), np.empty(0)
-        steps = np.frombuffer(table.steps, dtype=np.int64).copy()
+        steps = np.frombuffer(table.steps.to_array(), dtype=np.int64)
         if name == "step_s":
             cols = table.columns
-            start = np.frombuffer(cols["start_ns"], dtype=float)
-            end = np.frombuffer(cols["end_ns"], dtype=float)
+            start = np.frombuffer(cols["start_ns"].to_array(), dtype=float)
+            end = np.frombuffer(cols["end_ns"].to_array(), dtype=float)
             return steps, (end - start) / 1e9
         if name not in table.columns:
             return steps, np.full(len(steps), np.nan)
-        return steps, np.frombuffer(table.columns[name], dtype=float).copy()
+        return steps, np.frombuffer(table.columns[name].to_array(), dtype=float)
 
     def ops(self, rank: int) -> list[str]:
         """The collective ops this rank ran."""
@@ -180,12 +183,13 @@ class StepSummaries:
             table = self._ranks.get(r)
             if table is None:
                 continue
-            for i, step in enumerate(table.steps):
+            columns = {name: column.to_array() for name, column in table.columns.items()}
+            for i, step in enumerate(table.steps.to_array()):
                 row: dict[str, Any] = {"rank": r, "step": step}
-                start, end = table.columns["start_ns"][i], table.columns["end_ns"][i]
+                start, end = columns["start_ns"][i], columns["end_ns"][i]
                 if not math.isnan(start):
                     row["step_s"] = (end - start) / 1e9
-                for name, column in table.columns.items():
+                for name, column in columns.items():
                     if name not in ("start_ns", "end_ns") and not math.isnan(column[i]):
                         row[name] = column[i]
                 out.append(row)
@@ -199,8 +203,8 @@ class StepSummaries:
         out: list[dict[str, Any]] = []
         for rank, table in self._ranks.items():
             origin = table.origin or 0
-            items = list(table.columns.items())
-            for i, step in enumerate(table.steps):
+            items = [(name, column.to_array()) for name, column in table.columns.items()]
+            for i, step in enumerate(table.steps.to_array()):
                 row: dict[str, Any] = {"rank": rank, "step": step}
                 for name, column in items:
                     value = column[i]

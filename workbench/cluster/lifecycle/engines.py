@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 __all__ = ["EngineSet", "local_ranks"]
 
+# Signatures the kernel's client remembers for its replay check (see ``connected``).
+CLIENT_DIGESTS = 8192
+
 log = logging.getLogger("workbench.cluster")
 
 # How often a starting cluster records its new processes for the orphan watchdog.
@@ -198,6 +201,13 @@ class EngineSet:
     def connected(self, client: ipp.Client, *, watch: bool = False) -> None:
         """The client to the controller; ``watch``: the kernel reports its local engines'
         deaths itself (a local cluster's engines have no nanny)."""
+        # jupyter_client's replay check remembers the signature of every message the client
+        # took, 65,536 of them by default: about 6 a training step, 7.9 MiB held for the
+        # rest of a long run once full. What reaches the client are replies and outputs of
+        # its own requests (signed with the cluster's key: made by its engines); one
+        # replayed after CLIENT_DIGESTS newer messages names a request long resolved, which
+        # ipyparallel reports as unknown and no caller waits for.
+        client.session.digest_history_size = CLIENT_DIGESTS
         self._client = client
         if watch:
             self._watch = EngineWatch.for_client(client)
