@@ -36,7 +36,7 @@ from workbench.cluster.keep import (
 from workbench.cluster.launch import launchers
 from workbench.cluster.lifecycle import start_sequence
 from workbench.cluster.lifecycle.connection import find_connection_file
-from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.engines import CLIENT_SESSION, EngineSet
 from workbench.cluster.lifecycle.grow import grow as grow_engines
 from workbench.cluster.lifecycle.recovery import RecoveryReport, lost_ranks
 from workbench.cluster.lifecycle.recovery import recover as recover_engines
@@ -226,7 +226,9 @@ class Cluster(ScriptRuns, ClusterDoctor):
     async def _attach(self, kept: KeptCluster) -> Cluster:
         async with self._lifecycle.hold("Cluster.attach()"):
             try:
-                client = await asyncio.to_thread(ipp.Client, dict(kept.data["connection"]))
+                client = await asyncio.to_thread(
+                    ipp.Client, dict(kept.data["connection"]), **CLIENT_SESSION
+                )
             except (OSError, TimeoutError) as exc:  # e.g. its controller just died
                 raise ClusterError(
                     f"kept cluster {kept.name!r}: its controller does not answer ({exc}); "

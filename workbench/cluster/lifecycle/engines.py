@@ -49,8 +49,14 @@ if TYPE_CHECKING:
 
 __all__ = ["EngineSet", "local_ranks"]
 
-# Signatures the kernel's client remembers for its replay check (see ``connected``).
+# jupyter_client's replay check remembers the signature of every message a session took,
+# 65,536 of them by default: about 6 a training step on the kernel's client, 7.9 MiB held
+# for the rest of a long run once full. What reaches the client are replies and outputs of
+# its own requests (signed with the cluster's key: made by its engines); one replayed after
+# CLIENT_DIGESTS newer messages names a request long resolved, which ipyparallel reports as
+# unknown and no caller waits for. Given to the client's Session when it is made.
 CLIENT_DIGESTS = 8192
+CLIENT_SESSION = {"digest_history_size": CLIENT_DIGESTS}
 
 log = logging.getLogger("workbench.cluster")
 
@@ -201,13 +207,6 @@ class EngineSet:
     def connected(self, client: ipp.Client, *, watch: bool = False) -> None:
         """The client to the controller; ``watch``: the kernel reports its local engines'
         deaths itself (a local cluster's engines have no nanny)."""
-        # jupyter_client's replay check remembers the signature of every message the client
-        # took, 65,536 of them by default: about 6 a training step, 7.9 MiB held for the
-        # rest of a long run once full. What reaches the client are replies and outputs of
-        # its own requests (signed with the cluster's key: made by its engines); one
-        # replayed after CLIENT_DIGESTS newer messages names a request long resolved, which
-        # ipyparallel reports as unknown and no caller waits for.
-        client.session.digest_history_size = CLIENT_DIGESTS
         self._client = client
         if watch:
             self._watch = EngineWatch.for_client(client)

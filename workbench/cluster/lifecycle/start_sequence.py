@@ -24,7 +24,7 @@ from workbench.cluster.hosts import fencing, rendezvous
 from workbench.cluster.launch import launchers, standby, warm_start
 from workbench.cluster.launch.fork import ForkEngineSetLauncher
 from workbench.cluster.launch.warm import WarmControllerLauncher
-from workbench.cluster.lifecycle.engines import EngineSet
+from workbench.cluster.lifecycle.engines import CLIENT_SESSION, EngineSet
 from workbench.cluster.lifecycle.registration import (
     OnRegister,
     Report,
@@ -204,10 +204,14 @@ async def start_engines(
         startup.remarks.extend(warm_start.pop_outcomes())
         engines.write_pidfile(())
         # a local cluster's engines have no nanny (see local_settings): the kernel watches
-        engines.connected(await ipp_cluster.connect_client(), watch=c.launcher == "local")
+        engines.connected(
+            await ipp_cluster.connect_client(**CLIENT_SESSION), watch=c.launcher == "local"
+        )
         startup.mark("client connected")
     else:
-        engines.connected(ipp.Client(profile=c.profile, cluster_id=c.cluster_id or ""))
+        engines.connected(
+            ipp.Client(profile=c.profile, cluster_id=c.cluster_id or "", **CLIENT_SESSION)
+        )
     await wait_for_engines(engines, startup, report, on_register)
 
 
