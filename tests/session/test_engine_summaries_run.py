@@ -63,6 +63,9 @@ def test_the_clients_request_history_stays_bounded(
     for _ in range(30):  # 60 requests
         cluster.run(_nothing)
     assert len(client.history) <= 20
+    # the DirectView the dispatch keeps for each engine has a history of its own
+    views = cluster.dispatch.views.values()
+    assert views and all(len(view.history) <= 20 for view in views)
     # what ipyparallel drops itself when a request resolves: still dropped. It drops them
     # in callbacks on its IO thread, which may run after cluster.run has returned (a loaded
     # machine left the last request's entries there for a moment), so wait for it.

@@ -58,14 +58,17 @@ _HEALTH_S = 0.25
 CLIENT_HISTORY = 1000
 
 
-def bound_client_history(client: Any) -> None:
+def bound_client_history(client: Any, views: Iterable[Any] = ()) -> None:
     """Keep the client's per-request memory bounded over a long run (a stepper sends one
-    request per rank per step). ``Client.history`` gains one msg id per request and
-    ipyparallel never trims it; its ``results``, ``metadata`` and futures are dropped when
-    a request resolves, so the history is what is left to trim (amortised: at twice)."""
-    history = getattr(client, "history", None)
-    if isinstance(history, list) and len(history) > 2 * CLIENT_HISTORY:
-        del history[:-CLIENT_HISTORY]
+    request per rank per step). ``Client.history`` and each view's ``history`` gain one msg
+    id per request and ipyparallel never trims them (a view kept for the run, as ``views``
+    are, holds ~100 bytes a step of its engine's ids); its ``results``, ``metadata`` and
+    futures are dropped when a request resolves, so the histories are what is left to trim
+    (amortised: at twice the bound)."""
+    for owner in (client, *views):
+        history = getattr(owner, "history", None)
+        if isinstance(history, list) and len(history) > 2 * CLIENT_HISTORY:
+            del history[:-CLIENT_HISTORY]
 
 
 class RankDispatch:
@@ -384,7 +387,7 @@ class RankDispatch:
     ) -> list[Any]:
         """Wait for per-rank futures (from ``client[eid].apply_async``) and gather results."""
         self._wait_all(targets, futures, timeout)
-        bound_client_history(getattr(self.engines, "client", None))
+        bound_client_history(getattr(self.engines, "client", None), self.views.values())
         results: list[Any] = []
         failures: dict[int, str] = {}
         dead: list[int] = []
