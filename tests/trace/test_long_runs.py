@@ -168,6 +168,7 @@ def test_a_summary_column_reads_and_writes_as_a_plain_list() -> None:
             assert len(column) == len(model)
             got = column.to_array().tobytes()
             assert got == Column(typecode, model).to_array().tobytes()
+            assert column.to_numpy().tobytes() == got
             assert all(column[i] == model[i] or math.isnan(model[i]) for i in range(0, n, 97))
         column.append(model[-1] + 1)
         assert column[-1] == model[-1] + 1

@@ -153,23 +153,20 @@ class StepSummaries:
         return [] if table is None else sorted(table.columns)
 
     def column(self, rank: int, name: str) -> Any:
-        """``(steps, values)`` of one rank as numpy arrays (over copies of the columns: a
-        view would pin the table's buffers, which then could not grow). ``step_s`` is end
-        minus start, in s."""
+        """``(steps, values)`` of one rank as numpy arrays (copies: a view would pin the
+        table's buffers, which then could not grow). ``step_s`` is end minus start, in s."""
         import numpy as np
 
         table = self._ranks.get(rank)
         if table is None or not table.steps:
             return np.empty(0, dtype=np.int64), np.empty(0)
-        steps = np.frombuffer(table.steps.to_array(), dtype=np.int64)
+        steps = table.steps.to_numpy()
         if name == "step_s":
             cols = table.columns
-            start = np.frombuffer(cols["start_ns"].to_array(), dtype=float)
-            end = np.frombuffer(cols["end_ns"].to_array(), dtype=float)
-            return steps, (end - start) / 1e9
+            return steps, (cols["end_ns"].to_numpy() - cols["start_ns"].to_numpy()) / 1e9
         if name not in table.columns:
             return steps, np.full(len(steps), np.nan)
-        return steps, np.frombuffer(table.columns[name].to_array(), dtype=float)
+        return steps, table.columns[name].to_numpy()
 
     def ops(self, rank: int) -> list[str]:
         """The collective ops this rank ran."""

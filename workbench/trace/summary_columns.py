@@ -101,6 +101,23 @@ class Column:
         out.extend(self._tail)
         return out
 
+    def to_numpy(self) -> Any:
+        """Every row as one numpy array (a copy: the column's own buffers stay free to
+        grow); a uniform chunk is filled by numpy, not row by row."""
+        import numpy as np
+
+        dtype = np.int64 if self.typecode == "q" else np.float64
+        parts = []
+        for chunk in self._chunks:
+            if isinstance(chunk, array):
+                parts.append(np.frombuffer(chunk, dtype=dtype))
+            elif self.typecode == "q":
+                parts.append(np.arange(chunk, chunk + CHUNK, dtype=dtype))
+            else:
+                parts.append(np.full(CHUNK, chunk, dtype=dtype))
+        parts.append(np.frombuffer(self._tail, dtype=dtype))
+        return np.concatenate(parts)
+
     def nbytes(self) -> int:
         """The bytes the rows take (a number for a uniform chunk)."""
         size = self._tail.itemsize
