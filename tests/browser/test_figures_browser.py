@@ -9,6 +9,7 @@ leaves its PNGs in test-artifacts/browser/docs/ (look at them there).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import tempfile
@@ -59,20 +60,57 @@ def test_readme_screenshots_show_phases_steps_and_whole_labels() -> None:
     assert all((out / name).stat().st_size > 10_000 for name in IMAGES.values())
 
 
+# Save the current notebook through JupyterLab's own command; resolves once it is written.
+SAVE = """async () => {
+  const app = window.jupyterapp;
+  const context = app.shell.currentWidget.context;
+  await context.save();
+  return context.model.dirty;
+}"""
+
+# The committed figures as a reader sees them unrun: plotly's renderer shows each one's
+# saved PNG (drawn, not broken) until the mouse enters it.
+PICTURES = """() => Array.from(document.querySelectorAll('.jp-RenderedPlotly')).map(
+  (node) => { const img = node.querySelector('img.plot-img');
+              return Boolean(img && img.complete && img.naturalWidth > 0
+                             && img.getBoundingClientRect().height > 0); })"""
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("browser")
 def test_a_committed_walkthrough_opened_unrun_shows_no_widget_repr() -> None:
-    """What a reader sees before running anything: saved outputs only. (Saving it unrun is
-    not byte for byte what git has yet: JupyterLab's plotly renderer adds a PNG of each
-    figure to its output on save; tests/test_notebook_sources.py checks the numbers.)"""
+    """What a reader sees before running anything: saved outputs only, every figure shown.
+    Then the reader saves it, unrun: the file is byte for byte what git has (issue 49:
+    JupyterLab wrote plotly's numbers back as JavaScript holds them, "0.0" as "0", and its
+    plotly renderer added a PNG of every figure it drew). Notebook 02: a stepper's
+    figures, with their state in meta."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     with tempfile.TemporaryDirectory(prefix="wb-browser-saved-") as root:
         notebook = Path(root) / "02_data_parallel.ipynb"
         shutil.copy(ROOT / "notebooks" / notebook.name, notebook)
+        committed = notebook.read_bytes()
         with open_notebook(notebook, viewport=sp.VIEWPORT) as session:
             page = session.page
             page.get_by_text("workbench: 2 ranks").first.wait_for()  # outputs are drawn
+            page.wait_for_function(f"() => ({PICTURES})().length === 3", timeout=30_000)
+            with contextlib.suppress(PlaywrightTimeout):  # the assertion below says which
+                page.wait_for_function(f"() => ({PICTURES})().every(Boolean)", timeout=10_000)
+            pictures = page.evaluate(PICTURES)
             text = page.locator(".jp-Notebook").inner_text()
+            assert page.evaluate(SAVE) is False
+            saved = notebook.read_bytes()
     assert not session.leftovers, session.leftovers
+    assert pictures == [True] * 3, pictures
+    if saved != committed:
+        changed = [
+            (a[:100], b[:100])
+            for a, b in zip(
+                committed.decode().splitlines(), saved.decode().splitlines(), strict=False
+            )
+            if a != b
+        ]
+        raise AssertionError(f"saving changed {len(changed)} lines, e.g. {changed[:5]}")
     shown = REPR.search(text)
     assert shown is None, text[shown.start() : shown.start() + 80]
     assert startup_line(2) in text
