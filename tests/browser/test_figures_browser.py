@@ -14,6 +14,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,6 +77,33 @@ PICTURES = """() => Array.from(document.querySelectorAll('.jp-RenderedPlotly')).
                              && img.getBoundingClientRect().height > 0); })"""
 
 
+# The first committed figure drawn live (plotly's renderer draws into its own node):
+# the node's width and the width plotly drew, or null before it is drawn.
+LIVE_FIGURE = """() => {
+  const node = document.querySelector('.jp-RenderedPlotly');
+  const drawn = node && node._fullLayout && node.querySelector('.plot-container');
+  return drawn && drawn.style.display !== 'none'
+    ? {width: node.clientWidth, plotWidth: node._fullLayout.width} : null;
+}"""
+
+
+def _fits_its_box(page: Any) -> list[int]:
+    """Open the file browser, then close it; after each, wait until the live figure is
+    drawn as wide as its box. The two widths."""
+    fits = "(f) => f && f.width > 0 && Math.abs(f.plotWidth - f.width) <= 2"
+    page.wait_for_function(f"() => ({fits})(({LIVE_FIGURE})())")
+    widths = []
+    for side in ("expandLeft", "collapseLeft"):
+        before = page.evaluate(LIVE_FIGURE)["width"]
+        page.evaluate(f"() => window.jupyterapp.shell.{side}()")
+        page.wait_for_function(
+            f"() => {{ const f = ({LIVE_FIGURE})(); return f && f.width !== {before}; }}"
+        )
+        page.wait_for_function(f"() => ({fits})(({LIVE_FIGURE})())")
+        widths.append(page.evaluate(LIVE_FIGURE)["width"])
+    return widths
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("browser")
 def test_a_committed_walkthrough_opened_unrun_shows_no_widget_repr() -> None:
@@ -83,7 +111,8 @@ def test_a_committed_walkthrough_opened_unrun_shows_no_widget_repr() -> None:
     Then the reader saves it, unrun: the file is byte for byte what git has (issue 49:
     JupyterLab wrote plotly's numbers back as JavaScript holds them, "0.0" as "0", and its
     plotly renderer added a PNG of every figure it drew). Notebook 02: a stepper's
-    figures, with their state in meta."""
+    figures, with their state in meta. Pointed at, a saved figure is drawn live and
+    follows its box when the file browser opens and closes."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     with tempfile.TemporaryDirectory(prefix="wb-browser-saved-") as root:
@@ -100,6 +129,11 @@ def test_a_committed_walkthrough_opened_unrun_shows_no_widget_repr() -> None:
             text = page.locator(".jp-Notebook").inner_text()
             assert page.evaluate(SAVE) is False
             saved = notebook.read_bytes()
+            # Pointed at (the event its renderer listens to), a saved figure is drawn live,
+            # and it follows its box's width.
+            page.locator(".jp-RenderedPlotly img.plot-img").first.dispatch_event("mouseenter")
+            fits = _fits_its_box(page)
+    assert fits[0] < fits[1] - 100, fits
     assert not session.leftovers, session.leftovers
     assert pictures == [True] * 3, pictures
     if saved != committed:
