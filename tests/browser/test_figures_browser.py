@@ -1,7 +1,9 @@
 """What a class sees on a projector, in a real browser (JupyterLab + headless Chromium):
 the memory figure names phases and steps on its axis (no fractional sample numbers), its
 peak labels sit inside their panels, identical rank curves say so, and no output reads as a
-widget's repr, neither in a live notebook nor in a committed walkthrough opened unrun.
+widget's repr, neither in a live notebook nor in a committed walkthrough opened unrun;
+that walkthrough, saved unrun, is byte for byte what git has, and its figures, drawn live,
+follow their box's width.
 
 The first test runs ``docs_images.shoot``, the code that makes the README screenshots, and
 leaves its PNGs in test-artifacts/browser/docs/ (look at them there).
