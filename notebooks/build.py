@@ -11,8 +11,17 @@ then ``make notebooks`` (all) or ``python notebooks/build.py 06`` (one).
 ``--check`` executes nothing: it lists notebooks whose cells differ from their sources,
 whose saved outputs show a widget's repr (``IntProgress(value=0, ...)``) as text, or that a
 save from JupyterLab would change (a number JavaScript writes differently: ``0.0`` as ``0``,
-an integer past 2**53). Every build writes numbers as JupyterLab would; ``--stable``
-rewrites a committed notebook's numbers so without executing it.
+an integer past 2**53; a plotly figure saved without its picture). Every build writes
+notebooks as JupyterLab would save them; ``--stable`` makes a committed notebook so without
+executing it.
+
+Why each plotly figure carries a PNG: JupyterLab's plotly renderer (jupyterlab-plotly's
+``RenderedPlotly``) shows an output's ``image/png`` when it has one and draws the
+interactive figure only when the mouse enters that picture. An output without one it draws
+at once, then adds a PNG of the drawing to the output (``setData``), which marks the
+notebook changed: a save, or JupyterLab's autosave, then rewrites every figure. So a
+committed figure holds its picture, drawn here by the same plotly.js in headless Chromium;
+nbval does not compare ``image/png``.
 """
 
 from __future__ import annotations
@@ -30,8 +39,17 @@ from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "src"
-KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+# As JupyterLab writes it back once the kernel runs: the display name is ipykernel's own.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 CELL_TIMEOUT_S = 600
+PLOTLY = "application/vnd.plotly.v1+json"
+# A figure's picture: as wide as a notebook's output box at 1,280 px with the file browser
+# open (the picture is shown at its own size; wider would scroll), as tall as the figure or
+# plotly's renderer's default (360 px) for one with no height.
+PICTURE_WIDTH = 800
+PICTURE_HEIGHT = 360
+# Debian's Chromium (what the browser tests drive), else Playwright's own.
+CHROMIUM = Path("/usr/bin/chromium")
 
 
 def sources(names: list[str] | None = None) -> list[Path]:
@@ -155,10 +173,75 @@ def _stable(value: Any) -> Any:
     return as_javascript_writes(value)
 
 
+def figures_without_picture(nb: nbformat.NotebookNode) -> list[str]:
+    """Plotly outputs with no ``image/png``: JupyterLab adds one when it draws them, so
+    opening the notebook changes it."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", ()):
+            data = output.get("data", {})
+            if PLOTLY in data and "image/png" not in data:
+                found.append(f"cell {index}: a plotly figure without its PNG")
+    return found
+
+
+# Plotly.toImage draws a figure off-screen and answers a data URL; the figure's own config
+# (none in a notebook's output) and the size of the picture. The same call the renderer makes.
+_TO_IMAGE = """async ([figure, width, height]) => {
+  const url = await Plotly.toImage(
+    {data: figure.data, layout: figure.layout, config: figure.config || {}},
+    {format: 'png', width: width, height: height});
+  return url.slice(url.indexOf(',') + 1);
+}"""
+
+
+def with_pictures(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` with a PNG beside every plotly figure that has none (see the module's doc),
+    drawn by the plotly.js of the ``plotly`` package, the version its JupyterLab renderer
+    bundles."""
+    missing = [
+        output["data"]
+        for cell in nb.cells
+        for output in cell.get("outputs", ())
+        if PLOTLY in output.get("data", {}) and "image/png" not in output["data"]
+    ]
+    if not missing:
+        return nb
+    import plotly
+    from playwright.sync_api import sync_playwright
+
+    script = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM) if CHROMIUM.exists() else None,
+            args=["--no-sandbox", "--disable-gpu"],
+        )
+        try:
+            page = browser.new_page()
+            page.set_content("<!DOCTYPE html><html><body></body></html>")
+            page.add_script_tag(path=str(script))
+            for data in missing:
+                figure = data[PLOTLY]
+                height = figure.get("layout", {}).get("height") or PICTURE_HEIGHT
+                width = figure.get("layout", {}).get("width") or PICTURE_WIDTH
+                data["image/png"] = page.evaluate(_TO_IMAGE, [figure, width, height])
+        finally:
+            browser.close()
+    return nb
+
+
 def round_trip_stable(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """``nb`` with every number as JupyterLab would save it, so that opening and saving
-    the committed notebook changes no byte."""
+    """``nb`` with every number as JupyterLab would save it."""
     return nbformat.from_dict(_stable(nb))
+
+
+def as_jupyterlab_saves(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` as JupyterLab saves it after opening it unrun (numbers as JavaScript writes
+    them, the running kernel's name, a picture beside each figure), so that opening and
+    saving the committed notebook changes no byte."""
+    nb = round_trip_stable(nb)
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    return with_pictures(nb)
 
 
 def build(source: Path) -> Path:
@@ -175,7 +258,7 @@ def build(source: Path) -> Path:
         cell.metadata.pop("execution", None)
     path = notebook_path(source)
     # what JupyterLab would save: opening and saving the notebook changes no byte
-    nb = round_trip_stable(nb)
+    nb = as_jupyterlab_saves(nb)
     nbformat.write(nb, path)
     shown = widget_reprs(nb)
     if shown:
@@ -190,15 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stable",
         action="store_true",
-        help="execute nothing: rewrite the numbers of the committed notebooks as a save "
-        "from JupyterLab would (integral floats as ints), so opening one changes no byte",
+        help="execute nothing: rewrite the committed notebooks as a save from JupyterLab "
+        "would (integral floats as ints, a PNG beside each plotly figure), so opening one "
+        "changes no byte",
     )
     opts = parser.parse_args(argv)
     chosen = sources(opts.names)
     if opts.stable:
         for s in chosen:
             path = notebook_path(s)
-            nbformat.write(round_trip_stable(nbformat.read(path, as_version=4)), path)
+            nbformat.write(as_jupyterlab_saves(nbformat.read(path, as_version=4)), path)
         return 0
     if opts.check:
         problems = [line for s in chosen for line in differences(s)]
@@ -208,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                 problems += [f"{notebook_path(s).name} {line}" for line in widget_reprs(nb)]
                 problems += [
                     f"{notebook_path(s).name} changes when saved from JupyterLab: {line}"
-                    for line in unstable_numbers(nb)[:3]
+                    for line in unstable_numbers(nb)[:3] + figures_without_picture(nb)[:3]
                 ]
+                if nb.metadata.get("kernelspec") != KERNELSPEC:
+                    problems.append(f"{notebook_path(s).name}: kernelspec is not {KERNELSPEC}")
         print("\n".join(problems) or f"{len(chosen)} notebooks match their sources")
         return 1 if problems else 0
     for source in chosen:

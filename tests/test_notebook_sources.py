@@ -73,8 +73,10 @@ def test_a_changed_source_is_reported(tmp_path: Path) -> None:
 def test_a_save_from_jupyterlab_changes_no_byte(source: Path) -> None:
     """JupyterLab parses a notebook's JSON into JavaScript numbers and writes them back:
     the committed file must be what that writes (``0.0`` comes back ``0``, a nanosecond
-    time past 2**53 loses digits), or opening a notebook shows a git diff. The browser test
-    saves 00 from JupyterLab itself; this checks every notebook the same way, in Python."""
+    time past 2**53 loses digits), or opening a notebook shows a git diff. It also writes
+    the running kernel's name, and its plotly renderer adds a PNG to every figure that has
+    none. The browser test saves 02 from JupyterLab itself; this checks every notebook the
+    same way, in Python."""
     import json
 
     import nbformat
@@ -84,6 +86,29 @@ def test_a_save_from_jupyterlab_changes_no_byte(source: Path) -> None:
     assert BUILD.unstable_numbers(json.loads(text)) == []
     saved = nbformat.from_dict(BUILD.as_javascript_writes(json.loads(text)))
     assert nbformat.writes(saved) + "\n" == text
+    assert saved.metadata["kernelspec"] == BUILD.KERNELSPEC
+    assert BUILD.figures_without_picture(saved) == []
+
+
+def test_the_kernel_name_is_the_one_jupyterlab_writes() -> None:
+    """JupyterLab saves the display name of the kernel spec it started."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec(BUILD.KERNELSPEC["name"])
+    assert spec.display_name == BUILD.KERNELSPEC["display_name"]
+
+
+def test_a_figure_without_its_picture_is_found() -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    figure = {BUILD.PLOTLY: {"data": [], "layout": {}}}
+    nb.cells = [nbformat.v4.new_code_cell("fig"), nbformat.v4.new_code_cell("fig")]
+    nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data=dict(figure))]
+    nb.cells[1].outputs = [
+        nbformat.v4.new_output("display_data", data={**figure, "image/png": "iVBORw0KGgo="})
+    ]
+    assert BUILD.figures_without_picture(nb) == ["cell 0: a plotly figure without its PNG"]
 
 
 def test_the_numbers_javascript_writes_differently_are_found() -> None:

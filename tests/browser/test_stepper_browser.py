@@ -30,6 +30,8 @@ pytestmark = pytest.mark.browser
 CELLS = [*sp.CELLS[:2], sp.CELLS[2].replace("batch_size=8)", "batch_size=8, reference=True)"),
          sp.CELLS[3]]  # fmt: skip
 PAUSE_MS = 400  # a teacher's pause between clicks (anything over the timeline's IDLE_MS)
+# A figure drawn as wide as its container (plotly's own width within 2 px of the box's).
+_FITS = "Math.abs(f.{kind}.plotWidth - f.{kind}.width) <= 2"
 
 
 @pytest.fixture
@@ -139,6 +141,20 @@ def _drive(session: BrowserSession) -> None:
         _shot(widget, f"07-run-{kind}")
     comm = sp.figures(page)["comm"]
     assert comm["bars"] >= after_run["comm"]["collectives"] > 0, comm
+
+    # The figures use the width they have: the file browser opened narrows the tab, and
+    # the figure follows; closed again, it widens back.
+    page.locator(".lm-TabBar-tab", has_text="memory").click()
+    sp.wait_figures(page, f"f.memory.width > 0 && {_FITS.format(kind='memory')}")
+    widths = []
+    for side in ("expandLeft", "collapseLeft"):
+        before = sp.figures(page)["memory"]["width"]
+        page.evaluate(f"() => window.jupyterapp.shell.{side}()")
+        sp.wait_figures(page, f"f.memory.width > 0 && f.memory.width !== {before}")
+        sp.wait_figures(page, _FITS.format(kind="memory"))
+        widths.append(sp.figures(page)["memory"]["width"])
+        _shot(widget, f"07-sidebar-{side}")
+    assert widths[0] < widths[1] - 100, widths  # the sidebar took its width, and gave it back
 
     # Reset: a fresh timeline, as wide as what runs after it (it kept the old 10 s axis).
     page.locator(".lm-TabBar-tab", has_text="communication").click()

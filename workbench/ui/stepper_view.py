@@ -30,6 +30,7 @@ from workbench.plots import (
     update_memory_figure,
 )
 from workbench.trace import Event
+from workbench.ui.fit_width import WidthWatch, responsive
 
 if TYPE_CHECKING:
     from workbench.parallel.run_spec import RunSpec
@@ -146,9 +147,9 @@ class StepperView:
             control.observe(lambda change, n=name: self._on_option(n, change), names="value")
         self._make_buttons()
         ranks = stepper.session.run_ranks
-        self.memory = go.FigureWidget(memory_figure(capacity=stepper.capacity, ranks=ranks))
-        self.comm = go.FigureWidget(comm_timeline_figure(ranks=ranks))
-        self.loss = go.FigureWidget(loss_figure(reference=[] if stepper.reference else None))
+        self.memory = responsive(memory_figure(capacity=stepper.capacity, ranks=ranks))
+        self.comm = responsive(comm_timeline_figure(ranks=ranks))
+        self.loss = responsive(loss_figure(reference=[] if stepper.reference else None))
         self.figures = (self.memory, self.comm, self.loss)  # in tab order
         for figure in self.figures:
             _autosize(figure)
@@ -174,7 +175,10 @@ class StepperView:
         )
         side = widgets.VBox([option_box, controls, self.status, self.message], layout=_SIDE_COLUMN)
         self.tabs.layout = widgets.Layout(flex="1 1 auto", min_width="0", width="auto")
-        self.root = widgets.HBox([side, self.tabs], layout=_ROOT_ROW)
+        # the figures re-measure their tab when the row's width changes (the file browser
+        # opened or closed): see fit_width
+        row = widgets.HBox([side, self.tabs], layout=_ROOT_ROW)
+        self.root = widgets.VBox([row, WidthWatch()], layout={"width": "100%"})
         self._unsubscribe = stepper.session.subscribe(self._on_events)
         if stepper.session.events:
             self._pending.extend(stepper.session.events)
