@@ -1,8 +1,8 @@
 """Long runs at a flat cost (issue 42): kernel and engine RSS, per-step time and
 ``figures()`` time against steps, for a ``gpt-tiny`` DP stepper on 2 gloo ranks.
 
-    .venv/bin/python -m benchmarks.long_run --steps 100000 --chunk 1000 \\
-        --out benchmarks/results/issue42/after-100k.json          # the issue's full length
+    .venv/bin/python -m benchmarks.long_run --steps 100000 --chunk 1000 --fresh 500 \\
+        --overhead 200 --out benchmarks/results/issue42/after-100k.json   # the issue's length
     .venv/bin/python -m benchmarks.long_run --plot benchmarks/results/issue42 \\
         before.json after.json                                    # the curves, as a PNG
 
@@ -10,9 +10,11 @@ Every ``--chunk`` steps it records the steps so far, this process's RSS (the ker
 place), each engine's RSS, the mean seconds per step of the chunk and the seconds one
 ``stepper.figures()`` takes. It uses only ``Stepper.run`` and ``Stepper.figures``, so the
 same file measures main's code (``PYTHONPATH`` at a checkout of main) for the "before"
-curve. ``--overhead N`` then times N steps with tracing on and off, interleaved
-(``RunSpec.trace``), for the tracing overhead. ``--plot`` needs matplotlib (not a
-workbench dependency: any Python that has it will do).
+curve. ``--fresh N`` then times chunks of N steps of the long run against a fresh run on a
+second cluster, alternating, so the machine's load weighs on both alike (per-step time flat
+with the run's length, read on a shared machine); ``--overhead N`` times N steps with
+tracing on and off, interleaved (``RunSpec.trace``), for the tracing overhead. ``--plot``
+needs matplotlib (not a workbench dependency: any Python that has it will do).
 """
 
 from __future__ import annotations
@@ -83,7 +85,12 @@ def _where_memory_goes(cluster: Any, stepper: Any) -> dict[str, Any]:
 
 
 def measure(
-    steps: int, chunk: int, overhead: int, label: str, out: Path | None = None
+    steps: int,
+    chunk: int,
+    overhead: int,
+    label: str,
+    out: Path | None = None,
+    fresh: int = 0,
 ) -> dict[str, Any]:
     """The rows, one per ``chunk`` steps; written to ``out`` after each chunk too (a run
     of hours that is stopped keeps what it measured)."""
@@ -145,11 +152,51 @@ def measure(
             )
             write_json(out, {"label": label, "chunk": chunk, "where": where, "rows": rows})
         result: dict[str, Any] = {"label": label, "chunk": chunk, "where": where, "rows": rows}
-        if overhead:
+        if fresh:
+            result["against_fresh"] = _against_fresh(stepper, fresh)
+        if overhead:  # last: it rebuilds the run
             result["overhead"] = _overhead(stepper, overhead)
         return result
     finally:
         cluster.stop_sync()
+
+
+def _against_fresh(stepper: Any, steps: int, repeats: int = 3) -> dict[str, Any]:
+    """Seconds and kernel CPU per step of the long run against a fresh run's (medians of
+    ``repeats`` chunks of ``steps``, alternating): a second 2-rank cluster and stepper."""
+    from workbench.cluster import Cluster
+    from workbench.ui.stepper import Stepper
+
+    other = Cluster(n=2, backend="gloo")
+    wall: dict[str, list[float]] = {"long": [], "fresh": []}
+    cpu: dict[str, list[float]] = {"long": [], "fresh": []}
+    try:
+        other.start_sync()
+        fresh = Stepper(model="gpt-tiny", strategy="dp", cluster=other, batch_size=8)
+        fresh.run(20)  # the same warm-up as the long run's
+        for _ in range(repeats):
+            for name, run in (("long", stepper), ("fresh", fresh)):
+                start, used = time.perf_counter(), time.process_time()
+                run.run(steps)
+                wall[name].append((time.perf_counter() - start) / steps)
+                cpu[name].append((time.process_time() - used) / steps)
+        fresh.close()
+    finally:
+        other.stop_sync()
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    return {
+        "steps": steps,
+        "long_step_s": median(wall["long"]),
+        "fresh_step_s": median(wall["fresh"]),
+        "step_ratio": median(wall["long"]) / median(wall["fresh"]),
+        "long_kernel_cpu_s": median(cpu["long"]),
+        "fresh_kernel_cpu_s": median(cpu["fresh"]),
+        "kernel_cpu_ratio": median(cpu["long"]) / median(cpu["fresh"]),
+        "load_1min": os.getloadavg()[0],
+    }
 
 
 def _overhead(stepper: Any, steps: int, repeats: int = 3) -> dict[str, Any]:
@@ -178,6 +225,9 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         "last_over_first_kernel_cpu": last["kernel_cpu_s"] / rows[0]["kernel_cpu_s"],
         "figures_s": max(r["figures_s"] for r in rows),
     }
+    if "against_fresh" in result:
+        out["long_over_fresh_step_time"] = result["against_fresh"]["step_ratio"]
+        out["long_over_fresh_kernel_cpu"] = result["against_fresh"]["kernel_cpu_ratio"]
     if "overhead" in result:
         out["tracing_overhead"] = result["overhead"]["ratio"]
     return out
@@ -197,6 +247,7 @@ def plot(directory: Path, files: list[str]) -> Path:
         ("step_s", "seconds per step (wall, chunk mean)", None),
         ("kernel_cpu_s", "kernel CPU seconds per step (chunk mean)", None),
         ("figures_s", "stepper.figures() (s)", TARGETS["figures_s"]),
+        ("load_1min", "machine load, 1-min average (wall times read with it)", None),
     ]
     for name in files:
         result = json.loads((directory / name).read_text())
@@ -228,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--chunk", type=int, default=1000)
     parser.add_argument("--overhead", type=int, default=0, help="steps per tracing on/off run")
+    parser.add_argument("--fresh", type=int, default=0, help="steps per long/fresh chunk")
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path, help="draw the result FILES in this directory")
@@ -236,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot is not None:
         print(plot(args.plot, args.files))
         return 0
-    result = measure(args.steps, args.chunk, args.overhead, args.label, args.out)
+    result = measure(args.steps, args.chunk, args.overhead, args.label, args.out, args.fresh)
     result["summary"] = summary(result)
     result["targets"] = TARGETS
     print(json.dumps(result["summary"], indent=1))
