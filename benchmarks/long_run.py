@@ -249,7 +249,7 @@ def plot(directory: Path, files: list[str]) -> Path:
         ("figures_s", "stepper.figures() (s)", TARGETS["figures_s"]),
         ("load_1min", "machine load, 1-min average (wall times read with it)", None),
     ]
-    for name in files:
+    for index, name in enumerate(files):
         result = json.loads((directory / name).read_text())
         rows = result["rows"]
         x = [r["steps"] for r in rows]
@@ -257,18 +257,19 @@ def plot(directory: Path, files: list[str]) -> Path:
             if key not in rows[0]:
                 continue
             y = [max(r[key]) if isinstance(r[key], list) else r[key] for r in rows]
-            ax.plot(x, y, marker="o", markersize=3, label=result["label"])
+            ax.plot(x, y, marker="o", markersize=3, label=result["label"], color=f"C{index}")
             ax.set_title(title)
             ax.set_xlabel("steps")
             if target is not None:
                 ax.axhline(target, color="red", linestyle="--", linewidth=1)
     for ax in axes.flat[: len(panels)]:
-        ax.legend()
         ax.grid(alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=1)  # one legend for every panel
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     fig.suptitle("gpt-tiny DP, 2 gloo ranks: cost against run length (red: issue 42 target)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04 * (len(files) + 1), 1, 1))
     out = directory / "long_run.png"
     fig.savefig(out, dpi=100)
     return out
