@@ -96,9 +96,7 @@ class Column:
     def to_array(self) -> array[Any]:
         """Every row as one ``array`` (a copy)."""
         out: array[Any] = array(self.typecode)
-        for chunk in self._chunks:
-            out.extend(chunk if isinstance(chunk, array) else self._expand(chunk))
-        out.extend(self._tail)
+        out.frombytes(self.to_numpy().tobytes())
         return out
 
     def to_numpy(self) -> Any:
@@ -134,7 +132,7 @@ class Column:
         tail = self._tail
         while len(tail) >= 2 * CHUNK:
             chunk = tail[:CHUNK]
-            self._chunks.append(_uniform(chunk) if _is_uniform(chunk) else chunk)
+            self._chunks.append(chunk[0] if _is_uniform(chunk) else chunk)
             tail = tail[CHUNK:]
         self._tail = tail
 
@@ -146,10 +144,6 @@ def _is_uniform(chunk: array[Any]) -> bool:
             "q", range(first, first + len(chunk))
         )
     return chunk.tobytes() == chunk[:1].tobytes() * len(chunk)  # bit for bit: NaN included
-
-
-def _uniform(chunk: array[Any]) -> float | int:
-    return chunk[0]
 
 
 def _same(typecode: str, old: Any, new: Any) -> bool:
