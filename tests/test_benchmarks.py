@@ -312,3 +312,23 @@ def test_peers_fault_rows_take_the_fastest_peer_and_the_issue_targets() -> None:
 
     (cell,) = fault_setup(Tool, 2)
     assert "timedelta(seconds=5)" in cell and "init_method" in cell
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--modes", "traced"], "'traced'"),  # the untraced run is what the ratios divide by
+        (["--modes", "untraced,no_sampels"], "no_samples"),
+        (["--against", "/nonexistent/checkout"], "/nonexistent/checkout"),
+        (["--steps", "0"], "--steps 0"),
+    ],
+)
+def test_stepper_trace_cost_refuses_bad_input_before_any_cluster(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks import stepper_trace_cost
+
+    with pytest.raises(SystemExit) as stopped:
+        stepper_trace_cost.main(argv)
+    assert stopped.value.code == 2
+    assert named in capsys.readouterr().err
