@@ -120,8 +120,11 @@ class CommTracer:
         self._lock = threading.Lock()
         self._waiting: dict[StorageKey, _Flight] = {}  # functional ops, by output storage
         self._cuda: list[_Flight] = []  # completed on the host, GPU time not yet known
-        # (a c10d op's future, the future of our completion callback on it), see _settle
-        self._callbacks: list[tuple[Any, Any]] = []
+        # flight -> (its c10d op's future, the future of our completion callback on it)
+        # until that callback has run: the callback removes its own entry (a future holds
+        # its collective's tensors, so an entry kept past completion would keep them; the
+        # cell tracer, which sees no phase boundary, kept every one). See _settle.
+        self._callbacks: dict[_Flight, tuple[Any, Any]] = {}
         self._unsubscribe: Any = None
         self._attached: list[weakref.ref[Any]] = []  # the DDP models attached
 
@@ -279,18 +282,13 @@ class CommTracer:
         if not self._callbacks:
             return
         with self._lock:
-            pending, self._callbacks = self._callbacks, []
-        keep: list[tuple[Any, Any]] = []
-        for future, callback in pending:
-            if callback.done():
-                continue
-            if future.done():
+            pending = list(self._callbacks.items())
+        for flight, (future, callback) in pending:
+            if not callback.done() and future.done():
                 callback.wait()
-            else:
-                keep.append((future, callback))
-        if keep:
-            with self._lock:
-                self._callbacks[:0] = keep
+            if callback.done():  # its callback failed before removing the entry
+                with self._lock:
+                    self._callbacks.pop(flight, None)
 
     def _on_collective(self, info: OpInfo, call: Callable[[], Any], args: tuple) -> Any:
         """Called by the interception for one collective: time it, issue it, await it.
@@ -369,14 +367,19 @@ class CommTracer:
 
         def done(fut: Any) -> None:
             try:
-                fut.value()
-            except Exception:  # the collective failed: say so before it ends
-                self.recorder.fail_flight(flight.token)
-            self._complete(flight)
+                try:
+                    fut.value()
+                except Exception:  # the collective failed: say so before it ends
+                    self.recorder.fail_flight(flight.token)
+                self._complete(flight)
+            finally:
+                with self._lock:
+                    self._callbacks.pop(flight, None)
 
-        callback = future.then(done)
+        callback = future.then(done)  # runs ``done`` at once if the op already completed
         with self._lock:
-            self._callbacks.append((future, callback))
+            if not flight.done:  # else ``done`` has run (and found nothing to remove)
+                self._callbacks[flight] = (future, callback)
 
 
 def _leaves(tree: Any) -> list[Any]:
