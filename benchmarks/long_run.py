@@ -12,7 +12,8 @@ place), each engine's RSS, the mean seconds per step of the chunk and the second
 same file measures main's code (``PYTHONPATH`` at a checkout of main) for the "before"
 curve. ``--fresh N`` then times chunks of N steps of the long run against a fresh run on a
 second cluster, alternating, so the machine's load weighs on both alike (per-step time flat
-with the run's length, read on a shared machine); ``--overhead N`` times N steps with
+with the run's length, read on a shared machine); ``--untraced`` runs it with
+``trace=False`` (engines and kernel stay flat there too); ``--overhead N`` times N steps with
 tracing on and off, interleaved (``RunSpec.trace``), for the tracing overhead. ``--plot``
 needs matplotlib (not a workbench dependency: any Python that has it will do).
 """
@@ -91,6 +92,7 @@ def measure(
     label: str,
     out: Path | None = None,
     fresh: int = 0,
+    trace: bool = True,
 ) -> dict[str, Any]:
     """The rows, one per ``chunk`` steps; written to ``out`` after each chunk too (a run
     of hours that is stopped keeps what it measured)."""
@@ -106,11 +108,20 @@ def measure(
         cluster.start_sync()
         where = {"kernel": _where(), "engines": cluster.run(_where, timeout=60)}
         print(f"{label}: workbench from {where}", flush=True)
-        stepper = Stepper(model="gpt-tiny", strategy="dp", cluster=cluster, batch_size=8)
+        stepper = Stepper(
+            model="gpt-tiny", strategy="dp", cluster=cluster, batch_size=8, trace=trace
+        )
         stepper.run(20)  # warm-up: DDP rebuilds its buckets, allocators settle
         stepper.figures()
         base_kernel, base_engines = _kernel_rss(), _engine_rss(cluster)
         done = 20
+        result: dict[str, Any] = {
+            "label": label,
+            "chunk": chunk,
+            "trace": trace,
+            "where": where,
+            "rows": rows,  # grows below
+        }
         print(f"{label}: warm-up done, kernel {base_kernel:.0f} MiB", flush=True)
         while done < steps + 20:
             n = min(chunk, steps + 20 - done)
@@ -150,8 +161,7 @@ def measure(
                 + " MiB",
                 flush=True,
             )
-            write_json(out, {"label": label, "chunk": chunk, "where": where, "rows": rows})
-        result: dict[str, Any] = {"label": label, "chunk": chunk, "where": where, "rows": rows}
+            write_json(out, result)  # its rows so far
         if fresh:
             result["against_fresh"] = _against_fresh(stepper, fresh)
         if overhead:  # last: it rebuilds the run
@@ -281,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=1000)
     parser.add_argument("--overhead", type=int, default=0, help="steps per tracing on/off run")
     parser.add_argument("--fresh", type=int, default=0, help="steps per long/fresh chunk")
+    parser.add_argument(
+        "--untraced", action="store_true", help="the long run with trace=False (RunSpec.trace)"
+    )
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--plot", type=Path, help="draw the result FILES in this directory")
@@ -289,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot is not None:
         print(plot(args.plot, args.files))
         return 0
-    result = measure(args.steps, args.chunk, args.overhead, args.label, args.out, args.fresh)
+    result = measure(
+        args.steps, args.chunk, args.overhead, args.label, args.out, args.fresh, not args.untraced
+    )
     result["summary"] = summary(result)
     result["targets"] = TARGETS
     print(json.dumps(result["summary"], indent=1))
