@@ -134,3 +134,20 @@ def test_multi_node_stop_is_polite_and_signals_no_pid(
     client, ended = _stop(launcher, monkeypatch)
     assert client.calls == [process_group.teardown_rank, "shutdown"]
     assert ended == []
+
+
+def test_a_seeded_random_does_not_repeat_the_cluster_id() -> None:
+    # A notebook's random.seed(0) set ipyparallel's id suffix alike in every kernel: two
+    # kernels starting in the same second shared an id, and one's stop (which also ends
+    # what carries IPP_CLUSTER_ID) ended the other's controller.
+    import random
+
+    ids, states = [], []
+    for _ in range(2):
+        random.seed(0)
+        ids.append(make_ipp_cluster(Cluster(n=2).engines).cluster_id)
+        states.append(random.getstate())
+    assert ids[0] != ids[1]
+    assert states[0] == states[1]  # the user's random stream is left as it was
+    second, suffix = ids[0].split("-")
+    assert second.isdigit() and len(suffix) == 8

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 import warnings
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ __all__ = [
     "init_process_group",
     "local_settings",
     "make_ipp_cluster",
+    "new_cluster_id",
     "open_store",
     "setup_requests",
     "start",
@@ -99,9 +101,20 @@ def local_settings(start_timeout: float, standby_dir: str = "") -> dict[str, Any
     }
 
 
+def new_cluster_id() -> str:
+    """ipyparallel's form of a cluster id (the start's second, then a suffix) with the suffix
+    drawn from the OS. ipyparallel draws it from Python's global ``random``, which a
+    notebook's ``random.seed(0)`` (or a run seeded in the kernel) sets alike in every kernel:
+    two kernels starting in the same second got one id, and a stop, which also ends the
+    processes carrying its ``IPP_CLUSTER_ID`` (``processes.started_for``), ended the
+    other's controller."""
+    return f"{int(time.time())}-{secrets.token_hex(4)}"
+
+
 def make_ipp_cluster(engines: EngineSet) -> ipp.Cluster:
     c = engines.config
     kwargs: dict[str, Any] = {
+        "cluster_id": new_cluster_id(),
         "n": c.n,
         "log_level": logging.ERROR,
         "controller_args": controller_args(c.launcher),
