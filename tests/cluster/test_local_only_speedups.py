@@ -142,11 +142,14 @@ def test_a_seeded_random_does_not_repeat_the_cluster_id() -> None:
     # what carries IPP_CLUSTER_ID) ended the other's controller.
     import random
 
-    ids, states = [], []
-    for _ in range(2):
-        random.seed(0)
-        ids.append(make_ipp_cluster(Cluster(n=2).engines).cluster_id)
-        states.append(random.getstate())
+    ids, states, before = [], [], random.getstate()
+    try:
+        for _ in range(2):
+            random.seed(0)
+            ids.append(make_ipp_cluster(Cluster(n=2).engines).cluster_id)
+            states.append(random.getstate())
+    finally:  # this worker's other tests keep their stream
+        random.setstate(before)
     assert ids[0] != ids[1]
     assert states[0] == states[1]  # the user's random stream is left as it was
     second, suffix = ids[0].split("-")
