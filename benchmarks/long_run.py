@@ -303,7 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         print(plot(args.plot, args.files))
         return 0
     result = measure(
-        args.steps, args.chunk, args.overhead, args.label, args.out, args.fresh, not args.untraced
+        args.steps,
+        args.chunk,
+        args.overhead,
+        args.label,
+        args.out,
+        args.fresh,
+        trace=not args.untraced,
     )
     result["summary"] = summary(result)
     result["targets"] = TARGETS

@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             for key, checkout in (("this", ROOT), ("against", args.against)):
                 result[key].append(_child(checkout, args.steps, args.repeats, modes))
                 print(_summary(key, result[key][-1]), flush=True)
-        for key in ("this", "against"):
+        for key in ("this", "against") if "traced" in modes else ():
             ratios = [r["modes"]["traced"]["ratio"] for r in result[key]]
             print(f"{key}: traced over untraced {', '.join(f'{x:.3f}' for x in ratios)}")
     if args.out is not None:

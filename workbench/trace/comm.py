@@ -286,7 +286,8 @@ class CommTracer:
         for flight, (future, callback) in pending:
             if not callback.done() and future.done():
                 callback.wait()
-            if callback.done():  # its callback failed before removing the entry
+            if callback.done():  # added after its callback ran (one that raised before
+                # marking the flight done): nothing else would remove it
                 with self._lock:
                     self._callbacks.pop(flight, None)
 
